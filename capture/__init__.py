@@ -1,0 +1,1 @@
+"""Packet sources: pcap/pcapng readers, frame decoding into columnar batches, packet ring, punctuation clock."""

@@ -1,0 +1,85 @@
+"""Columnar packet batches: the contract between capture/ and lowlevel/ (one row per packet)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .schema import COLUMN_BY_NAME, COLUMNS
+
+_NS = 1_000_000_000
+
+
+@dataclass
+class PacketBatch:
+    """Packets of one link as numpy columns named as in `capture.schema.COLUMNS`.
+
+    `columns` holds every physical column, all of length `n` (views into reused buffers are
+    allowed: a consumer that keeps a batch beyond the next read must `copy()` it). Derived
+    fields (`time`, `timestamp_ms`) are computed on first access.
+    """
+
+    link: str
+    columns: dict[str, np.ndarray]
+    #: byte offset in the source file of each packet record (for error messages), optional
+    offsets: np.ndarray | None = None
+    _derived: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        missing = [c.name for c in COLUMNS if c.name not in self.columns]
+        if missing:
+            raise ValueError(f"packet batch of link {self.link!r} lacks columns {missing}")
+
+    @property
+    def n(self) -> int:
+        return len(self.columns["timestamp"])
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        col = self.columns.get(name)
+        if col is not None:
+            return col
+        if name in self._derived:
+            return self._derived[name]
+        if name == "time":
+            val = (self.columns["timestamp"] // _NS).astype(np.uint64)
+        elif name == "timestamp_ms":
+            val = self.columns["timestamp"] // 1_000_000
+        else:
+            raise KeyError(name)
+        self._derived[name] = val
+        return val
+
+    def slice(self, start: int, stop: int) -> "PacketBatch":
+        """Rows [start, stop) as views."""
+        offs = None if self.offsets is None else self.offsets[start:stop]
+        return PacketBatch(self.link, {k: v[start:stop] for k, v in self.columns.items()}, offs)
+
+    def take(self, mask_or_index: np.ndarray) -> "PacketBatch":
+        """Rows selected by a boolean mask or an index array (copies)."""
+        offs = None if self.offsets is None else self.offsets[mask_or_index]
+        return PacketBatch(self.link, {k: v[mask_or_index] for k, v in self.columns.items()}, offs)
+
+    def copy(self) -> "PacketBatch":
+        offs = None if self.offsets is None else self.offsets.copy()
+        return PacketBatch(self.link, {k: v.copy() for k, v in self.columns.items()}, offs)
+
+    @staticmethod
+    def empty(link: str, n: int = 0) -> "PacketBatch":
+        """A zero-filled batch of `n` rows (n = 0: an empty batch)."""
+        return PacketBatch(link, {c.name: np.zeros(n, c.dtype) for c in COLUMNS})
+
+    @staticmethod
+    def concat(batches: list["PacketBatch"]) -> "PacketBatch":
+        if not batches:
+            raise ValueError("concat of no batches")
+        link = batches[0].link
+        cols = {c.name: np.concatenate([b.columns[c.name] for b in batches]) for c in COLUMNS}
+        return PacketBatch(link, cols)
+
+
+def column_dtype(name: str) -> np.dtype:
+    return COLUMN_BY_NAME[name].dtype

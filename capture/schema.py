@@ -1,0 +1,196 @@
+"""The packet schema: protocols, typed fields and the physical columns of a packet batch, in one place.
+
+`queries/` resolves GSQL names against this module and `capture/` decodes into exactly these
+columns. IP addresses are 128-bit, stored as two uint64 halves (`<field>_hi`, `<field>_lo`);
+an IPv4 address is stored IPv4-mapped (hi = 0, lo = 0x0000_FFFF_0000_0000 | addr), so the low
+half alone identifies an IPv4 address and the pair is unambiguous across versions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# --- layer bits: which headers were decoded successfully (the `layers` column) -------------
+L_ETH = 1 << 0      # an Ethernet-like header with MAC addresses was present
+L_VLAN = 1 << 1     # at least one 802.1Q / 802.1ad tag
+L_IPV4 = 1 << 2
+L_IPV6 = 1 << 3
+L_TCP = 1 << 4
+L_UDP = 1 << 5
+L_ICMP = 1 << 6     # ICMP (IPv4) or ICMPv6
+L_FRAG = 1 << 7     # IP fragment (first or later); later fragments carry no transport header
+L_IP = L_IPV4 | L_IPV6
+
+IPV4_MAPPED_PREFIX = np.uint64(0x0000_FFFF_0000_0000)
+
+# --- malformation / non-decoding reasons (the `reason` column; 0 = decoded fully) ----------
+REASONS: dict[int, str] = {
+    0: "ok",
+    1: "truncated_link_header",
+    2: "truncated_vlan_tag",
+    3: "non_ip_ethertype",        # informational: the frame is fine, just not IP (ARP, LLDP ...)
+    4: "truncated_ip_header",
+    5: "bad_ip_version",
+    6: "bad_ihl",                  # IPv4 IHL < 5
+    7: "bad_ip_length",            # total length < header length, or beyond the wire length
+    8: "truncated_ipv6_ext_header",
+    9: "truncated_transport_header",
+    10: "bad_tcp_offset",          # TCP data offset < 5
+    11: "unsupported_link_type",   # pcapng interface with a link type we do not decode
+    12: "bad_record_length",       # caplen > wire length or > snaplen
+}
+REASON_CODES: dict[str, int] = {name: code for code, name in REASONS.items()}
+#: reasons that are not errors (the packet is complete at the layers it has)
+BENIGN_REASONS = frozenset({0, 3})
+
+
+@dataclass(frozen=True)
+class Column:
+    """One physical column of a packet batch."""
+
+    name: str
+    dtype: np.dtype
+    doc: str
+
+
+def _c(name: str, dtype, doc: str) -> Column:
+    return Column(name, np.dtype(dtype), doc)
+
+
+#: Physical columns decoded by capture/, in order. Derived fields (`time`, `timestamp_ms`,
+#: `link`) are computed from these on access (see capture.batch.PacketBatch).
+COLUMNS: tuple[Column, ...] = (
+    _c("timestamp", np.int64, "capture time, ns since the epoch (UTC)"),
+    _c("len", np.uint32, "wire length of the frame"),
+    _c("caplen", np.uint32, "captured length"),
+    _c("layers", np.uint16, "bit set of decoded layers (L_* constants)"),
+    _c("reason", np.uint8, "0, or why decoding stopped early (REASONS)"),
+    _c("eth_type", np.uint16, "ethertype after VLAN tags (0 for raw IP links)"),
+    _c("vlan", np.uint16, "outermost VLAN id (0 if untagged)"),
+    _c("srcMAC", np.uint64, "source MAC as a 48-bit integer"),
+    _c("destMAC", np.uint64, "destination MAC as a 48-bit integer"),
+    _c("ipversion", np.uint8, "4, 6 or 0"),
+    _c("srcIP_hi", np.uint64, "source address, high 64 bits (0 for IPv4)"),
+    _c("srcIP_lo", np.uint64, "source address, low 64 bits (IPv4-mapped for IPv4)"),
+    _c("destIP_hi", np.uint64, "destination address, high 64 bits"),
+    _c("destIP_lo", np.uint64, "destination address, low 64 bits"),
+    _c("protocol", np.uint8, "IP protocol / IPv6 next header of the transport"),
+    _c("ttl", np.uint8, "TTL / hop limit"),
+    _c("tos", np.uint8, "TOS / traffic class"),
+    _c("ip_len", np.uint32, "IP total length (IPv6: payload length + 40)"),
+    _c("is_fragment", np.uint8, "1 if the packet is an IP fragment"),
+    _c("frag_offset", np.uint32, "fragment offset in bytes"),
+    _c("srcPort", np.uint16, "TCP/UDP source port"),
+    _c("destPort", np.uint16, "TCP/UDP destination port"),
+    _c("flags", np.uint8, "TCP flag bits (CWR ECE URG ACK PSH RST SYN FIN)"),
+    _c("seq", np.uint32, "TCP sequence number"),
+    _c("ack", np.uint32, "TCP acknowledgement number"),
+    _c("win", np.uint16, "TCP window"),
+    _c("payload_len", np.uint32, "transport payload length from the IP length"),
+    _c("icmp_type", np.uint8, "ICMP / ICMPv6 type"),
+    _c("icmp_code", np.uint8, "ICMP / ICMPv6 code"),
+)
+COLUMN_BY_NAME: dict[str, Column] = {c.name: c for c in COLUMNS}
+
+
+@dataclass(frozen=True)
+class Field:
+    """A GSQL-visible packet field: its type and where its value comes from."""
+
+    name: str
+    type: str          # uint | ullong | llong | bool | ipv4 | ip | mac | string (ip: 128-bit, 2 columns)
+    columns: tuple[str, ...]   # physical columns (two for ip), empty for `link`
+    doc: str
+
+
+def _f(name: str, type_: str, columns: tuple[str, ...] | None = None, doc: str = "") -> Field:
+    return Field(name, type_, (name,) if columns is None else columns, doc)
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A GSQL protocol: rows it sees (layer mask) and the fields it adds to its parent's."""
+
+    name: str
+    parent: str | None
+    require_any: int          # a row belongs to the protocol iff layers & require_any != 0 (0 = all rows)
+    fields: tuple[Field, ...]
+
+
+_PACKET_FIELDS = (
+    _f("time", "uint", ("timestamp",), "capture time in whole seconds (increasing)"),
+    _f("timestamp", "llong", None, "capture time in ns (increasing)"),
+    _f("timestamp_ms", "llong", ("timestamp",), "capture time in ms (increasing)"),
+    _f("link", "string", (), "the link (capture or interface) name"),
+    _f("len", "uint", None, "wire length"),
+    _f("caplen", "uint", None, "captured length"),
+    _f("eth_type", "uint", None, "ethertype"),
+    _f("vlan", "uint", None, "VLAN id, 0 if untagged"),
+    _f("srcMAC", "mac", None, "source MAC"),
+    _f("destMAC", "mac", None, "destination MAC"),
+)
+_IP_FIELDS = (
+    _f("ipversion", "uint", None, "4 or 6"),
+    _f("srcIP", "ip", ("srcIP_hi", "srcIP_lo"), "source address"),
+    _f("destIP", "ip", ("destIP_hi", "destIP_lo"), "destination address"),
+    _f("protocol", "uint", None, "transport protocol number"),
+    _f("ttl", "uint", None, "TTL / hop limit"),
+    _f("tos", "uint", None, "TOS / traffic class"),
+    _f("ip_len", "uint", None, "IP length"),
+    _f("is_fragment", "bool", None, "fragment flag"),
+    _f("frag_offset", "uint", None, "fragment offset in bytes"),
+)
+_PORT_FIELDS = (
+    _f("srcPort", "uint", None, "source port"),
+    _f("destPort", "uint", None, "destination port"),
+)
+
+PROTOCOLS: dict[str, Protocol] = {
+    p.name: p
+    for p in (
+        Protocol("PACKET", None, 0, _PACKET_FIELDS),
+        Protocol("IP", "PACKET", L_IP, _IP_FIELDS),
+        # in IPV4 queries addresses are 32-bit values (the low 32 bits of the `_lo` column)
+        Protocol("IPV4", "IP", L_IPV4, (
+            _f("srcIP", "ipv4", ("srcIP_lo",), "source IPv4 address (32-bit)"),
+            _f("destIP", "ipv4", ("destIP_lo",), "destination IPv4 address (32-bit)"),
+        )),
+        Protocol("IPV6", "IP", L_IPV6, ()),
+        Protocol("TCP", "IP", L_TCP, _PORT_FIELDS + (
+            _f("flags", "uint", None, "TCP flags"),
+            _f("seq", "uint", None, "sequence number"),
+            _f("ack", "uint", None, "acknowledgement number"),
+            _f("win", "uint", None, "window"),
+            _f("payload_len", "uint", None, "payload length"),
+        )),
+        Protocol("UDP", "IP", L_UDP, _PORT_FIELDS + (
+            _f("payload_len", "uint", None, "payload length"),
+        )),
+        Protocol("ICMP", "IP", L_ICMP, (
+            _f("icmp_type", "uint", None, "ICMP type"),
+            _f("icmp_code", "uint", None, "ICMP code"),
+        )),
+    )
+}
+
+
+def protocol_fields(protocol: str) -> dict[str, Field]:
+    """All fields visible in `protocol`, its ancestors' included (KeyError if unknown)."""
+    chain = []
+    name: str | None = protocol
+    while name is not None:
+        p = PROTOCOLS[name]
+        chain.append(p)
+        name = p.parent
+    fields: dict[str, Field] = {}
+    for p in reversed(chain):
+        for f in p.fields:
+            fields[f.name] = f
+    return fields
+
+
+def protocol_mask(protocol: str) -> int:
+    """Layer bits a row needs to belong to `protocol` (0: every row)."""
+    return PROTOCOLS[protocol].require_any

@@ -1,0 +1,1 @@
+"""The high level on Spark: combine partial aggregates, Meld/Merge links, close windows, sinks."""

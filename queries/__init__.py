@@ -1,0 +1,1 @@
+"""The GSQL language: lexer, parser, packet schema resolution, planner, explain, shipped queries."""

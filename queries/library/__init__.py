@@ -1,0 +1,1 @@
+"""The shipped GSQL query files (package data)."""

@@ -1,0 +1,1 @@
+"""The oopscope command line and the tools around the pipeline (generator, benchmarks, NetFlow export)."""

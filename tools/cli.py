@@ -1,0 +1,83 @@
+"""The `oopscope` command: a click group whose subcommands live one per module in tools/.
+
+Subcommand modules import only click at top level; Numba, Spark and numpy are imported inside
+the command bodies so that `--help` answers at once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+
+import click
+
+# command name -> (module, attribute); loaded on first use
+COMMANDS: dict[str, tuple[str, str]] = {
+    "decode": ("tools.decode", "decode"),
+    "gen": ("tools.gen", "gen"),
+    "explain": ("tools.explain", "explain"),
+    "bench": ("tools.bench", "bench"),
+}
+
+
+class LazyGroup(click.Group):
+    """A group that imports a subcommand's module only when the subcommand is needed."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMANDS) | set(super().list_commands(ctx)))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in COMMANDS:
+            module, attr = COMMANDS[cmd_name]
+            try:
+                mod = importlib.import_module(module)
+            except ModuleNotFoundError as exc:
+                if exc.name == module:
+                    return None  # command not built yet in this checkout
+                raise
+            return getattr(mod, attr)
+        return super().get_command(ctx, cmd_name)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("oopscope")
+    except Exception:  # not installed (running from a source tree)
+        return "0+unknown"
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", count=True, help="More log output on stderr (-vv for debug).")
+@click.version_option(version=_version(), prog_name="oopscope")
+def cli(verbose: int) -> None:
+    """oopscope: GSQL queries over pcap files and live interfaces, the out-of-order way."""
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(level=level, format="oopscope: %(levelname)s: %(message)s", stream=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: user errors become one line on stderr and exit status 1, never a traceback."""
+    from capture.errors import OopscopeError
+
+    try:
+        cli.main(args=argv, prog_name="oopscope", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("oopscope: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except OopscopeError as exc:
+        click.echo(f"oopscope: error: {exc}", err=True)
+        sys.exit(1)
+    except BrokenPipeError:
+        # stdout closed early (e.g. `| head`): not an error of ours
+        sys.stderr.close()
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
