@@ -3,6 +3,14 @@
 The planner (`queries.planner`) builds these; `lowlevel/` and `highlevel/` consume them.
 Nothing here is code to exec: expressions are `queries.expressions` trees, evaluated over
 packet batches by `queries.vectorized.evaluate`.
+
+How the low level runs a `LowLevelPlan` over a packet batch (the reference of every detail is
+`tests/queries/test_queries_split.py`, a naive executor checked against the reference evaluator):
+rows of `protocol` (`capture.schema.protocol_mask`), then `vectorized.evaluate_predicate(predicate)`;
+pane id `vectorized.pane_ids(window, batch)`; group keys `evaluate(key.expr)` (an `ip` key is a
+(hi, lo) pair); each sub-aggregate's argument `evaluate(sub.arg)` cast to `sub.dtype`, FIRST/LAST
+paired with `timestamp` (ns), COUNT_DISTINCT hashed into `distinct_registers` uint8 registers by
+`queries.sketch`. Parameters are already bound (literals) in every expression.
 """
 
 from __future__ import annotations
@@ -34,10 +42,28 @@ class WindowPlan:
     column: str | None = None
     scale: int = 1
     shift: int = 0
+    #: query-on-query only: the pane id as an expression over the input query's columns (the
+    #: rows carry no packet timestamp); None for packet inputs (pane id from `timestamp`).
+    #: pane_ns and offset_ns still place the pane in packet time (ns), so `pane_end_ns` and
+    #: `window_end_ns` compare with the input query's punctuation as usual.
+    expr: Expr | None = None
 
     @property
     def sliding(self) -> bool:
         return self.range_ns != self.slide_ns
+
+    @property
+    def panes_per_window(self) -> int:
+        return self.range_ns // self.pane_ns
+
+    @property
+    def panes_per_slide(self) -> int:
+        return self.slide_ns // self.pane_ns
+
+    def windows_of_pane(self, pane: int) -> range:
+        """Window ids (counted in slides) whose extent holds pane `pane` (SEMANTICS.md 2)."""
+        first = pane // self.panes_per_slide
+        return range(first, (pane + self.panes_per_window) // self.panes_per_slide)
 
     def pane_end_ns(self, pane: int) -> int:
         """First timestamp (ns) after pane `pane`: the pane may close when punctuation >= this."""
@@ -89,3 +115,182 @@ class LowLevelPlan:
     max_disorder: int = 2               # m: windows an old group may linger (oop_*)
     distinct_registers: int = 64        # HLL registers per group for COUNT_DISTINCT
     extras: dict = field(default_factory=dict, hash=False, compare=False)
+    #: joins and MERGE: the FROM alias whose rows this plan produces (None otherwise)
+    side: str | None = None
+    #: "link": run by the low level over packets of `link`; "query": run by the high level
+    #: itself over the result rows of the query named in `link` (query-on-query: a plain
+    #: group-by without hash table or flush; `protocol` is then "")
+    source_kind: str = "link"
+    #: SEMANTICS.md 8: "drop" late packets (counted) or "correct" them through a late partition
+    late: str = "drop"
+
+
+
+# --- the high level ---------------------------------------------------------------------------
+
+SUPERAGG_OF = {"count": "sum", "sum": "sum", "min": "min", "max": "max", "and": "and",
+               "or": "or", "xor": "xor", "first": "first", "last": "last", "distinct": "max"}
+
+
+@dataclass(frozen=True)
+class SuperAggregate:
+    """How the high level combines the partial states of one sub-aggregate (SEMANTICS.md 4).
+
+    kind: sum | min | max | and | or | xor over the state column `name`; `first` / `last`:
+    keep the value whose time (`name`_t) is smallest / largest, ties broken by the smaller /
+    larger value; for a `distinct` sub-aggregate kind is `max`, taken register by register
+    over the `distinct_registers` uint8 registers of each row.
+    """
+
+    name: str            # the state column (= SubAggregate.name)
+    kind: str
+    sub_kind: str        # the SubAggregate kind it combines
+    dtype: str
+
+
+@dataclass(frozen=True)
+class FinalAggregate:
+    """An aggregate of the query, computed from the combined states: `expr` is over Fields
+    naming state columns, e.g. AVG(len) = float(sum_len) / cnt, COUNT_DISTINCT(x) =
+    hll_estimate(distinct_x). `text` is the aggregate as the query wrote it."""
+
+    name: str            # internal column name (_agg0, _agg1 ...)
+    expr: Expr
+    type: str
+    text: str
+
+
+@dataclass(frozen=True)
+class OutputColumn:
+    """A result column in SELECT order: name, GSQL type and the expression computing it over
+    the rows of the last high-level step (group keys, the window column, final aggregates,
+    an input query's columns or a join side's `alias.column`). `temporal` is the column's
+    `queries.types.TimeForm` when it increases with time (a reader may window on it)."""
+
+    name: str
+    type: str
+    expr: Expr
+    temporal: Any = None
+
+
+@dataclass(frozen=True)
+class JoinSide:
+    """One input of a join: rows of an earlier query (kind "query", input = its name) or of
+    the low-level selection plans with `side == alias` (kind "links").
+
+    For a band join `range` is this side's RANGE in the unit of its window attribute `wa`."""
+
+    alias: str
+    kind: str
+    input: str
+    links: tuple[str, ...] = ()
+    range: int | None = None
+    wa: Expr | None = None
+    #: a filter on this side's rows before the join (pushed down from WHERE; Fields qualified
+    #: by the alias). For "links" sides it is in the low plans' predicate instead.
+    predicate: Expr | None = None
+
+
+@dataclass(frozen=True)
+class JoinPlan:
+    """A two-way window join run with OA-Join (SEMANTICS.md 7).
+
+    type: inner | left | right | outer. Rows l (left) and r (right) join when every pair in
+    `keys` is equal (l-side expression, r-side expression), the window matches and `residual`
+    holds. Conditions on one side only are pushed to that side (`JoinSide.predicate` or the
+    low plans' predicate) unless the side is preserved by an outer join. Window: tumbling when `temporal` is a pair of increasing expressions that must be
+    equal; band when both sides carry `range`: l joins r iff
+    `l.wa - right.range <= r.wa < l.wa + left.range`. Outer joins keep unmatched rows with
+    the other side's columns null (a query reading the join sees a null as 0).
+    """
+
+    type: str
+    left: JoinSide
+    right: JoinSide
+    keys: tuple[tuple[Expr, Expr], ...]
+    temporal: tuple[Expr, Expr] | None
+    residual: Expr | None
+
+
+@dataclass(frozen=True)
+class HighLevelPlan:
+    """What the high level runs for one query.
+
+    kind:
+      - "aggregate": read the partial rows of `inputs` (links, through the low plans; or the
+        rows of input queries through `row_plans`), union them (`union`), combine partial
+        states of the same (window pane, keys) with `superaggs`, assemble panes into windows
+        (`window`: tumbling = one pane; sliding = `window.range_ns // window.pane_ns` panes
+        per window, a new window every `window.slide_ns // window.pane_ns` panes), close a
+        window once the combined punctuation reaches its end, compute `finals`, keep rows
+        where `having` holds, then compute `outputs`.
+      - "select": pass rows through (`predicate` first for query inputs), compute `outputs`.
+      - "join": `join` (OA-Join) then `outputs` over `alias.column` Fields.
+      - "merge": the order-preserving union of the inputs on `merge_fields`.
+    inputs: link names when input_kind == "links", query names when "queries"; for a join or
+    MERGE over packets, the FROM aliases (the `side` of their low plans).
+    union: "meld" (OOP, default) or "merge" (IOP: under `flush iop_slow` or a MERGE); None for
+    one input. keys: the group keys of the partial rows (KeyColumn with a Field expr), the
+    window column excluded (it is `window.column`, value pane/window id * scale + shift).
+    late: "drop" (count) or "correct" (SEMANTICS.md 8).
+    """
+
+    query: str
+    kind: str
+    inputs: tuple[str, ...]
+    input_kind: str
+    union: str | None
+    outputs: tuple[OutputColumn, ...]
+    window: WindowPlan | None = None
+    keys: tuple[KeyColumn, ...] = ()
+    superaggs: tuple[SuperAggregate, ...] = ()
+    finals: tuple[FinalAggregate, ...] = ()
+    having: Expr | None = None
+    predicate: Expr | None = None
+    row_plans: tuple[LowLevelPlan, ...] = ()
+    join: JoinPlan | None = None
+    merge_fields: tuple[Expr, ...] = ()
+    late: str = "drop"
+    distinct_registers: int = 64
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    """One query: its low-level plans (one per link and, for joins, per side), its high-level
+    plan, its DEFINEs (after `--set` overrides), and which later queries read it."""
+
+    name: str
+    kind: str
+    low: tuple[LowLevelPlan, ...]
+    high: HighLevelPlan
+    defines: dict = field(default_factory=dict, hash=False, compare=False)
+    params: dict = field(default_factory=dict, hash=False, compare=False)
+    title: str | None = None
+    comment: str | None = None
+    read_by: tuple[str, ...] = ()
+    #: the analyser's view of the query (queries.analysis.AnalysedQuery), for the reference
+    #: evaluator and error messages; not part of the plan proper
+    analysed: Any = field(default=None, hash=False, compare=False, repr=False)
+
+    @property
+    def output_names(self) -> list[str]:
+        return [c.name for c in self.high.outputs]
+
+
+@dataclass(frozen=True)
+class FilePlan:
+    """Every query of a file, in file order (a query only reads earlier ones)."""
+
+    path: str | None
+    links: tuple[str, ...]
+    queries: tuple[QueryPlan, ...]
+
+    def query(self, name: str) -> QueryPlan:
+        for q in self.queries:
+            if q.name == name:
+                return q
+        raise KeyError(name)
+
+    @property
+    def names(self) -> list[str]:
+        return [q.name for q in self.queries]

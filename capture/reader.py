@@ -1,0 +1,296 @@
+"""Public capture-file API: `open_capture` (batches of decoded packets from a pcap/pcapng file) and `read_all`.
+
+Reading is chunked: the file is read with `readinto` into one large reused byte buffer; the
+Numba kernels of `capture.pcapfile` locate the records in it and `capture.decode.decode_rows`
+decodes them; a record that spans the end of the buffer is moved to its front before the
+next read. Output columns are preallocated once
+per reader and reused for every batch, so a `PacketBatch` yielded by the iterator is a VIEW
+that the next batch overwrites: a consumer that keeps one must `batch.copy()` it.
+
+Bad input: a packet that cannot be decoded is a row with a reason code (counted in
+`stats.reasons`). A bad magic, an unsupported pcap link type or a broken record/block raises
+`CaptureFormatError` (file, byte offset, value found) after every earlier packet has been
+yielded. A file that ends inside its last record is not an error by default: every complete
+packet is yielded, the problem goes to `stats.problems` (and the log); with `strict=True`
+the iterator then raises `TruncatedCaptureError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from .batch import PacketBatch
+from .decode import LINK_NAMES, DecodeColumns, decode_rows, make_columns
+from .errors import CaptureError, CaptureFormatError, TruncatedCaptureError
+from .pcapfile import (
+    PCAP_HEADER_LEN, PCAP_MAGIC_NS, PCAP_MAGIC_US, PCAPNG_SHB, ST_BAD_RECORD, ST_BATCH_FULL, ST_NEED_DATA,
+    ST_SPECIAL_BLOCK, Interfaces, frame_pcap, frame_pcapng, parse_interface, parse_pcap_header,
+    parse_section_header,
+)
+from .schema import COLUMNS, REASONS
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK = 16 << 20
+_MIN_CHUNK = 64  # bytes; tests use tiny chunks to put records across chunk ends
+_PCAP_MAGICS = {m.to_bytes(4, order) for m in (PCAP_MAGIC_US, PCAP_MAGIC_NS) for order in ("little", "big")}
+_SHB_BYTES = PCAPNG_SHB.to_bytes(4, "little")  # a palindrome: the same in both byte orders
+
+
+@dataclass
+class ReaderStats:
+    """What a reader has seen so far."""
+
+    packets: int = 0
+    bytes: int = 0             # sum of wire lengths
+    captured_bytes: int = 0    # sum of captured lengths
+    reason_counts: np.ndarray = field(default_factory=lambda: np.zeros(256, np.int64))
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def reasons(self) -> dict[str, int]:
+        """Packets per reason name (only reasons seen)."""
+        return {REASONS.get(i, f"reason_{i}"): int(c) for i, c in enumerate(self.reason_counts) if c}
+
+    @property
+    def malformed(self) -> int:
+        """Packets whose reason is neither ok nor a benign non-IP frame."""
+        return int(self.reason_counts.sum() - self.reason_counts[0] - self.reason_counts[3])
+
+
+class CaptureReader:
+    """Iterate over a pcap or pcapng file as `PacketBatch`es of up to `batch_size` packets.
+
+    Use as a context manager; iterate once. Batches are views into reused buffers.
+    """
+
+    def __init__(self, path: str | os.PathLike, link: str | None = None, batch_size: int = 65536,
+                 *, chunk_size: int = DEFAULT_CHUNK, strict: bool = False):
+        self.path = str(path)
+        self.link = link if link is not None else Path(path).stem
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        self.batch_size = int(batch_size)
+        self.strict = strict
+        self.stats = ReaderStats()
+        try:
+            self._file = open(self.path, "rb", buffering=0)
+            size = os.fstat(self._file.fileno()).st_size
+        except FileNotFoundError:
+            raise CaptureError(f"{self.path}: capture file not found") from None
+        except IsADirectoryError:
+            raise CaptureError(f"{self.path}: is a directory, not a capture file") from None
+        except OSError as exc:
+            raise CaptureError(f"{self.path}: cannot read capture file: {exc.strerror or exc}") from None
+        # a small file needs no large buffer; the buffer grows if a record does not fit
+        cap = max(_MIN_CHUNK, min(int(chunk_size), size + 16))
+        self._buf = np.empty(cap, np.uint8)
+        self._fill = 0          # valid bytes in _buf
+        self._pos = 0           # next unparsed byte in _buf
+        self._base = 0          # file offset of _buf[0]
+        self._eof = False
+        self._out: DecodeColumns = make_columns(self.batch_size)
+        self._started = False
+        try:
+            self.format = self._sniff()
+        except BaseException:
+            self._file.close()
+            raise
+
+    # --- context manager -----------------------------------------------------------------
+    def __enter__(self) -> "CaptureReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._file.close()
+
+    # --- buffer management ---------------------------------------------------------------
+    def _read_more(self) -> int:
+        """Move the unparsed tail to the front, fill the rest of the buffer; bytes read."""
+        tail = self._fill - self._pos
+        if self._pos > 0:
+            if tail:
+                self._buf[:tail] = self._buf[self._pos:self._fill]
+            self._base += self._pos
+            self._pos, self._fill = 0, tail
+        elif self._fill == len(self._buf):
+            # one record larger than the buffer: grow it (records are bounded by MAX_RECORD)
+            self._buf = np.concatenate([self._buf, np.empty(len(self._buf), np.uint8)])
+        got = 0
+        view = memoryview(self._buf)
+        while self._fill < len(self._buf):
+            try:
+                n = self._file.readinto(view[self._fill:])
+            except OSError as exc:
+                raise CaptureError(f"{self.path}: read error at byte {self._base + self._fill}: {exc}") from None
+            if not n:
+                self._eof = True
+                break
+            self._fill += n
+            got += n
+        return got
+
+    def _ensure(self, nbytes: int) -> bool:
+        """Make buf[pos:pos+nbytes] valid if the file has that much; False at end of file."""
+        while self._fill - self._pos < nbytes and not self._eof:
+            if self._pos == 0 and self._fill == len(self._buf):
+                self._buf = np.concatenate([self._buf, np.empty(max(nbytes, len(self._buf)), np.uint8)])
+            self._read_more()
+        return self._fill - self._pos >= nbytes
+
+    def _offset(self) -> int:
+        return self._base + self._pos
+
+    def _sniff(self) -> str:
+        self._ensure(4)
+        head = bytes(self._buf[:min(4, self._fill)])
+        if len(head) < 4:
+            raise CaptureFormatError(self.path, 0, "file too short to be a capture (no pcap or pcapng header)",
+                                     f"{len(head)} bytes")
+        if head in _PCAP_MAGICS:
+            self._ensure(PCAP_HEADER_LEN)
+            self._pcap = parse_pcap_header(self.path, bytes(self._buf[:min(self._fill, PCAP_HEADER_LEN)]))
+            self._pos = PCAP_HEADER_LEN
+            return "pcap"
+        if head == _SHB_BYTES:
+            self._ensure(12)  # check the byte-order magic now, so a bad file fails at open
+            parse_section_header(self.path, bytes(self._buf[:min(self._fill, 16)]), 0)
+            self._ifaces = Interfaces()
+            self._big = False
+            self._last_ts = 0
+            return "pcapng"
+        raise CaptureFormatError(self.path, 0, "not a pcap or pcapng file: bad magic number", "0x" + head.hex())
+
+    # --- iteration -----------------------------------------------------------------------
+    def __iter__(self) -> Iterator[PacketBatch]:
+        if self._started:
+            raise CaptureError(f"{self.path}: a capture reader can be iterated only once")
+        self._started = True
+        return self._batches()
+
+    def _batches(self) -> Iterator[PacketBatch]:
+        out = self._out
+        max_rows = self.batch_size
+        row = 0
+        while True:
+            first = row
+            if self.format == "pcap":
+                h = self._pcap
+                pos, row, status, found = frame_pcap(
+                    self._buf, self._pos, self._fill, h.big_endian, 1 if h.nanosecond else 1000,
+                    h.snaplen, h.link, self._base, out, row, max_rows)
+            else:
+                fi = self._ifaces
+                pos, row, status, found, self._last_ts = frame_pcapng(
+                    self._buf, self._pos, self._fill, self._big, fi.link, fi.mode, fi.scale, fi.offset,
+                    fi.snaplen, fi.n, self._last_ts, self._base, out, row, max_rows)
+            # decode the located frames now, before the buffer is refilled
+            decode_rows(self._buf, out, first, row)
+            self._pos = pos
+            if status == ST_BATCH_FULL:
+                yield self._emit(row)
+                row = 0
+            elif status == ST_NEED_DATA:
+                if self._eof:
+                    if row:
+                        yield self._emit(row)
+                    self._finish_truncated()
+                    return
+                self._read_more()
+            elif status == ST_SPECIAL_BLOCK:
+                if not self._special_block():
+                    if row:
+                        yield self._emit(row)
+                    self._finish_truncated()
+                    return
+            else:
+                assert status == ST_BAD_RECORD
+                if row:
+                    yield self._emit(row)
+                what = "pcapng block" if self.format == "pcapng" else "pcap record"
+                raise CaptureFormatError(self.path, self._offset(), f"broken {what}: impossible length", found)
+
+    def _emit(self, n: int) -> PacketBatch:
+        out = self._out
+        cols = {c.name: getattr(out, c.name)[:n] for c in COLUMNS}
+        st = self.stats
+        st.packets += n
+        st.bytes += int(cols["len"].sum(dtype=np.int64))
+        st.captured_bytes += int(cols["caplen"].sum(dtype=np.int64))
+        st.reason_counts += np.bincount(cols["reason"], minlength=256)
+        return PacketBatch(self.link, cols, out.record_offset[:n])
+
+    def _finish_truncated(self) -> None:
+        left = self._fill - self._pos
+        if left == 0:
+            return
+        msg = (f"{self.path}: byte {self._offset()}: file ends inside the last "
+               f"{'block' if self.format == 'pcapng' else 'record'} ({left} bytes left over); "
+               f"all {self.stats.packets} complete packets were read")
+        self.stats.problems.append(msg)
+        log.info("%s", msg)
+        if self.strict:
+            raise TruncatedCaptureError(self.path, self._offset(), "file ends inside the last record",
+                                        f"{left} bytes")
+
+    def _special_block(self) -> bool:
+        """Parse a pcapng section header or interface description at pos and step over it.
+
+        False when the file ends inside the block.
+        """
+        start = self._offset()
+        if not self._ensure(12):
+            return False
+        raw = bytes(self._buf[self._pos:self._pos + 12])
+        if raw[:4] == _SHB_BYTES:
+            shb = parse_section_header(self.path, raw, start)
+            if not self._ensure(shb.length):
+                return False
+            shb = parse_section_header(self.path, bytes(self._buf[self._pos:self._pos + 16]), start)  # version
+            self._big = shb.big_endian
+            self._ifaces = Interfaces()  # interface ids restart in every section
+            self._pos += shb.length
+            return True
+        blen = int.from_bytes(raw[4:8], "big" if self._big else "little")
+        if not self._ensure(blen):
+            return False
+        data = bytes(self._buf[self._pos:self._pos + blen])
+        link, mode, scale, offset_ns, snaplen = parse_interface(self.path, data, self._big, start)
+        i = self._ifaces.add(link, mode, scale, offset_ns, snaplen)
+        if link not in LINK_NAMES:
+            msg = (f"{self.path}: byte {start}: interface {i} has unsupported link type {link}; "
+                   f"its packets are kept with reason unsupported_link_type")
+            self.stats.problems.append(msg)
+            log.info("%s", msg)
+        self._pos += blen
+        return True
+
+
+def open_capture(path: str | os.PathLike, link: str | None = None, batch_size: int = 65536,
+                 **options) -> CaptureReader:
+    """Open a pcap or pcapng file for batch iteration (`link` defaults to the file stem).
+
+    Options: `chunk_size` (bytes read at a time, default 16 MiB), `strict` (raise
+    TruncatedCaptureError at the end when the file ends inside a record).
+    """
+    return CaptureReader(path, link, batch_size, **options)
+
+
+def read_all(path: str | os.PathLike, link: str | None = None, **options) -> PacketBatch:
+    """Every packet of a (small) capture file as one PacketBatch (a copy, safe to keep)."""
+    with open_capture(path, link, **options) as reader:
+        parts = [b.copy() for b in reader]
+        name = reader.link
+    if not parts:
+        return PacketBatch.empty(name)
+    cols = {c.name: np.concatenate([b.columns[c.name] for b in parts]) for c in COLUMNS}
+    return PacketBatch(name, cols, np.concatenate([b.offsets for b in parts]))

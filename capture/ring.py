@@ -1,0 +1,393 @@
+"""The packet ring: a fixed-size, columnar, single-producer/single-consumer buffer that drops (and counts) when full.
+
+One allocation holds everything: a control block of int64 counters, the link name, a small
+queue of punctuations and one array per physical column of `capture.schema.COLUMNS`, each
+`capacity` rows long. The memory is either private (threads of one process) or a
+`multiprocessing.shared_memory` segment (a paced producer on its own core in another process):
+
+    ring = PacketRing.create(1 << 20, link="l0", shared=True)     # owner: unlinks on close()
+    other = PacketRing.attach(ring.name)                           # in the other process
+    accepted = ring.push(batch)        # producer: never blocks; rows that do not fit are dropped
+    ring.punctuate(p)                  # producer: "no row of this link with timestamp < p follows"
+    batch, punct = ring.take(65536)    # consumer: views valid until the next take()/release()
+    ring.finish()                      # producer: end of stream (consumer sees `done`)
+
+Rules (the Gigascope ring buffer of thesis 8.4; ARCHITECTURE contract 2 and 3):
+- The producer never waits: `push` copies the rows that fit and drops the rest, counting them.
+  `offered == processed + dropped + occupancy` holds at every moment the ring is quiescent, so
+  once the consumer has drained it, `offered == processed + dropped` exactly.
+- `take(max_rows)` returns a PacketBatch of VIEWS into the ring (no copy; a batch never wraps,
+  so it may be shorter than what is available). Its rows stay reserved until the consumer's
+  next `take` or `release`; then the producer may overwrite them. `take(copy=True)` copies
+  and releases at once. Rows count as processed when released.
+- Punctuation travels in order with the rows: `punctuate(p)` records (rows pushed so far, p);
+  `take` returns the largest punctuation whose rows have all been handed out (in this batch or
+  before), else None. Values are monotone (a value <= the last one is ignored). If the
+  punctuation queue is full the producer keeps the newest value locally and publishes it at
+  its next call (never blocking, never early).
+- Memory order: the producer writes rows, then publishes the head counter; the consumer reads
+  the head, then the rows. Aligned 8-byte stores are atomic and stay in order on x86-64 (the
+  machines this runs on); the counters are only ever written by one side each.
+
+- `free()` tells a producer that prefers waiting (a benchmark feeding a lossless run) how
+  many rows fit now; `stats()` gives offered, processed, dropped, occupancy and high water.
+- `close()` detaches; the creating process also unlinks the segment. Batches already taken
+  stay readable (the mapping goes with the last numpy view of it).
+
+Numba producers (nogil kernels) use the same protocol through `ring.ctrl`, `ring.columns` and
+the jitted `ring_reserve` / `copy_rows` / `ring_commit` below (reserve, copy each column,
+commit: no per-row Python anywhere); they punctuate from Python between kernel calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from multiprocessing import resource_tracker, shared_memory
+
+import numpy as np
+
+from lowlevel.jit import ngjit
+
+from .batch import PacketBatch
+from .errors import RingError
+from .schema import COLUMNS
+
+log = logging.getLogger(__name__)
+
+MAGIC = 0x4F4F_5052_494E_4701          # "OOPRING" + layout version 1
+CTRL_WORDS = 32
+LINK_BYTES = 64
+DEFAULT_PUNCT_SLOTS = 1024
+_ALIGN = 64
+
+# control block: metadata, then the producer's words and the consumer's words on separate
+# cache lines (each side writes only its own line)
+C_MAGIC, C_CAPACITY, C_PSLOTS, C_NCOLS = 0, 1, 2, 3
+C_HEAD, C_OFFERED, C_DROPPED, C_HIGH, C_PHEAD, C_DONE, C_FINALP = 8, 9, 10, 11, 12, 13, 14
+C_TAIL, C_PROCESSED, C_PTAIL = 16, 17, 18
+NO_PUNCT = np.iinfo(np.int64).min
+
+
+# --- the Numba-friendly core ------------------------------------------------------------------
+
+@ngjit
+def ring_reserve(ctrl, n):
+    """(ring position, rows that fit) for n offered rows; the producer then copies and commits."""
+    cap = ctrl[C_CAPACITY]
+    head = ctrl[C_HEAD]
+    free = cap - (head - ctrl[C_TAIL])
+    k = n if n < free else free
+    if k < 0:
+        k = 0
+    return head % cap, k
+
+
+@ngjit
+def copy_rows(dst, src, src_start, pos, k):
+    """Copy src[src_start:src_start+k] into the ring column dst starting at pos, wrapping once."""
+    cap = dst.shape[0]
+    first = cap - pos
+    if first > k:
+        first = k
+    for j in range(first):
+        dst[pos + j] = src[src_start + j]
+    for j in range(k - first):
+        dst[j] = src[src_start + first + j]
+
+
+@ngjit
+def ring_commit(ctrl, k, n):
+    """Publish k copied rows of n offered: head moves last, after the rows are in place."""
+    head = ctrl[C_HEAD] + k
+    ctrl[C_HEAD] = head
+    ctrl[C_DROPPED] += n - k
+    ctrl[C_OFFERED] += n
+    occ = head - ctrl[C_TAIL]
+    if occ > ctrl[C_HIGH]:
+        ctrl[C_HIGH] = occ
+
+
+@dataclass(frozen=True)
+class RingStats:
+    """Counters of one ring (read without locking: exact when the ring is quiescent)."""
+
+    capacity: int
+    offered: int
+    processed: int
+    dropped: int
+    occupancy: int
+    high_water: int
+    punctuations: int
+
+    @property
+    def balanced(self) -> bool:
+        return self.offered == self.processed + self.dropped + self.occupancy
+
+
+def _layout(capacity: int, pslots: int) -> tuple[dict[str, int], int, int]:
+    """Byte offset of every column, of the punctuation queue, and the total size."""
+    off = CTRL_WORDS * 8 + LINK_BYTES
+    punct_off = off
+    off += 16 * pslots
+    offsets = {}
+    for c in COLUMNS:
+        off = -(-off // _ALIGN) * _ALIGN
+        offsets[c.name] = off
+        off += capacity * c.dtype.itemsize
+    return offsets, punct_off, off
+
+
+class PacketRing:
+    """Fixed-capacity SPSC packet ring over private or shared memory (see the module docstring)."""
+
+    def __init__(self, buf, capacity: int, pslots: int, *, shm=None, owner: bool = False):
+        self._shm = shm
+        self._owner = owner
+        self._buf = buf
+        self.ctrl = np.ndarray(CTRL_WORDS, np.int64, buffer=buf, offset=0)
+        offsets, punct_off, _ = _layout(capacity, pslots)
+        self._punct = np.ndarray((pslots, 2), np.int64, buffer=buf, offset=punct_off)
+        self.columns = {c.name: np.ndarray(capacity, c.dtype, buffer=buf, offset=offsets[c.name]) for c in COLUMNS}
+        name_raw = bytes(np.ndarray(LINK_BYTES, np.uint8, buffer=buf, offset=CTRL_WORDS * 8))
+        self.link = name_raw.rstrip(b"\0").decode("utf-8")
+        self.capacity = capacity
+        self._pslots = pslots
+        # producer-local: a punctuation that did not fit the queue; consumer-local: rows lent out
+        self._pending = NO_PUNCT
+        self._lent = 0
+        self._last_punct = NO_PUNCT
+        self._producer_lock = threading.Lock()
+
+    # --- construction ---------------------------------------------------------------------
+    @classmethod
+    def create(cls, capacity: int, link: str = "l0", *, shared: bool = False,
+               punct_slots: int = DEFAULT_PUNCT_SLOTS) -> "PacketRing":
+        """A new ring of `capacity` rows (RingError if capacity < 1 or the memory cannot be had)."""
+        if not isinstance(capacity, (int, np.integer)) or capacity < 1:
+            raise RingError(f"ring capacity must be a positive number of rows (got {capacity!r})")
+        if punct_slots < 1:
+            raise RingError(f"punctuation slots must be at least 1 (got {punct_slots})")
+        link_b = link.encode("utf-8")
+        if len(link_b) > LINK_BYTES:
+            raise RingError(f"link name {link!r} is longer than {LINK_BYTES} bytes")
+        _, _, size = _layout(int(capacity), punct_slots)
+        try:
+            if shared:
+                shm = shared_memory.SharedMemory(create=True, size=size)
+                buf = shm.buf
+            else:
+                shm = None
+                buf = np.zeros(size, np.uint8)
+        except (OSError, MemoryError, ValueError) as exc:
+            raise RingError(f"cannot allocate a ring of {capacity} rows ({size} bytes): {exc}") from None
+        ctrl = np.ndarray(CTRL_WORDS, np.int64, buffer=buf, offset=0)
+        ctrl[:] = 0
+        ctrl[C_MAGIC], ctrl[C_CAPACITY], ctrl[C_PSLOTS], ctrl[C_NCOLS] = MAGIC, capacity, punct_slots, len(COLUMNS)
+        ctrl[C_FINALP] = NO_PUNCT
+        np.ndarray(LINK_BYTES, np.uint8, buffer=buf, offset=CTRL_WORDS * 8)[:len(link_b)] = np.frombuffer(link_b, np.uint8)
+        return cls(buf, int(capacity), punct_slots, shm=shm, owner=shared)
+
+    @classmethod
+    def attach(cls, name: str) -> "PacketRing":
+        """The shared ring `name` created by another process (RingError if absent or not a ring)."""
+        # Python 3.11 registers attached segments with the resource tracker, which would unlink
+        # the owner's segment when this process exits; only the creator may unlink it.
+        orig = resource_tracker.register
+        resource_tracker.register = lambda *a, **k: None
+        try:
+            shm = shared_memory.SharedMemory(name=name)
+        except (FileNotFoundError, OSError) as exc:
+            raise RingError(f"no shared packet ring named {name!r}: {exc}") from None
+        finally:
+            resource_tracker.register = orig
+        ctrl = np.ndarray(CTRL_WORDS, np.int64, buffer=shm.buf, offset=0)
+        if ctrl[C_MAGIC] != MAGIC or ctrl[C_NCOLS] != len(COLUMNS):
+            shm.close()
+            raise RingError(f"shared memory {name!r} is not a packet ring of this schema")
+        return cls(shm.buf, int(ctrl[C_CAPACITY]), int(ctrl[C_PSLOTS]), shm=shm, owner=False)
+
+    @property
+    def name(self) -> str | None:
+        """The shared-memory name to attach to (None for a private ring)."""
+        return None if self._shm is None else self._shm.name
+
+    def __reduce__(self):
+        if self._shm is None:
+            raise RingError("a private ring cannot cross processes; create it with shared=True")
+        return (PacketRing.attach, (self._shm.name,))
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """The ring's column arrays in `capture.schema.COLUMNS` order (for Numba producers)."""
+        return tuple(self.columns[c.name] for c in COLUMNS)
+
+    # --- producer -------------------------------------------------------------------------
+    def push(self, batch: PacketBatch | dict[str, np.ndarray], start: int = 0, stop: int | None = None) -> int:
+        """Offer rows [start, stop) of a batch; copy what fits, drop the rest. Returns rows accepted."""
+        cols = batch.columns if isinstance(batch, PacketBatch) else batch
+        try:
+            ts = cols["timestamp"]
+        except KeyError:
+            raise RingError("pushed batch lacks the `timestamp` column") from None
+        stop = len(ts) if stop is None else stop
+        n = stop - start
+        if n < 0 or start < 0 or stop > len(ts):
+            raise RingError(f"push rows [{start}, {stop}) outside a batch of {len(ts)} rows")
+        for c in COLUMNS:
+            a = cols.get(c.name)
+            if a is None or a.dtype != c.dtype or len(a) != len(ts):
+                found = "missing" if a is None else f"{a.dtype}[{len(a)}]"
+                raise RingError(f"pushed column {c.name!r} must be {c.dtype}[{len(ts)}] (found {found})")
+        with self._producer_lock:
+            self._publish_pending()
+            pos, k = ring_reserve(self.ctrl, n)
+            if k:
+                first = min(k, self.capacity - pos)
+                for c in COLUMNS:
+                    dst, src = self.columns[c.name], cols[c.name]
+                    dst[pos:pos + first] = src[start:start + first]
+                    if k > first:
+                        dst[:k - first] = src[start + first:start + k]
+            ring_commit(self.ctrl, k, n)
+        return int(k)
+
+    def punctuate(self, p: int) -> bool:
+        """Record the low-watermark p after the rows pushed so far; False if it adds nothing."""
+        p = int(p)
+        with self._producer_lock:
+            newest = max(self._pending, self._queued_max())
+            if p <= newest:
+                return False
+            self._pending = p
+            self._publish_pending()
+            return True
+
+    def finish(self) -> None:
+        """End of stream: publish the last punctuation and mark the ring done."""
+        with self._producer_lock:
+            self._publish_pending()
+            if self._pending != NO_PUNCT:
+                self.ctrl[C_FINALP] = self._pending   # delivered once every row is taken
+                self._pending = NO_PUNCT
+            self.ctrl[C_DONE] = 1
+
+    def _queued_max(self) -> int:
+        ph = int(self.ctrl[C_PHEAD])
+        return int(self._punct[(ph - 1) % self._pslots, 1]) if ph else NO_PUNCT
+
+    def _publish_pending(self) -> None:
+        if self._pending == NO_PUNCT:
+            return
+        ph = int(self.ctrl[C_PHEAD])
+        if ph - int(self.ctrl[C_PTAIL]) >= self._pslots:
+            return          # queue full: keep it, try again at the next call
+        slot = self._punct[ph % self._pslots]
+        slot[0] = self.ctrl[C_HEAD]
+        slot[1] = self._pending
+        self.ctrl[C_PHEAD] = ph + 1
+        self._pending = NO_PUNCT
+
+    # --- consumer -------------------------------------------------------------------------
+    def take(self, max_rows: int = 65536, *, copy: bool = False) -> tuple[PacketBatch | None, int | None]:
+        """(batch or None, punctuation or None): up to max_rows rows, never wrapping.
+
+        The punctuation, when given, holds after this batch's rows: every row offered before it
+        has now been handed out (or dropped).
+        """
+        if max_rows < 1:
+            raise RingError(f"take needs max_rows >= 1 (got {max_rows})")
+        self.release()
+        done = self.ctrl[C_DONE]               # read before the head: rows published before done
+        head = int(self.ctrl[C_HEAD])
+        tail = int(self.ctrl[C_TAIL])
+        pos = tail % self.capacity
+        k = min(head - tail, max_rows, self.capacity - pos)
+        batch = None
+        if k > 0:
+            cols = {name: a[pos:pos + k] for name, a in self.columns.items()}
+            if copy:
+                cols = {name: a.copy() for name, a in cols.items()}
+            batch = PacketBatch(self.link, cols)
+            self._lent = k
+            if copy:
+                self.release()
+        punct = self._collect_punct(tail + k, finished=bool(done) and tail + k == head)
+        return batch, punct
+
+    def release(self) -> None:
+        """Hand back the rows of the last take (they count as processed)."""
+        if self._lent:
+            k = self._lent
+            self._lent = 0
+            self.ctrl[C_PROCESSED] += k
+            self.ctrl[C_TAIL] += k
+
+    def _collect_punct(self, handed_out: int, finished: bool) -> int | None:
+        best = NO_PUNCT
+        pt, ph = int(self.ctrl[C_PTAIL]), int(self.ctrl[C_PHEAD])
+        while pt < ph:
+            pos, val = self._punct[pt % self._pslots]
+            if pos > handed_out:
+                break
+            best = max(best, int(val))
+            pt += 1
+        self.ctrl[C_PTAIL] = pt
+        if finished and pt == ph:
+            best = max(best, int(self.ctrl[C_FINALP]))
+        if best > self._last_punct:
+            self._last_punct = best
+            return best
+        return None
+
+    @property
+    def done(self) -> bool:
+        """The producer has finished and every row has been taken."""
+        return bool(self.ctrl[C_DONE]) and int(self.ctrl[C_TAIL]) + self._lent >= int(self.ctrl[C_HEAD]) \
+            and int(self.ctrl[C_PTAIL]) == int(self.ctrl[C_PHEAD])
+
+    # --- counters and lifetime ------------------------------------------------------------
+    def stats(self) -> RingStats:
+        c = self.ctrl
+        return RingStats(self.capacity, int(c[C_OFFERED]), int(c[C_PROCESSED]), int(c[C_DROPPED]),
+                         int(c[C_HEAD] - c[C_TAIL]), int(c[C_HIGH]), int(c[C_PHEAD]))
+
+    def free(self) -> int:
+        """Rows a push would accept now (a producer that prefers waiting to dropping polls this)."""
+        return self.capacity - int(self.ctrl[C_HEAD] - self.ctrl[C_TAIL])
+
+    def __len__(self) -> int:
+        return int(self.ctrl[C_HEAD] - self.ctrl[C_TAIL])
+
+    def close(self) -> None:
+        """Detach (and, in the creating process, unlink the shared segment).
+
+        Batches handed out by `take` stay readable: the mapping is unmapped only when the last
+        numpy view of it is gone (SharedMemory.close() would unmap it under them).
+        """
+        if self._shm is None:
+            return
+        shm, self._shm = self._shm, None
+        self.ctrl = self._punct = None
+        self.columns = {}
+        self._buf = None
+        # numpy views hold the mmap object itself (not an export of shm.buf), so forgetting
+        # the mmap here leaves its lifetime to them; SharedMemory then only closes its fd
+        try:
+            shm._buf.release()
+        except BufferError:
+            pass              # a view holds the memoryview, which holds the mmap: as safe
+        shm._buf = None
+        shm._mmap = None
+        shm.close()
+        if self._owner:
+            try:
+                shm.unlink()
+            except FileNotFoundError:
+                pass
+
+    def __enter__(self) -> "PacketRing":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,106 @@
+"""Super-aggregates: combine partial rows of one (window, group) with Spark aggregate functions.
+
+count/sum -> sum, min -> min, max -> max, and/or/xor -> bit_and/bit_or/bit_xor, first -> the
+value at the smallest time, last -> the value at the largest time, distinct -> register-wise
+max of HyperLogLog registers (one column per register, see `highlevel.spool`). The combined rows have the same columns as the partial rows, so
+the stage's open state and new partials combine with one `groupBy`.
+
+uint64 values travel as int64 with the same bits (Spark has no unsigned type): sums and bit
+operations are bit-exact; min/max flip the sign bit to compare as unsigned.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from highlevel.errors import StageConfigError
+from highlevel.spool import register_column
+
+
+
+def _sign() -> Column:
+    return F.lit(-(1 << 63))
+
+
+def hll_estimate_col(name: str, m: int) -> Column:
+    """Cardinality estimate of the registers `name__r0 .. name__r<m-1>` (HyperLogLog with
+    linear counting for small counts; a register holds rho = leading zeros + 1 of the hash
+    bits after the index, 0 when empty)."""
+    alpha = _alpha(m)
+    regs = [F.col(register_column(name, i)) for i in range(m)]
+    inverse = sum((F.pow(F.lit(2.0), -r) for r in regs), F.lit(0.0))
+    raw = F.lit(alpha * m * m) / inverse
+    zeros = sum(((r == 0).cast("int") for r in regs), F.lit(0))
+    small = F.lit(float(m)) * F.log(F.lit(float(m)) / zeros)
+    return F.when((raw <= F.lit(2.5 * m)) & (zeros > 0), small).otherwise(raw)
+
+
+def _alpha(m: int) -> float:
+    return {16: 0.673, 32: 0.697, 64: 0.709}.get(m, 0.7213 / (1 + 1.079 / m))
+
+
+def hll_estimate(registers: bytes) -> float:
+    """The same estimate in plain Python (for references and tests)."""
+    m = len(registers)
+    raw = _alpha(m) * m * m / sum(2.0 ** -r for r in registers)
+    zeros = sum(1 for r in registers if r == 0)
+    if raw <= 2.5 * m and zeros:
+        return m * math.log(m / zeros)
+    return raw
+
+
+def _agg_exprs(states, m: int) -> tuple[list[Column], list[Column]]:
+    """(aggregate expressions, post-aggregation selects) restoring the state column names."""
+    aggs, post = [], []
+    for s in states:
+        c = F.col(s.name)
+        if s.kind in ("count", "sum"):
+            aggs.append(F.sum(c).alias(s.name))
+        elif s.kind in ("min", "max"):
+            fn = F.min if s.kind == "min" else F.max
+            if s.dtype == "uint64":
+                aggs.append(fn(c.bitwiseXOR(_sign())).bitwiseXOR(_sign()).alias(s.name))
+            else:
+                aggs.append(fn(c).alias(s.name))
+        elif s.kind in ("and", "or", "xor"):
+            fn = {"and": F.bit_and, "or": F.bit_or, "xor": F.bit_xor}[s.kind]
+            aggs.append(fn(c).alias(s.name))
+        elif s.kind in ("first", "last"):
+            # smallest/largest (time, value): ties at one time broken by value, deterministically
+            fn = F.min if s.kind == "first" else F.max
+            aggs.append(fn(F.struct(F.col(f"{s.name}__t").alias("t"), c.alias("v")))
+                        .alias(f"__{s.name}"))
+            post += [F.col(f"__{s.name}.v").alias(s.name), F.col(f"__{s.name}.t")
+                     .alias(f"{s.name}__t")]
+            continue
+        elif s.kind == "distinct":
+            names = [register_column(s.name, i) for i in range(m)]
+            aggs += [F.max(r).alias(r) for r in names]
+            post += [F.col(r) for r in names]
+            continue
+        else:
+            raise StageConfigError(f"state `{s.name}`: unknown sub-aggregate kind {s.kind!r}")
+        post.append(F.col(s.name))
+    return aggs, post
+
+
+class Combiner:
+    """The aggregate expressions of a set of states, built once and applied to many frames."""
+
+    def __init__(self, states, registers: int = 64):
+        self.aggs, self.post = _agg_exprs(states, registers)
+
+    def __call__(self, df: DataFrame, group_columns: list[str]) -> DataFrame:
+        """One row per distinct `group_columns` value, every state combined; names kept."""
+        if not self.aggs:
+            return df.select(*group_columns).distinct()
+        grouped = df.groupBy(*group_columns).agg(*self.aggs)
+        return grouped.select(*[F.col(g) for g in group_columns], *self.post)
+
+
+def combine(df: DataFrame, group_columns: list[str], states, registers: int = 64) -> DataFrame:
+    """One row per distinct `group_columns` value, every state combined; columns keep names."""
+    return Combiner(states, registers)(df, group_columns)

@@ -1,0 +1,133 @@
+"""The one SparkSession of a process: local[*] by default, quiet logs, no UI, Arrow on."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_LOCK = threading.Lock()
+_SESSION = None
+_MASTER: str | None = None
+
+# Spark's default log4j2 profile prints INFO lines (and a banner about the default level) on
+# the console before any setLogLevel call can run; a config file given to the driver JVM at
+# launch is the only way to keep start-up quiet.
+_LOG4J2 = """\
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
+logger.spark.name = org.apache.spark
+logger.spark.level = warn
+logger.hadoop.name = org.apache.hadoop
+logger.hadoop.level = error
+logger.parquet.name = org.apache.parquet
+logger.parquet.level = error
+logger.jetty.name = org.sparkproject.jetty
+logger.jetty.level = error
+logger.nativeio.name = org.apache.hadoop.util.NativeCodeLoader
+logger.nativeio.level = error
+logger.shutdown.name = org.apache.spark.util.ShutdownHookManager
+logger.shutdown.level = error
+logger.checkpoint.name = org.apache.spark.sql.execution.streaming.checkpointing
+logger.checkpoint.level = error
+logger.trigger.name = org.apache.spark.sql.execution.streaming.ProcessingTimeExecutor
+logger.trigger.level = error
+logger.dag.name = org.apache.spark.scheduler.DAGScheduler
+logger.dag.level = error
+"""
+
+DEFAULTS = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.default.parallelism": "4",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.session.timeZone": "UTC",
+    # small state and partial files: adaptive re-planning only costs time per micro-batch
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.streaming.metricsEnabled": "false",
+    "spark.sql.debug.maxToStringFields": "1000",   # wide partial rows: no truncation warning
+    "spark.sql.parquet.compression.codec": "snappy",
+    # The file stream source keeps its own compacted log; keep few to bound start-up.
+    "spark.sql.streaming.minBatchesToRetain": "20",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.host": "127.0.0.1",
+}
+
+
+def log4j2_config() -> Path:
+    """Path of the quiet log4j2 profile (written once to the temp dir)."""
+    path = Path(tempfile.gettempdir()) / f"oopscope-log4j2-{os.getuid()}.properties"
+    if not path.exists() or path.read_text() != _LOG4J2:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(_LOG4J2)
+        os.replace(tmp, path)
+    return path
+
+
+def get_session(master: str | None = None, *, app_name: str = "oopscope",
+                driver_memory: str = "1g", shuffle_partitions: int = 4,
+                conf: dict[str, str] | None = None):
+    """The process-wide SparkSession, created on first call and reused afterwards.
+
+    `master` is `local[*]` by default, or any Spark master URL (`spark://host:7077`). Asking
+    for a different master than the running session's stops it and starts a new one.
+    """
+    global _SESSION, _MASTER
+    master = master or os.environ.get("OOPSCOPE_SPARK_MASTER") or "local[*]"
+    with _LOCK:
+        if _SESSION is not None and _MASTER == master and not _stopped(_SESSION):
+            return _SESSION
+        if _SESSION is not None:
+            stop_session()
+        if master.startswith("local") or "127.0.0.1" in master or "localhost" in master:
+            # otherwise Spark warns that the host name resolves to loopback and picks eth0
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # pyspark warns about pandas >= 3 on first Arrow use; we only use Arrow tables
+        warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
+        from pyspark.sql import SparkSession
+
+        java_opts = f"-Dlog4j2.configurationFile=file:{log4j2_config()}"
+        builder = (SparkSession.builder.master(master).appName(app_name)
+                   .config("spark.driver.memory", driver_memory)
+                   .config("spark.driver.extraJavaOptions", java_opts)
+                   .config("spark.executor.extraJavaOptions", java_opts))
+        settings = dict(DEFAULTS, **{"spark.sql.shuffle.partitions": str(shuffle_partitions),
+                                     "spark.default.parallelism": str(shuffle_partitions)})
+        if not master.startswith("local"):
+            # executors on other hosts must reach the driver; loopback only suits local mode
+            # and the loopback test cluster, so keep it only when the master is on loopback.
+            if "127.0.0.1" not in master and "localhost" not in master:
+                settings.pop("spark.driver.bindAddress")
+                settings.pop("spark.driver.host")
+        settings.update(conf or {})
+        for key, value in settings.items():
+            builder = builder.config(key, value)
+        session = builder.getOrCreate()
+        session.sparkContext.setLogLevel("WARN")
+        log.info("Spark %s session on %s", session.version, master)
+        _SESSION, _MASTER = session, master
+        return session
+
+
+def _stopped(session) -> bool:
+    sc = session.sparkContext
+    return sc._jsc is None  # noqa: SLF001 - pyspark has no public "is stopped" probe
+
+
+def stop_session() -> None:
+    """Stop the process-wide session (tests and the CLI call this at exit)."""
+    global _SESSION, _MASTER
+    if _SESSION is not None:
+        _SESSION.stop()
+    _SESSION, _MASTER = None, None

@@ -1,0 +1,157 @@
+"""What the Spark stage of one query needs to know: keys, state columns, window, outputs, links.
+
+`StageSpec` is the stage's own small contract, built by hand in tests or from the planner's
+plan (`StageSpec.from_low_level` maps `queries.plan.LowLevelPlan`; the high-level plan will map
+the same way: see the field comments). Output and HAVING expressions are `queries.expressions`
+trees over key names, state names and the window column; the stage compiles them to Spark
+Column expressions (never Python callables over rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from pyspark.sql import types as T
+
+from highlevel.errors import StageConfigError
+from highlevel.spool import LINK, PUNCT, SEQ, register_column
+from queries.plan import SUBAGG_KINDS, LowLevelPlan, SubAggregate, WindowPlan
+
+KEY_TYPES = ("ip", "int64", "uint64", "float64", "string", "bool")
+OUTPUT_TYPES = ("int64", "uint64", "float64", "string", "bool", "ip")
+STATE_DTYPES = ("int64", "uint64", "float64")
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """A group key: `ip` is the two spool columns `name__hi`, `name__lo`; others one column.
+    Integer types of any width arrive as int64 in the spool (see `highlevel.spool`)."""
+
+    name: str
+    type: str
+
+    def columns(self) -> tuple[str, ...]:
+        return (f"{self.name}__hi", f"{self.name}__lo") if self.type == "ip" else (self.name,)
+
+
+@dataclass(frozen=True)
+class OutputColumn:
+    """One SELECT column: name, expression (over keys, states, window column), output type."""
+
+    name: str
+    expr: object
+    type: str
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """The high level of one aggregation query."""
+
+    query: str
+    links: tuple[str, ...]                  # union inputs: Meld waits for all of them
+    window: WindowPlan                      # pane/range/slide/offset, temporal column
+    keys: tuple[KeySpec, ...]               # group keys other than the window
+    states: tuple[SubAggregate, ...]        # sub-aggregate state columns and combine kinds
+    outputs: tuple[OutputColumn, ...]       # SELECT list, in order
+    having: object | None = None            # predicate over the same names as outputs
+    union: str = "meld"                     # meld | merge (same closing point, see union.py)
+    distinct_registers: int = 64            # HLL registers of COUNT_DISTINCT states
+    extras: dict = field(default_factory=dict, hash=False, compare=False)
+
+    def __post_init__(self):
+        if not self.links:
+            raise StageConfigError(f"query {self.query!r}: the high level needs the list of "
+                                   f"links it unions (got none)")
+        for k in self.keys:
+            if k.type not in KEY_TYPES:
+                raise StageConfigError(f"query {self.query!r}: key `{k.name}` has type "
+                                       f"{k.type!r}; allowed: {', '.join(KEY_TYPES)}")
+        for s in self.states:
+            if s.kind not in SUBAGG_KINDS:
+                raise StageConfigError(f"query {self.query!r}: state `{s.name}` has kind "
+                                       f"{s.kind!r}; allowed: {', '.join(SUBAGG_KINDS)}")
+            if s.kind != "distinct" and s.dtype not in STATE_DTYPES:
+                raise StageConfigError(f"query {self.query!r}: state `{s.name}` has dtype "
+                                       f"{s.dtype!r}; allowed: {', '.join(STATE_DTYPES)}")
+        for o in self.outputs:
+            if o.type not in OUTPUT_TYPES:
+                raise StageConfigError(f"query {self.query!r}: output `{o.name}` has type "
+                                       f"{o.type!r}; allowed: {', '.join(OUTPUT_TYPES)}")
+        if self.union not in ("meld", "merge"):
+            raise StageConfigError(f"query {self.query!r}: union {self.union!r}; allowed: "
+                                   f"meld, merge")
+
+    # --- column layout -----------------------------------------------------------------------
+    def key_columns(self) -> list[str]:
+        return [c for k in self.keys for c in k.columns()]
+
+    def state_columns(self) -> list[tuple[str, str]]:
+        """(column, spark type name) of every state column, `__t` times included."""
+        out = []
+        for s in self.states:
+            if s.kind == "distinct":
+                out += [(register_column(s.name, i), "int")
+                        for i in range(self.distinct_registers)]
+                continue
+            out.append((s.name, "double" if s.dtype == "float64" else "long"))
+            if s.kind in ("first", "last"):
+                out.append((f"{s.name}__t", "long"))
+        return out
+
+    def partial_schema(self) -> T.StructType:
+        """Spark schema of the combined state (= partial rows without the spool columns)."""
+        fields = [T.StructField("window", T.LongType())]
+        for k in self.keys:
+            for c in k.columns():
+                fields.append(T.StructField(c, _spark_key_type(k.type)))
+        names = {"long": T.LongType(), "double": T.DoubleType(), "int": T.IntegerType()}
+        fields += [T.StructField(c, names[t]) for c, t in self.state_columns()]
+        return T.StructType(fields)
+
+    def spool_schema(self) -> T.StructType:
+        meta = [T.StructField(LINK, T.StringType()), T.StructField(SEQ, T.LongType()),
+                T.StructField(PUNCT, T.LongType())]
+        return T.StructType(meta + self.partial_schema().fields)
+
+    def output_arrow_schema(self) -> pa.Schema:
+        types = {"int64": pa.int64(), "uint64": pa.uint64(), "float64": pa.float64(),
+                 "string": pa.string(), "bool": pa.bool_(), "ip": pa.string()}
+        return pa.schema([pa.field(o.name, types[o.type]) for o in self.outputs],
+                         metadata={b"oopscope.query": self.query.encode()})
+
+    # --- from the planner --------------------------------------------------------------------
+    @classmethod
+    def from_low_level(cls, plan: LowLevelPlan, links: tuple[str, ...],
+                       outputs: tuple[OutputColumn, ...], having=None,
+                       union: str = "meld") -> "StageSpec":
+        """The stage of a query whose low level runs `plan` on each of `links`."""
+        if plan.window is None:
+            raise StageConfigError(f"query {plan.query!r} has no window: the Spark stage "
+                                   f"combines windowed aggregates only")
+        keys = tuple(KeySpec(k.name, _key_type(k.type)) for k in plan.keys)
+        return cls(query=plan.query, links=tuple(links), window=plan.window, keys=keys,
+                   states=tuple(plan.subaggs), outputs=tuple(outputs), having=having,
+                   union=union, distinct_registers=plan.distinct_registers)
+
+
+def _spark_key_type(t: str):
+    return {"ip": T.LongType(), "int64": T.LongType(), "uint64": T.LongType(),
+            "float64": T.DoubleType(), "string": T.StringType(),
+            "bool": T.BooleanType()}[t]
+
+
+def _key_type(schema_type: str) -> str:
+    """Key type of the stage for a GSQL/plan type name."""
+    t = schema_type.lower()
+    if t in ("ip", "ipv6", "ip6", "ipv4_mapped"):
+        return "ip"
+    if t in ("string", "str", "text"):
+        return "string"
+    if t in ("float", "float64", "double"):
+        return "float64"
+    if t in ("bool", "boolean"):
+        return "bool"
+    if t in ("uint64", "ullong"):
+        return "uint64"
+    return "int64"

@@ -1,0 +1,210 @@
+"""The spool between the levels: partial rows and punctuation as atomic Parquet files per link.
+
+Layout: `ROOT/<query>/partials/<link>-<seq>.parquet`, one file per `SpoolWriter.write` call,
+`seq` counting 0, 1, 2 ... per link. Every file holds the call's partial rows plus exactly one
+*marker row* (`window` null) carrying `__link`, `__seq` and `__punct` (the link's punctuation
+after this write, or null). Putting the punctuation in the same file as the partials it follows
+makes the pair atomic; the sequence number lets the reader apply a link's punctuation only when
+every earlier file of that link has been read (a directory listing racing a writer can return
+file n+1 without file n).
+
+Physical types are normalised so Spark (which has no unsigned types) reads every file with one
+fixed schema: integers become int64 (uint64 by bit reinterpretation, so IP halves and bit masks
+keep their bits), floats float64, and a fixed-size binary HyperLogLog register array of width m
+becomes m int32 columns `name__r0 .. name__r<m-1>`.
+Files whose names start with `.` are temporaries; Spark's file source ignores them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from urllib.parse import quote, unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from highlevel.errors import SpoolError
+
+log = logging.getLogger(__name__)
+
+LINK, SEQ, PUNCT = "__link", "__seq", "__punct"
+META_COLUMNS = (LINK, SEQ, PUNCT)
+_NAME = re.compile(r"^(?P<link>.+)-(?P<seq>\d{12})\.parquet$")
+
+
+def partials_dir(root: str | os.PathLike, query: str) -> Path:
+    return Path(root) / query / "partials"
+
+
+def spool_file_name(link: str, seq: int) -> str:
+    # links are user names (files, interfaces): quote so any name is one safe path component
+    return f"{quote(link, safe='')}-{seq:012d}.parquet"
+
+
+def normalise_column(array: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """One column in its spool (Spark-readable) physical type."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    t = array.type
+    if pa.types.is_uint64(t):
+        if array.null_count:
+            raise SpoolError("uint64 partial column with nulls cannot be reinterpreted as int64")
+        return pa.array(np.asarray(array).view(np.int64), pa.int64())
+    if pa.types.is_integer(t) and not pa.types.is_int64(t):
+        return array.cast(pa.int64())
+    if pa.types.is_floating(t) and not pa.types.is_float64(t):
+        return array.cast(pa.float64())
+    if pa.types.is_fixed_size_binary(t) or pa.types.is_large_binary(t):
+        return array.cast(pa.binary())
+    if pa.types.is_large_string(t):
+        return array.cast(pa.string())
+    return array
+
+
+def register_column(name: str, i: int) -> str:
+    return f"{name}__r{i}"
+
+
+def spool_columns(name: str, array) -> list[tuple[str, pa.Array]]:
+    """The spool column(s) of one partial column: HyperLogLog registers (fixed-size binary)
+    become one int32 column per register, so Spark combines them with plain `max` aggregates
+    (higher-order functions over arrays are interpreted and cost seconds per micro-batch)."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    if pa.types.is_fixed_size_binary(array.type):
+        m = array.type.byte_width
+        if array.null_count:
+            raise SpoolError(f"register column `{name}` has nulls")
+        regs = np.frombuffer(array.buffers()[1], dtype=np.uint8,
+                             count=(array.offset + len(array)) * m)[array.offset * m:]
+        regs = regs.reshape(len(array), m)
+        return [(register_column(name, i), pa.array(regs[:, i].astype(np.int32)))
+                for i in range(m)]
+    return [(name, normalise_column(array))]
+
+
+class SpoolWriter:
+    """Writes one link's partial rows and punctuation for one query, one atomic file per call.
+
+    The low-level driver calls `write(partials, punctuation)` after each flush. A writer
+    restarted on the same spool continues the link's sequence numbers.
+    """
+
+    def __init__(self, root: str | os.PathLike, query: str, link: str, *, fsync: bool = True):
+        self.query, self.link, self.fsync = query, link, fsync
+        self.dir = partials_dir(root, query)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.seq = self._next_seq()
+        self.last_punctuation: int | None = None
+        self.rows_written = 0
+
+    def _next_seq(self) -> int:
+        prefix = quote(self.link, safe="") + "-"
+        seqs = [int(m["seq"]) for name in os.listdir(self.dir)
+                if name.startswith(prefix) and (m := _NAME.match(name))
+                and m["link"] == quote(self.link, safe="")]
+        return max(seqs) + 1 if seqs else 0
+
+    def write(self, partials: list[pa.RecordBatch] | pa.RecordBatch | pa.Table | None,
+              punctuation: int | None = None) -> Path:
+        """Write partial rows and (optionally) the link's new punctuation as one file.
+
+        `punctuation` p promises that no later partial row of this link has a window ending at
+        or before p. A smaller or equal value than the last one carries no information (kept
+        in the file, ignored by the reader's Meld).
+        """
+        table = self._table(partials)
+        n = table.num_rows
+        marker_punct = None if punctuation is None else int(punctuation)
+        columns = {LINK: pa.array([self.link] * (n + 1), pa.string()),
+                   SEQ: pa.array(np.full(n + 1, self.seq, dtype=np.int64)),
+                   PUNCT: pa.array([None] * n + [marker_punct], pa.int64())}
+        for name in table.column_names:
+            for out_name, col in spool_columns(name, table.column(name)):
+                # the marker row: null in every data column
+                columns[out_name] = pa.concat_arrays([col, pa.nulls(1, col.type)])
+        if "window" not in columns:
+            columns["window"] = pa.nulls(n + 1, pa.int64())
+        out = pa.table(columns)
+        meta = dict(table.schema.metadata or {})
+        meta.update({b"oopscope.query": self.query.encode(), b"oopscope.link": self.link.encode()})
+        out = out.replace_schema_metadata(meta)
+        path = self.dir / spool_file_name(self.link, self.seq)
+        tmp = self.dir / f".{path.name}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as fh:
+            pq.write_table(out, fh)
+            if self.fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        if self.fsync:
+            _fsync_dir(self.dir)
+        self.seq += 1
+        self.rows_written += n
+        if punctuation is not None:
+            self.last_punctuation = marker_punct
+        return path
+
+    def _table(self, partials) -> pa.Table:
+        if partials is None:
+            return pa.table({})
+        if isinstance(partials, pa.RecordBatch):
+            partials = [partials]
+        if isinstance(partials, pa.Table):
+            table = partials
+        else:
+            batches = [b for b in partials if b is not None]
+            if not batches:
+                return pa.table({})
+            schemas = {b.schema.remove_metadata() for b in batches}
+            if len(schemas) > 1:
+                raise SpoolError(f"query {self.query!r} link {self.link!r}: partial batches of "
+                                 f"one write differ in schema: {[str(s) for s in schemas]}")
+            table = pa.Table.from_batches(batches)
+        query = (table.schema.metadata or {}).get(b"query")
+        if query is not None and query.decode() != self.query:
+            raise SpoolError(f"partial rows of query {query.decode()!r} written to the spool of "
+                             f"query {self.query!r} (link {self.link!r})")
+        if table.num_rows and "window" not in table.column_names:
+            raise SpoolError(f"query {self.query!r} link {self.link!r}: partial rows have no "
+                             f"`window` column (columns: {table.column_names})")
+        return table
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def list_spool(root: str | os.PathLike, query: str) -> list[tuple[str, int, Path]]:
+    """(link, seq, path) of every committed spool file of a query, in (link, seq) order."""
+    d = partials_dir(root, query)
+    if not d.is_dir():
+        return []
+    out = []
+    for name in os.listdir(d):
+        m = _NAME.match(name)
+        if m:
+            out.append((unquote(m["link"]), int(m["seq"]), d / name))
+    return sorted(out)
+
+
+def read_spool(root: str | os.PathLike, query: str, schema: pa.Schema | None = None) -> pa.Table:
+    """Every committed file of a query as one Arrow table (marker rows included); for tests,
+    debugging and batch (non-streaming) use."""
+    files = list_spool(root, query)
+    if not files:
+        if schema is None:
+            raise SpoolError(f"spool of query {query!r} under {root} is empty")
+        return schema.empty_table()
+    tables = [pq.read_table(p) for _, _, p in files]
+    if schema is not None:
+        tables = [t.select(schema.names).cast(schema) for t in tables]
+    return pa.concat_tables(tables, promote_options="permissive")

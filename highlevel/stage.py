@@ -1,0 +1,322 @@
+"""The Spark stage of one query: spool stream -> combine -> Meld punctuation -> close windows -> sinks.
+
+One Structured Streaming query per oopscope query reads the spool's Parquet files (file source,
+fixed schema) and hands each micro-batch to `Stage.process_batch` (`foreachBatch`). Per batch:
+
+1. one small job reads the marker rows (link, seq, punctuation) and counts late rows;
+2. each link's punctuation goes through Meld in sequence order (a file whose predecessor has not
+   been read yet waits), giving the combined punctuation P;
+3. the batch's partial rows and the open state of the previous batch are combined (one groupBy);
+4. windows with end(w) <= P that were open are finalised (HAVING, SELECT list), written to the
+   sinks once, and dropped from the state;
+5. the remaining open state is written as a Parquet version and `meta.json` is committed by an
+   atomic directory rename: `CHECKPOINT/state/<batch>/`.
+
+Restart: Spark's checkpoint replays an uncommitted batch id with the same files; a batch whose
+state version exists is skipped, sinks skip batch files they already hold, so every window is
+written once. Everything here is deterministic for a given batch, so a replay gives equal rows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from highlevel.combine import Combiner
+from highlevel.errors import HighLevelError
+from highlevel.finalize import having_column, ip_text_arrow, output_columns
+from highlevel.session import get_session
+from highlevel.sinks import Sink
+from highlevel.spec import StageSpec
+from highlevel.spool import LINK, PUNCT, SEQ, partials_dir
+from highlevel.union import Meld
+from highlevel.windows import window_config
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TRIGGER = "200 milliseconds"
+
+
+@dataclass
+class StageState:
+    """What survives a micro-batch (and a restart): committed as `state/<batch>/meta.json`."""
+
+    batch: int = -1
+    open_dir: str | None = None          # Parquet dir of the open (not yet closed) panes
+    punctuation: int | None = None       # combined punctuation P the windows are closed through
+    meld: dict | None = None
+    next_seq: dict = field(default_factory=dict)     # link -> next file seq to apply
+    pending: dict = field(default_factory=dict)      # link -> {seq: punctuation or None}
+    late_rows: int = 0
+    closed_rows: int = 0
+
+    def to_json(self) -> str:
+        d = dict(self.__dict__)
+        d["pending"] = {k: {str(s): p for s, p in v.items()} for k, v in self.pending.items()}
+        return json.dumps(d, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "StageState":
+        d = json.loads(text)
+        d["pending"] = {k: {int(s): p for s, p in v.items()} for k, v in d["pending"].items()}
+        return cls(**d)
+
+
+class Stage:
+    """The high level of one query on Spark."""
+
+    def __init__(self, spec: StageSpec, spool: str | os.PathLike, checkpoint: str | os.PathLike,
+                 sinks: Sequence[Sink], *, spark=None, master: str | None = None,
+                 trigger: str = DEFAULT_TRIGGER, keep_versions: int = 3,
+                 max_files_per_trigger: int | None = None,
+                 clock: Callable[[], float] = time.time):
+        self.spec = spec
+        self.spool = Path(spool)
+        self.checkpoint = Path(checkpoint)
+        self.sinks = list(sinks)
+        self.spark = spark or get_session(master)
+        self.trigger = trigger
+        self.keep_versions = keep_versions
+        self.max_files_per_trigger = max_files_per_trigger
+        self.clock = clock
+        self.window = window_config(spec.window).build()
+        self.state_root = self.checkpoint / "state"
+        self.state_root.mkdir(parents=True, exist_ok=True)
+        self.state = self._load_latest()
+        self.batch_seconds: list[float] = []
+        # built once: every py4j call building an expression costs driver time per batch
+        self._outputs = output_columns(spec)
+        self._having = having_column(spec)
+        self._combine = Combiner(spec.states, spec.distinct_registers)
+        self.query = None
+        partials_dir(self.spool, spec.query).mkdir(parents=True, exist_ok=True)
+
+    # --- state versions ----------------------------------------------------------------------
+    def _version_dir(self, batch: int) -> Path:
+        return self.state_root / f"{batch:010d}"
+
+    def _load_latest(self) -> StageState:
+        versions = sorted(p for p in self.state_root.iterdir()
+                          if p.is_dir() and p.name.isdigit() and (p / "meta.json").exists())
+        if not versions:
+            return StageState()
+        state = StageState.from_json((versions[-1] / "meta.json").read_text())
+        log.info("query %s: resuming after batch %d (P=%s)", self.spec.query, state.batch,
+                 state.punctuation)
+        return state
+
+    def _commit(self, state: StageState) -> None:
+        final = self._version_dir(state.batch)
+        tmp = self.state_root / f".{final.name}.{os.getpid()}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        (tmp / "meta.json").write_text(state.to_json())
+        os.rename(tmp, final)   # the commit point of the batch
+        self.state = state
+        self._collect_garbage()
+
+    def _collect_garbage(self) -> None:
+        versions = sorted(p for p in self.state_root.iterdir() if p.name.isdigit())
+        keep = versions[-self.keep_versions:]
+        referenced = set()
+        for v in keep:
+            meta = v / "meta.json"
+            if meta.exists():
+                referenced.add(json.loads(meta.read_text()).get("open_dir"))
+        for v in versions[:-self.keep_versions]:
+            shutil.rmtree(v, ignore_errors=True)
+        for d in self.state_root.glob("open-*"):
+            if d.name not in referenced and int(d.name.split("-")[1]) < self.state.batch:
+                shutil.rmtree(d, ignore_errors=True)
+
+    # --- streaming ---------------------------------------------------------------------------
+    def stream(self) -> DataFrame:
+        reader = self.spark.readStream.schema(self.spec.spool_schema()).option("maxFileAge",
+                                                                                "3650d")
+        if self.max_files_per_trigger:
+            reader = reader.option("maxFilesPerTrigger", self.max_files_per_trigger)
+        return reader.parquet(str(partials_dir(self.spool, self.spec.query)))
+
+    def _writer(self):
+        return (self.stream().writeStream.foreachBatch(self.process_batch)
+                .queryName(f"oopscope_{self.spec.query}")
+                .option("checkpointLocation", str(self.checkpoint / "stream")))
+
+    def start(self):
+        """Start the continuous stage (micro-batches every `trigger`); returns the query."""
+        self.query = self._writer().trigger(processingTime=self.trigger).start()
+        return self.query
+
+    def run_available(self) -> None:
+        """Process every file in the spool now, then return (for finite runs and tests)."""
+        query = self._writer().trigger(availableNow=True).start()
+        query.awaitTermination()
+        if query.exception() is not None:
+            raise HighLevelError(f"query {self.spec.query!r}: Spark stage failed: "
+                                 f"{query.exception()}")
+
+    def stop(self) -> None:
+        if self.query is not None:
+            self.query.stop()
+            self.query = None
+
+    # --- one micro-batch ---------------------------------------------------------------------
+    def process_batch(self, df: DataFrame, batch_id: int) -> None:
+        started = self.clock()
+        if self._version_dir(batch_id).exists() or batch_id <= self.state.batch:
+            log.info("query %s: batch %d already committed; skipped", self.spec.query, batch_id)
+            return
+        df = df.persist()
+        try:
+            self._process(df, batch_id)
+        finally:
+            df.unpersist()
+        self.batch_seconds.append(self.clock() - started)
+
+    def _process(self, df: DataFrame, batch_id: int) -> None:
+        spec, win, prev = self.spec, self.window, self.state
+        is_row = F.col("window").isNotNull()
+        late = is_row & (win.pane_end_col(F.col("window")) <= F.lit(prev.punctuation)) \
+            if prev.punctuation is not None else F.lit(False)
+        tick = self._tick = _Ticker(self.clock)
+        files = (df.groupBy(LINK, SEQ)
+                 .agg(F.max(PUNCT).alias("p"), F.sum(is_row.cast("long")).alias("rows"),
+                      F.sum(late.cast("long")).alias("late"))
+                 .collect())
+        tick("markers")
+        state = StageState(**{**prev.__dict__, "batch": batch_id,
+                              "next_seq": dict(prev.next_seq),
+                              "pending": {k: dict(v) for k, v in prev.pending.items()}})
+        punctuation = self._meld(state, files)
+        rows = sum(int(f["rows"] or 0) for f in files)
+        late_rows = sum(int(f["late"] or 0) for f in files)
+        if late_rows:
+            log.warning("query %s: %d partial rows arrived for windows already closed "
+                        "(P=%s); dropped and counted", spec.query, late_rows, prev.punctuation)
+        state.late_rows += late_rows
+        advanced = punctuation is not None and (prev.punctuation is None
+                                                or punctuation > prev.punctuation)
+        if rows == late_rows and not advanced:
+            self._commit(state)
+            return
+        columns = [f.name for f in spec.partial_schema().fields]
+        parts = df.where(is_row & ~late).select(*columns) if rows > late_rows else None
+        if prev.open_dir is not None:
+            old = self.spark.read.schema(spec.partial_schema()).parquet(
+                str(self.state_root / prev.open_dir))
+            parts = old if parts is None else parts.unionByName(old)
+        if parts is None:
+            state.punctuation = punctuation if advanced else prev.punctuation
+            self._commit(state)
+            return
+        group = ["window"] + spec.key_columns()
+        combined = self._combine(parts, group).persist()
+        try:
+            if advanced:
+                state.closed_rows += self._close(combined, batch_id, prev.punctuation,
+                                                 punctuation)
+                state.punctuation = punctuation
+                combined_open = combined.where(win.retained_col(F.col("window"), punctuation))
+            else:
+                combined_open = combined
+            open_dir = f"open-{batch_id:010d}"
+            combined_open.write.mode("overwrite").parquet(str(self.state_root / open_dir))
+            tick("write state")
+            state.open_dir = open_dir
+            self._commit(state)
+            tick("commit")
+            log.debug("query %s: batch %d timings %s", spec.query, batch_id, tick.laps)
+        finally:
+            combined.unpersist()
+
+    def _meld(self, state: StageState, files) -> int | None:
+        """Apply each link's punctuation in file order; the combined punctuation after it."""
+        meld = Meld(self.spec.links).build(state.meld)
+        for f in files:
+            link, seq, p = f[LINK], int(f[SEQ]), f["p"]
+            if link not in meld.bounds:
+                log.warning("query %s: spool file of link %r, which is not one of the query's "
+                            "links %s; its punctuation is ignored", self.spec.query, link,
+                            list(self.spec.links))
+                continue
+            state.pending.setdefault(link, {})[seq] = None if p is None else int(p)
+        for link in list(state.pending):
+            pending = state.pending[link]
+            nxt = state.next_seq.get(link, 0)
+            while nxt in pending:
+                p = pending.pop(nxt)
+                nxt += 1
+                if p is not None:
+                    meld.on_punctuation(link, p)
+            state.next_seq[link] = nxt
+        state.meld = meld.to_state()
+        return meld.output
+
+    def _close(self, combined: DataFrame, batch_id: int, before: int | None, upto: int) -> int:
+        """Finalise and write every window with before < end(w) <= upto; rows written."""
+        spec, win = self.spec, self.window
+        if win.tumbling:
+            end = win.pane_end_col(F.col("window"))
+            closed = combined.where(end <= F.lit(upto))
+            if before is not None:
+                closed = closed.where(end > F.lit(before))
+        else:
+            exploded = combined.withColumn("window", F.explode(win.windows_col(F.col("window"))))
+            end = win.window_end_col(F.col("window"))
+            exploded = exploded.where(end <= F.lit(upto))
+            if before is not None:
+                exploded = exploded.where(end > F.lit(before))
+            closed = self._combine(exploded, ["window"] + spec.key_columns())
+        if self._having is not None:
+            closed = closed.where(self._having)
+        order = ["window"] + spec.key_columns()
+        result = closed.orderBy(*order).select(*self._outputs)
+        table = to_output_table(result.toArrow(), spec)
+        self._tick("combine+close")
+        for sink in self.sinks:
+            sink.write(batch_id, table)
+        self._tick("sinks")
+        log.info("query %s: batch %d closed windows up to P=%d: %d rows", spec.query, batch_id,
+                 upto, table.num_rows)
+        return table.num_rows
+
+
+class _Ticker:
+    """Lap times of one batch's steps (for the debug log and the latency tool)."""
+
+    def __init__(self, clock):
+        self.clock, self.last, self.laps = clock, clock(), {}
+
+    def __call__(self, name: str) -> None:
+        now = self.clock()
+        self.laps[name] = round(now - self.last, 3)
+        self.last = now
+
+
+def to_output_table(table: pa.Table, spec: StageSpec) -> pa.Table:
+    """Spark's Arrow result in the output schema (uint64 outputs travel as int64 bits)."""
+    schema = spec.output_arrow_schema()
+    arrays = []
+    names = set(table.column_names)
+    for f in schema:
+        if f.name not in names and f"{f.name}__hi" in names:
+            arrays.append(ip_text_arrow(table.column(f"{f.name}__hi").combine_chunks(),
+                                        table.column(f"{f.name}__lo").combine_chunks()))
+            continue
+        col = table.column(f.name).combine_chunks()
+        if pa.types.is_uint64(f.type):
+            values = np.asarray(col.fill_null(0)).view(np.uint64)
+            col = pa.array(values, pa.uint64(), mask=np.asarray(col.is_null()))
+        arrays.append(col.cast(f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)

@@ -1,0 +1,187 @@
+"""Test helpers for the high level, public for users too: fake clock, list sink, partial rows.
+
+Also a small command line used by the restart and cluster tests (and `tools/bench_latency.py`)
+to run a stage in its own process:
+`python -m highlevel.testing run-stage --spool S --checkpoint C --out D [--master URL]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from highlevel.sinks import Sink
+from highlevel.spec import KeySpec, OutputColumn, StageSpec
+from queries import expressions as E
+from queries.plan import SubAggregate, WindowPlan
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FakeClock:
+    """A clock tests drive by hand (seconds, like `time.time`)."""
+
+    now: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        self.now += seconds
+        return self.now
+
+
+@dataclass
+class ListSink(Sink):
+    """Keeps every batch's rows in memory (`tables`, `rows()`); idempotent per batch id."""
+
+    tables: dict = field(default_factory=dict)
+
+    def write(self, batch_id: int, table: pa.Table) -> bool:
+        if batch_id in self.tables:
+            return False
+        self.tables[batch_id] = table
+        return True
+
+    def table(self) -> pa.Table | None:
+        tables = [t for _, t in sorted(self.tables.items()) if t.num_rows]
+        return pa.concat_tables(tables) if tables else None
+
+
+def col(name: str) -> E.Column:
+    return E.Column(name=name)
+
+
+def demo_spec(query: str = "demo", links=("a", "b"), pane_s: int = 1, range_s: int | None = None,
+              registers: int = 16, having=None) -> StageSpec:
+    """A query using every sub-aggregate kind and an IP key:
+
+    SELECT tb, srcIP, port, count(*), sum(len), avg(len), min(len), max(seq), or_aggr(flags),
+    first(ttl), last(ttl), count_distinct(destIP) GROUP BY time/pane AS tb, srcIP, port
+    """
+    range_s = range_s or pane_s
+    pane = np.gcd(pane_s, range_s) * 10**9
+    window = WindowPlan(pane_ns=int(pane), range_ns=range_s * 10**9, slide_ns=pane_s * 10**9,
+                        column="tb")
+    states = (SubAggregate("cnt", "count", None, "int64"),
+              SubAggregate("bytes", "sum", None, "int64"),
+              SubAggregate("lo", "min", None, "int64"),
+              SubAggregate("hi", "max", None, "uint64"),
+              SubAggregate("flags", "or", None, "int64"),
+              SubAggregate("ttl_first", "first", None, "int64"),
+              SubAggregate("ttl_last", "last", None, "int64"),
+              SubAggregate("dests", "distinct", None, "binary"))
+    outputs = (OutputColumn("tb", col("tb"), "int64"),
+               OutputColumn("srcIP", col("srcIP"), "ip"),
+               OutputColumn("port", col("port"), "int64"),
+               OutputColumn("cnt", col("cnt"), "int64"),
+               OutputColumn("bytes", col("bytes"), "int64"),
+               OutputColumn("avg_len", E.Binary(op="/", left=col("bytes"), right=col("cnt")),
+                            "float64"),
+               OutputColumn("lo", col("lo"), "int64"),
+               OutputColumn("hi", col("hi"), "uint64"),
+               OutputColumn("flags", col("flags"), "int64"),
+               OutputColumn("ttl_first", col("ttl_first"), "int64"),
+               OutputColumn("ttl_last", col("ttl_last"), "int64"),
+               OutputColumn("dests", E.Func(name="hll_estimate", args=[col("dests")]), "int64"))
+    return StageSpec(query=query, links=tuple(links), window=window,
+                     keys=(KeySpec("srcIP", "ip"), KeySpec("port", "int64")), states=states,
+                     outputs=outputs, having=having, distinct_registers=registers)
+
+
+def random_partials(rng: np.random.Generator, windows, rows: int, groups: int = 8,
+                    registers: int = 16, query: str = "demo") -> pa.RecordBatch:
+    """Partial rows of `demo_spec` over the given pane ids: several rows per (window, group),
+    IPv4-mapped and IPv6 source addresses, uint64 maxima above 2**63."""
+    windows = np.asarray(windows, dtype=np.int64)
+    g = rng.integers(0, groups, rows)
+    v6 = g % 3 == 0
+    hi = np.where(v6, np.uint64(0x20010DB800000000) + g.astype(np.uint64), np.uint64(0))
+    lo = np.where(v6, g.astype(np.uint64),
+                  np.uint64(0xFFFF_0000_0000) | (np.uint64(0x0A000000) + g.astype(np.uint64)))
+    t = rng.integers(0, 1000, rows)
+    regs = rng.integers(0, 6, (rows, registers), dtype=np.uint8)
+    regs[rng.random((rows, registers)) < 0.5] = 0
+    columns = {
+        "window": pa.array(rng.choice(windows, rows), pa.int64()),
+        "srcIP__hi": pa.array(hi, pa.uint64()),
+        "srcIP__lo": pa.array(lo, pa.uint64()),
+        "port": pa.array((g * 7919) % 65536, pa.int64()),
+        "cnt": pa.array(rng.integers(1, 50, rows), pa.int64()),
+        "bytes": pa.array(rng.integers(40, 1500, rows), pa.int64()),
+        "lo": pa.array(rng.integers(-1000, 1000, rows), pa.int64()),
+        "hi": pa.array(rng.integers(0, 2**63, rows, dtype=np.uint64) * np.uint64(2)
+                       + np.uint64(1), pa.uint64()),
+        "flags": pa.array(1 << rng.integers(0, 8, rows), pa.int64()),
+        "ttl_first": pa.array(rng.integers(1, 255, rows), pa.int64()),
+        "ttl_first__t": pa.array(t, pa.int64()),
+        "ttl_last": pa.array(rng.integers(1, 255, rows), pa.int64()),
+        "ttl_last__t": pa.array(t + rng.integers(0, 5, rows), pa.int64()),
+        "dests": pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(registers), rows, [None, pa.py_buffer(regs.tobytes())]),
+    }
+    return pa.RecordBatch.from_pydict(columns, metadata={b"query": query.encode()})
+
+
+def batch_frame(spark, spec: StageSpec, paths) -> "object":
+    """A (non-streaming) DataFrame of some spool files, shaped like one micro-batch, so tests
+    can drive `Stage.process_batch(frame, batch_id)` with batches of their choosing."""
+    return spark.read.schema(spec.spool_schema()).parquet(*[str(p) for p in paths])
+
+
+def _run_stage(args) -> int:
+    from highlevel.session import get_session
+    from highlevel.sinks import ParquetSink
+    from highlevel.stage import Stage
+
+    spec = demo_spec(query=args.query, links=tuple(args.links.split(",")), pane_s=args.pane_s,
+                     range_s=args.range_s)
+    started = time.time()
+    spark = get_session(args.master)
+    sc = spark.sparkContext
+    executors = sc._jsc.sc().getExecutorMemoryStatus().size() - 1  # noqa: SLF001 (minus driver)
+    print(f"master={sc.master} executors={executors} startup={time.time() - started:.1f}s",
+          flush=True)
+    stage = Stage(spec, args.spool, args.checkpoint, [ParquetSink(args.out)], spark=spark,
+                  trigger=args.trigger, max_files_per_trigger=args.max_files)
+    if args.available_now:
+        stage.run_available()
+    else:
+        stage.start()
+        print("started", flush=True)
+        stage.query.awaitTermination(args.timeout)
+        stage.stop()
+    print("done", flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m highlevel.testing")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run-stage", help="run demo_spec's stage over a spool")
+    run.add_argument("--spool", required=True)
+    run.add_argument("--checkpoint", required=True)
+    run.add_argument("--out", required=True)
+    run.add_argument("--query", default="demo")
+    run.add_argument("--links", default="a,b")
+    run.add_argument("--pane-s", type=int, default=1)
+    run.add_argument("--range-s", type=int, default=None)
+    run.add_argument("--master", default=None)
+    run.add_argument("--trigger", default="200 milliseconds")
+    run.add_argument("--available-now", action="store_true")
+    run.add_argument("--max-files", type=int, default=None, help="files per micro-batch")
+    run.add_argument("--timeout", type=float, default=600)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    return _run_stage(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""The array-level sub-aggregation engine: a fixed hash table, a flush policy and punctuation.
+
+`HashAggregator` is what the plan-driven operator (`operator.py`) drives, and what tests and
+benchmarks drive directly with plain arrays: packet timestamps (ns), group keys stacked as
+uint64 columns, argument banks and a validity mask. It owns the table and the output buffer
+(both allocated once), runs the jitted kernels and drains output into `Partials` chunks.
+
+Punctuation. The input punctuation `p` (low-watermark, ns: no later packet has time < p) is
+given with `punctuate(p)`. Packets with time < the punctuation already seen are *late*: they
+are counted and dropped here (they could otherwise revive a window the operator has declared
+complete). The engine's own punctuation is the largest pane-aligned p' such that no partial
+row of a window ending at or before p' can still come from it:
+`p' = min(p, start of the oldest pane still in the table)`, made monotone. For `iop_slow`
+that reaches p once the walk has flushed the old window; for `oop_*` the m bound keeps it
+within m windows of p. `finish()` flushes everything and returns the final punctuation: the
+end of the last pane seen (or the input punctuation if larger): nothing more ever follows.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from .aggregates import StateLayout
+from .flush import (
+    C_CAUSE, C_CUR, C_FORCED, C_RESIDENT, C_WINDOWS, CAUSES, EMPTY, NPARAMS, P_EVERY, P_M,
+    P_MASK, P_POLICY, P_PROBES, P_SHIFT, POLICIES, make_ctl,
+)
+from .hashtable import advance, append, finish, min_resident, round_slots
+
+log = logging.getLogger(__name__)
+
+#: output rows drained per kernel call beyond the table size
+DRAIN_ROWS = 1 << 16
+
+
+@dataclass
+class Partials:
+    """A chunk of partial rows: pane ids, stacked uint64 keys, state banks, and why each left."""
+
+    window: np.ndarray          # int64 [n]
+    keys: np.ndarray            # uint64 [n, nkeys]
+    banks: tuple                # (i int64 [n, wi], u uint64 [n, wu], f float64 [n, wf], h uint8 [n, wh])
+    cause: np.ndarray           # uint8 [n], flush.CAUSE_*
+
+    def __len__(self) -> int:
+        return len(self.window)
+
+    @staticmethod
+    def concat(chunks: list["Partials"], layout: StateLayout, nkeys: int) -> "Partials":
+        if not chunks:
+            return Partials(np.zeros(0, np.int64), np.zeros((0, nkeys), np.uint64),
+                            layout.empty_banks(0), np.zeros(0, np.uint8))
+        return Partials(np.concatenate([c.window for c in chunks]),
+                        np.concatenate([c.keys for c in chunks]),
+                        tuple(np.concatenate([c.banks[b] for c in chunks]) for b in range(4)),
+                        np.concatenate([c.cause for c in chunks]))
+
+
+class HashAggregator:
+    """Sub-aggregation of one packet stream into a fixed table of `slots` (power of two)."""
+
+    def __init__(self, layout: StateLayout, nkeys: int, slots: int, *, pane_ns: int,
+                 offset_ns: int = 0, flush: str = "oop_lazy", slow_flush: int = 160,
+                 max_disorder: int = 2, probes: int = 2):
+        if flush not in POLICIES:
+            raise ValueError(f"flush policy {flush!r} is not one of {sorted(POLICIES)}")
+        if pane_ns <= 0:
+            raise ValueError(f"window pane must be positive, not {pane_ns} ns")
+        if slow_flush < 1 or max_disorder < 0 or probes < 1:
+            raise ValueError(f"slow_flush ({slow_flush}) must be >= 1, max_disorder "
+                             f"({max_disorder}) >= 0, probes ({probes}) >= 1")
+        self.layout = layout
+        self.nkeys = nkeys
+        self.slots = round_slots(slots)
+        self.probes = min(probes, self.slots)
+        self.pane_ns = int(pane_ns)
+        self.offset_ns = int(offset_ns)
+        self.flush = flush
+        self.params = np.zeros(NPARAMS, np.int64)
+        self.params[P_POLICY] = POLICIES[flush]
+        self.params[P_PROBES] = self.probes
+        self.params[P_EVERY] = slow_flush
+        self.params[P_M] = max_disorder
+        self.params[P_MASK] = self.slots - 1
+        self.params[P_SHIFT] = 64 - (self.slots.bit_length() - 1)
+        self.ctl = make_ctl()
+        self.ops, self.ident, self._base = layout.record_ops(nkeys)
+        width = len(self.ident)
+        rec = np.zeros((self.slots, width), np.uint64)
+        rec[:, 0] = np.uint64(1 << 63)  # EMPTY as uint64 bits
+        self.table = (rec.view(np.int64), rec, rec.view(np.float64),
+                      np.zeros((self.slots, layout.width["h"]), np.uint8))
+        cap = self.slots + 2 + DRAIN_ROWS
+        orec = np.zeros((cap, width), np.uint64)
+        self.out = (orec.view(np.int64), orec, orec.view(np.float64),
+                    np.zeros((cap, layout.width["h"]), np.uint8), np.zeros(cap, np.uint8))
+        self.in_punct: int | None = None
+        self.out_punct: int | None = None
+        self.late = 0
+        self.rows_out = 0
+
+    # --- helpers -----------------------------------------------------------------------------
+    def pane_of(self, ts_ns):
+        return (ts_ns + self.offset_ns) // self.pane_ns
+
+    def pane_start(self, pane: int) -> int:
+        return pane * self.pane_ns - self.offset_ns
+
+    def _drain(self, n_out: int) -> Partials:
+        oi, ou, of, oh, cause = self.out
+        self.rows_out += n_out
+        b, w, nk = self._base, self.layout.width, self.nkeys
+        banks = (oi[:n_out, b["i"]:b["i"] + w["i"]].copy(),
+                 ou[:n_out, b["u"]:b["u"] + w["u"]].copy(),
+                 of[:n_out, b["f"]:b["f"] + w["f"]].copy(), oh[:n_out].copy())
+        return Partials(oi[:n_out, 0].copy(), ou[:n_out, 1:1 + nk].copy(), banks,
+                        cause[:n_out].copy())
+
+    # --- the pipeline steps ------------------------------------------------------------------
+    def append(self, ts: np.ndarray, keys: np.ndarray, args=None,
+               valid: np.ndarray | None = None) -> list[Partials]:
+        """Fold packets into the table; returns the partial rows that left it meanwhile.
+
+        ts: int64 ns [n]; keys: uint64 [n, nkeys]; args: (i, u, f, d) argument banks as
+        `StateLayout.empty_args` shapes them (None when no sub-aggregate takes one); valid:
+        bool [n] (packets to skip are False).
+        """
+        ts = np.ascontiguousarray(ts, dtype=np.int64)
+        n = len(ts)
+        keys = np.ascontiguousarray(keys, dtype=np.uint64).reshape(n, self.nkeys)
+        if args is None:
+            args = self.layout.empty_args(n)
+        ai, au, af, ad = (np.ascontiguousarray(a, dtype=d) for a, d in
+                          zip(args, (np.int64, np.uint64, np.float64, np.uint64)))
+        for a, w in zip((ai, au, af, ad), "iufd"):
+            if a.shape != (n, self.layout.arg_width[w]):
+                raise ValueError(f"argument bank {w!r} has shape {a.shape}, expected "
+                                 f"{(n, self.layout.arg_width[w])}")
+        valid = np.ones(n, bool) if valid is None else np.asarray(valid, dtype=bool)
+        if self.in_punct is not None and n:
+            late = ts < self.in_punct
+            late &= valid
+            nlate = int(np.count_nonzero(late))
+            if nlate:
+                self.late += nlate
+                valid = valid & ~late
+        panes = self.pane_of(ts)
+        homes = np.empty(n, np.int64)
+        chunks = []
+        start = 0
+        while start < n:
+            start, n_out = append(self.table, self.out, self.ctl, self.params, self.ops,
+                                  self.ident, start, panes, ts, keys, ai, au, af, ad, valid,
+                                  homes)
+            if n_out:
+                chunks.append(self._drain(n_out))
+        return chunks
+
+    def punctuate(self, p_ns: int) -> tuple[list[Partials], int | None]:
+        """Input punctuation p: flush what the policy says; returns rows and the new output
+        punctuation (None when it did not advance)."""
+        p_ns = int(p_ns)
+        if self.in_punct is not None and p_ns <= self.in_punct:
+            return [], None
+        self.in_punct = p_ns
+        n_out = advance(self.table, self.out, self.ctl, self.params, int(self.pane_of(p_ns)))
+        chunks = [self._drain(n_out)] if n_out else []
+        return chunks, self._raise_out(p_ns)
+
+    def _raise_out(self, bound: int) -> int | None:
+        low = min_resident(self.table, self.ctl)
+        if low != EMPTY:
+            bound = min(bound, self.pane_start(int(low)))
+        if self.out_punct is None or bound > self.out_punct:
+            self.out_punct = bound
+            return bound
+        return None
+
+    def finish(self) -> tuple[list[Partials], int]:
+        """End of input: flush every entry; returns rows and the final punctuation."""
+        n_out = finish(self.table, self.out, self.ctl)
+        chunks = [self._drain(n_out)] if n_out else []
+        final = self.in_punct if self.in_punct is not None else np.iinfo(np.int64).min
+        cur = int(self.ctl[C_CUR])
+        if cur != EMPTY:
+            final = max(final, self.pane_start(cur + 1))
+        if self.out_punct is not None:
+            final = max(final, self.out_punct)
+        self.out_punct = final
+        return chunks, final
+
+    @property
+    def counters(self) -> dict[str, int]:
+        c = self.ctl
+        causes = {f"rows_{name}": int(c[C_CAUSE + k]) for k, name in enumerate(CAUSES)}
+        return {
+            "late": self.late,
+            "rows_out": self.rows_out,
+            "evictions": causes["rows_evict"],
+            "flushed": self.rows_out - causes["rows_evict"],
+            "forced_full_flushes": int(c[C_FORCED]),
+            "windows": int(c[C_WINDOWS]),
+            "resident": int(c[C_RESIDENT]),
+            **causes,
+        }

@@ -1,0 +1,46 @@
+"""The one place that sets Numba jit options for the low level."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+import numba
+
+log = logging.getLogger(__name__)
+
+
+def _drop_stale_cache() -> None:
+    """Numba's on-disk cache checks only the source file of the cached function, not the
+    modules it calls (a kernel in hashtable.py inlines flush.py and aggregates.py). So the
+    cache of this package is dropped whenever any of its sources changed."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return  # a user-chosen cache location: leave it to its owner
+    here = Path(__file__).resolve().parent
+    cache = here / "__pycache__"
+    try:
+        digest = hashlib.sha1()
+        for src in sorted(here.glob("*.py")):
+            digest.update(src.name.encode() + src.read_bytes())
+        stamp = cache / "numba-sources.sha1"
+        if stamp.is_file() and stamp.read_text() == digest.hexdigest():
+            return
+        cache.mkdir(exist_ok=True)
+        for f in list(cache.glob("*.nbi")) + list(cache.glob("*.nbc")):
+            f.unlink(missing_ok=True)
+        stamp.write_text(digest.hexdigest())
+    except OSError as exc:  # a read-only install: the cache cannot be written either
+        log.debug("numba cache check skipped: %s", exc)
+
+
+_drop_stale_cache()
+
+#: every low-level kernel is compiled with these options (cached on disk, GIL released)
+ngjit = numba.njit(cache=True, nogil=True)
+
+#: small helpers called per packet: inlined into the kernel at the Numba IR level, because a
+#: real call passes every array argument with atomic reference-count updates (measured: a
+#: non-inlined per-packet helper with a dozen array arguments cost ~100 ns per packet)
+ngjit_inline = numba.njit(cache=True, nogil=True, inline="always")

@@ -1,0 +1,230 @@
+"""The plan-driven low-level operator: one query on one link, packet batches in, partial rows out.
+
+A thin layer over `engine.HashAggregator`: per batch it selects the rows of the plan's
+protocol (rows lacking the protocol's layer bits are skipped; counted as malformed when their
+decode `reason` is not benign), evaluates WHERE, the group keys and the sub-aggregate
+arguments with `queries.vectorized.evaluate` (vectorised, once per batch), and hands plain
+arrays to the jitted kernel. Partial rows come back as Arrow RecordBatches (`partials.py`
+describes the layout) together with the operator's punctuation.
+
+Late packets (time below the input punctuation already seen) are counted in `late` and
+dropped: they must not reappear in a window the operator has declared complete. (A later
+`correct` policy can route them to a late partition instead; SEMANTICS.md section 8.)
+
+A plan without a window (a selection query) passes its `projections` of the accepted rows
+through, one output row per packet, and forwards the input punctuation.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from capture.batch import PacketBatch
+from capture.schema import BENIGN_REASONS, protocol_mask
+from queries.plan import FLUSH_POLICIES, LowLevelPlan
+
+from .aggregates import AggSpec, StateLayout, distinct_hashes
+from .engine import HashAggregator, Partials
+from .errors import LowLevelError
+from .partials import KeySpec, PartialSchema, encode_key, key_width
+
+log = logging.getLogger(__name__)
+
+_SUPPORTED_KEY_TYPES = {"uint", "ullong", "llong", "int", "bool", "ipv4", "ip", "mac", "float"}
+_BENIGN = np.array(sorted(BENIGN_REASONS), dtype=np.uint8)
+
+
+def _default_evaluate():
+    from queries.vectorized import evaluate  # written beside this package; imported late
+
+    return evaluate
+
+
+class LowLevelOperator:
+    """Run one `LowLevelPlan` over the packet batches of its link.
+
+    `evaluate(expr, batch) -> np.ndarray` (an `(hi, lo)` tuple for ip values) defaults to
+    `queries.vectorized.evaluate`; an expression that is a plain Python callable is called
+    with the batch instead (handy for tools that build plans without GSQL text).
+    """
+
+    def __init__(self, plan: LowLevelPlan, *, probes: int = 2,
+                 evaluate: Callable | None = None):
+        self.plan = plan
+        where = f"query {plan.query!r} on link {plan.link!r}"
+        if plan.flush not in FLUSH_POLICIES:
+            raise LowLevelError(f"{where}: flush policy {plan.flush!r} is not one of "
+                                f"{', '.join(FLUSH_POLICIES)}")
+        try:
+            self._mask = protocol_mask(plan.protocol)
+        except KeyError:
+            raise LowLevelError(f"{where}: unknown protocol {plan.protocol!r}") from None
+        self._evaluate_fn = evaluate
+        cols = plan.keys if plan.window is not None else plan.projections
+        for k in cols:
+            if k.type not in _SUPPORTED_KEY_TYPES:
+                raise LowLevelError(f"{where}: column {k.name!r} has type {k.type!r}; the low "
+                                    f"level takes {', '.join(sorted(_SUPPORTED_KEY_TYPES))}")
+        self._keys = [KeySpec(k.name, k.type) for k in cols]
+        specs = [AggSpec(s.name, s.kind, s.dtype, plan.distinct_registers) for s in plan.subaggs]
+        try:
+            self.layout = StateLayout(specs)
+        except ValueError as exc:
+            raise LowLevelError(f"{where}: {exc}") from None
+        w = plan.window
+        self.schema = PartialSchema(self._keys, self.layout, query=plan.query, link=plan.link,
+                                    pane_ns=w.pane_ns if w else 0,
+                                    offset_ns=w.offset_ns if w else 0, flush=plan.flush)
+        self.engine: HashAggregator | None = None
+        if w is not None:
+            try:
+                self.engine = HashAggregator(
+                    self.layout, self.schema.nkeys, plan.slots, pane_ns=w.pane_ns,
+                    offset_ns=w.offset_ns, flush=plan.flush, slow_flush=plan.slow_flush,
+                    max_disorder=plan.max_disorder, probes=probes)
+            except ValueError as exc:
+                raise LowLevelError(f"{where}: {exc}") from None
+        self._in_punct: int | None = None
+        self._out_punct: int | None = None
+        self._counts = dict(packets_in=0, packets_protocol=0, packets_where=0, malformed=0,
+                            late=0, rows_out=0)
+
+    # --- expression evaluation ---------------------------------------------------------------
+    def _eval(self, expr, batch: PacketBatch):
+        if callable(expr) and not hasattr(expr, "arg_types"):
+            return expr(batch)
+        if self._evaluate_fn is None:
+            self._evaluate_fn = _default_evaluate()
+        return self._evaluate_fn(expr, batch)
+
+    def _stack_keys(self, batch: PacketBatch) -> np.ndarray:
+        n = len(batch)
+        out = np.empty((n, self.schema.nkeys), np.uint64)
+        j = 0
+        for spec, k in zip(self._keys, self.plan.keys if self.plan.window else
+                           self.plan.projections):
+            for col in encode_key(self._eval(k.expr, batch), spec.type):
+                out[:, j] = col  # broadcasts constants
+                j += 1
+        return out
+
+    def _args(self, batch: PacketBatch):
+        banks = self.layout.empty_args(len(batch))
+        for s in self.plan.subaggs:
+            if s.name not in self.layout.arg_columns:
+                continue
+            bank, col = self.layout.arg_columns[s.name]
+            v = self._eval(s.arg, batch)
+            if bank == "d":
+                v = distinct_hashes(v)
+            else:
+                if isinstance(v, tuple):
+                    raise LowLevelError(f"query {self.plan.query!r}: {s.kind}({s.name}) over "
+                                        "an ip value is not supported; use distinct or a key")
+                v = np.asarray(v)
+            banks["iufd".index(bank)][:, col] = v
+        return banks
+
+    # --- the pipeline steps ------------------------------------------------------------------
+    def process(self, batch: PacketBatch) -> list[pa.RecordBatch]:
+        """Fold a packet batch in; returns the partial rows that left the table meanwhile."""
+        c = self._counts
+        n = len(batch)
+        c["packets_in"] += n
+        if n == 0:
+            return []
+        if self._mask:
+            inproto = (batch["layers"] & self._mask) != 0
+            nproto = int(np.count_nonzero(inproto))
+            if nproto < n:
+                bad = ~inproto & ~np.isin(batch["reason"], _BENIGN)
+                c["malformed"] += int(np.count_nonzero(bad))
+                batch = batch.take(inproto)
+        else:
+            nproto = n
+        c["packets_protocol"] += nproto
+        if nproto == 0:
+            return []
+        if self.plan.predicate is not None:
+            valid = np.asarray(self._eval(self.plan.predicate, batch), dtype=bool)
+            valid = np.broadcast_to(valid, (nproto,))
+        else:
+            valid = np.ones(nproto, bool)
+        c["packets_where"] += int(np.count_nonzero(valid))
+        if self.engine is None:
+            return self._select(batch, valid)
+        chunks = self.engine.append(batch["timestamp"], self._stack_keys(batch),
+                                    self._args(batch), valid)
+        return self._to_arrow(chunks)
+
+    def _select(self, batch: PacketBatch, valid: np.ndarray) -> list[pa.RecordBatch]:
+        ts = batch["timestamp"]
+        if self._in_punct is not None:
+            late = valid & (ts < self._in_punct)
+            self._counts["late"] += int(np.count_nonzero(late))
+            valid = valid & ~late
+        if not valid.any():
+            return []
+        keys = self._stack_keys(batch)[valid]
+        chunk = Partials(self.engine_window_ts(ts[valid]), keys, self.layout.empty_banks(len(keys)),
+                         np.zeros(len(keys), np.uint8))
+        return self._to_arrow([chunk])
+
+    @staticmethod
+    def engine_window_ts(ts: np.ndarray) -> np.ndarray:
+        """Selection queries put the packet timestamp (ns) in the `window` column."""
+        return np.asarray(ts, np.int64)
+
+    def _to_arrow(self, chunks: list[Partials]) -> list[pa.RecordBatch]:
+        out = [self.schema.record_batch(ch) for ch in chunks if len(ch)]
+        self._counts["rows_out"] += sum(b.num_rows for b in out)
+        return out
+
+    def punctuate(self, p_ns: int) -> tuple[list[pa.RecordBatch], int | None]:
+        """Input punctuation p (ns); returns partial rows and the new output punctuation
+        (None when it did not advance)."""
+        p_ns = int(p_ns)
+        if self._in_punct is not None and p_ns <= self._in_punct:
+            return [], None
+        self._in_punct = p_ns
+        if self.engine is None:
+            return [], self._raise(p_ns)
+        chunks, p = self.engine.punctuate(p_ns)
+        return self._to_arrow(chunks), (None if p is None else self._raise(p))
+
+    def _raise(self, p: int) -> int | None:
+        if self._out_punct is None or p > self._out_punct:
+            self._out_punct = p
+            return p
+        return None
+
+    def finish(self) -> tuple[list[pa.RecordBatch], int]:
+        """End of input: every entry flushed; the final punctuation (nothing follows it)."""
+        if self.engine is None:
+            final = self._in_punct if self._in_punct is not None else np.iinfo(np.int64).min
+            self._out_punct = max(final, self._out_punct or final)
+            return [], self._out_punct
+        chunks, p = self.engine.finish()
+        self._out_punct = p
+        return self._to_arrow(chunks), p
+
+    @property
+    def punctuation(self) -> int | None:
+        """The last punctuation this operator emitted."""
+        return self._out_punct
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """packets_in, packets_protocol, packets_where, malformed, late, rows_out, evictions,
+        flushed, forced_full_flushes, windows, resident and rows per cause."""
+        out = dict(self._counts)
+        if self.engine is not None:
+            e = self.engine.counters
+            out["late"] = e.pop("late")
+            e.pop("rows_out")
+            out.update(e)
+        return out

@@ -1,0 +1,571 @@
+"""Semantic analysis of a parsed query file: names, types, windows, aggregates, DEFINEs, links.
+
+`analyse_file` checks every query against the packet schema (`capture.schema`) and the earlier
+queries of the file, and returns one `AnalysedQuery` per query with every column reference
+resolved into an `expressions.Field` (name, type, physical columns). Everything wrong is a
+`QueryError` at the offending node's line and column.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+from capture.errors import ConfigError
+from capture.schema import PROTOCOLS, protocol_fields
+
+from . import expressions as E
+from . import types as T
+from .definitions import check_define, parse_param_value
+from .errors import QueryError
+from .inference import conjoin, conjuncts, form_of, sides_of, type_of, unit_ns
+from .naming import generated_name, unique_names
+from .scope import GroupedScope, Scope
+
+
+@dataclass(frozen=True)
+class ColumnInfo:
+    """An output column of a query: name, type and, when increasing, its time form."""
+
+    name: str
+    type: str
+    form: T.TimeForm | None = None
+
+
+@dataclass
+class SourceInfo:
+    """A resolved FROM item."""
+
+    node: E.Source
+    kind: str                         # 'link' (packets) or 'query'
+    alias: str
+    links: tuple[str, ...] = ()       # packet sources: the links read
+    protocol: str | None = None
+    query: str | None = None          # query sources: the query read
+    union: str | None = None          # 'meld' | 'merge' when several links
+    columns: dict[str, ColumnInfo] = field(default_factory=dict)
+    window_ns: int | None = None      # band joins: the per-source RANGE
+    wa: E.Field | None = None         # band joins: the windowing attribute of this side
+
+
+@dataclass
+class GroupInfo:
+    name: str
+    expr: E.Expr                      # over input rows
+    type: str
+    form: T.TimeForm | None
+
+
+@dataclass
+class ItemInfo:
+    name: str
+    expr: E.Expr                      # group keys as key Fields, aggregates with resolved args
+    type: str
+    form: T.TimeForm | None
+    node: E.Node
+
+
+@dataclass
+class WindowInfo:
+    """A window from an aggregate's spec `[RANGE r, SLIDE s, WA a]` (ns)."""
+
+    range_ns: int
+    slide_ns: int
+    wa: str
+    form: T.TimeForm
+    node: E.Node
+    unit_ns: int = 1                  # nanoseconds per unit of the window attribute
+    field: E.Field | None = None      # the window attribute, resolved
+
+
+@dataclass
+class AnalysedQuery:
+    node: E.Query
+    name: str
+    kind: str                         # 'aggregate' | 'select' | 'join' | 'merge'
+    defines: dict[str, object]
+    params: dict[str, str]            # declared: name -> type
+    sources: list[SourceInfo]
+    param_values: dict[str, object] = field(default_factory=dict)   # run-time or default
+    where: E.Expr | None = None
+    group: list[GroupInfo] = field(default_factory=list)
+    temporal: GroupInfo | None = None
+    window: WindowInfo | None = None
+    items: list[ItemInfo] = field(default_factory=list)
+    having: E.Expr | None = None
+    join: str | None = None
+    merge_fields: tuple[E.Field, ...] = ()
+    outputs: list[ColumnInfo] = field(default_factory=list)
+    window_end: str | None = None
+    join_keys: list[tuple[E.Expr, E.Expr]] = field(default_factory=list)
+    join_temporal: tuple[E.Expr, E.Expr] | None = None
+    join_residual: E.Expr | None = None
+
+
+class Analyser:
+    """Analyses the queries of one file in order; later queries may read earlier ones."""
+
+    def __init__(self, tree: E.QueryFile, links: list[str] | None = None,
+                 params: dict[str, str] | None = None, overrides: dict[str, str] | None = None,
+                 source: str | None = None):
+        self.tree = tree
+        self.links = list(links) if links else None
+        self.params = dict(params or {})
+        self.overrides = dict(overrides or {})
+        self.source = source
+        self.path = tree.path
+        self.done: dict[str, AnalysedQuery] = {}
+
+    # --- errors ----------------------------------------------------------------------------
+    def error(self, node, message: str) -> QueryError:
+        return QueryError.at(node, message, source=self.source, path=self.path)
+
+    # --- file --------------------------------------------------------------------------------
+    def run(self) -> list[AnalysedQuery]:
+        queries = list(self.tree.queries or [])
+        names = [self._query_name(q, i) for i, q in enumerate(queries)]
+        seen: dict[str, E.Query] = {}
+        for q, name in zip(queries, names):
+            if name in seen:
+                raise self.error(q, f"two queries are named {name!r}: give each its own "
+                                    f"DEFINE query_name")
+            seen[name] = q
+        for override in self.overrides:
+            if override == "query_name" and len(queries) > 1:
+                raise ConfigError("--set query_name applies to a file of one query only")
+        out = []
+        for q, name in zip(queries, names):
+            aq = self.query(q, name, set(names))
+            self.done[name] = aq
+            out.append(aq)
+        declared = {p for aq in out for p in aq.params}
+        unknown = sorted(set(self.params) - declared)
+        if unknown:
+            raise ConfigError(f"unknown parameter(s) {', '.join(unknown)}: the file declares "
+                              f"{', '.join(sorted(declared)) or 'none'}")
+        return out
+
+    def _query_name(self, q: E.Query, index: int) -> str:
+        if "query_name" in self.overrides:
+            return self.overrides["query_name"]
+        defines = q.defines or {}
+        for key, lit in defines.items():
+            if key.lower() == "query_name":
+                return str(getattr(lit, "value", lit))
+        if q.name:
+            return q.name
+        stem = os.path.basename(self.path).split(".")[0] if self.path else "query"
+        return stem or "query"
+
+    # --- one query ---------------------------------------------------------------------------
+    def query(self, q: E.Query, name: str, all_names: set[str]) -> AnalysedQuery:
+        defines = self._defines(q)
+        params = self._params(q)
+        stmt = q.statement
+        self.cur_params = params
+        self.cur_values = self._param_values(q, params)
+        if isinstance(stmt, E.Merge):
+            aq = self._merge(q, name, stmt, defines, params, all_names)
+            aq.param_values = self.cur_values
+            return aq
+        sources = [self._source(s, all_names, name) for s in stmt.sources]
+        if len(sources) > 2:
+            raise self.error(stmt.sources[2], "at most two sources (a join) may follow FROM")
+        if len(sources) == 2 and not stmt.join:
+            raise self.error(stmt.sources[1], "two sources need a join type before FROM "
+                             "(INNER_JOIN, LEFT_OUTER_JOIN, RIGHT_OUTER_JOIN, OUTER_JOIN)")
+        if stmt.join and len(sources) != 2:
+            raise self.error(stmt, f"{stmt.join} needs two sources")
+        if len(sources) == 2 and sources[0].alias == sources[1].alias:
+            raise self.error(stmt.sources[1], f"both sources are called {sources[0].alias!r}: "
+                             f"give them different aliases")
+        self._check_aliases(stmt)
+        aq = AnalysedQuery(q, name, "select", defines, params, sources, join=stmt.join)
+        scope = Scope(self, sources)
+        if stmt.where is not None:
+            aq.where = self.condition(scope.resolve(stmt.where, "WHERE"), stmt.where, "WHERE")
+            if not stmt.join:
+                self._no_display(aq.where, "WHERE")
+        if stmt.join:
+            self._join(aq, stmt, scope)
+        else:
+            for s in sources:
+                if s.node.window is not None:
+                    raise self.error(s.node.window, "a per-source window is only for band joins")
+            self._select(aq, stmt, scope)
+        aq.outputs = [ColumnInfo(i.name, i.type, i.form) for i in aq.items]
+        aq.param_values = self.cur_values
+        return aq
+
+    def _text_position(self, pattern: str, fallback):
+        """A node at the first match of `pattern`'s group 1 in the source (for entries that
+        carry no position of their own), else `fallback`."""
+        if self.source is None:
+            return fallback
+        m = re.search(pattern, self.source)
+        if m is None:
+            return fallback
+        start = m.start(1)
+        line = self.source.count("\n", 0, start) + 1
+        col = start - (self.source.rfind("\n", 0, start) + 1) + 1
+        return E.Literal(pos=E.Pos(line, col), value=m.group(1), kind="string")
+
+    def _key_position(self, key: str, value_node):
+        """The DEFINE key's own position (keys carry none: found left of the value)."""
+        pos = getattr(value_node, "pos", None)
+        if pos is None or self.source is None:
+            return value_node
+        lines = self.source.splitlines()
+        if not 1 <= pos.line <= len(lines):
+            return value_node
+        col = lines[pos.line - 1].rfind(key, 0, pos.col - 1)
+        return E.Literal(pos=E.Pos(pos.line, col + 1), value=key, kind="string") if col >= 0 \
+            else value_node
+
+    def _param_values(self, q: E.Query, params: dict[str, str]) -> dict[str, object]:
+        values = {}
+        defaults = q.args.get("param_defaults") or {}
+        for pname, ptype in params.items():
+            if pname in self.params:
+                values[pname] = parse_param_value(pname, ptype, self.params[pname])
+            elif pname in defaults:
+                values[pname] = self._default_value(pname, ptype, defaults[pname])
+        return values
+
+    def _default_value(self, pname: str, ptype: str, lit):
+        kind, value = getattr(lit, "kind", None), getattr(lit, "value", lit)
+        ok = {"int": T.INTEGER - {"bool", "ipv4", "mac"} | {"mac"}, "float": {"float"},
+              "string": {"string"}, "bool": {"bool"}, "ip": {"ipv4", "ip"}, "ipv6": {"ip"}}
+        if ptype not in ok.get(kind, set()) and not (kind == "int" and ptype == "float"):
+            raise self.error(lit, f"the default of parameter {pname} is not a {ptype}")
+        if kind == "int" and ptype in T.UNSIGNED and value < 0:
+            raise self.error(lit, f"the default of parameter {pname} is negative but its type "
+                             f"is {ptype}")
+        if kind == "ip" and ptype == "ip":
+            return 0xFFFF_0000_0000 | value
+        if ptype == "float":
+            return float(value)
+        return value
+
+    def _defines(self, q: E.Query) -> dict[str, object]:
+        defines: dict[str, object] = {}
+        for key, lit in (q.defines or {}).items():
+            value = getattr(lit, "value", lit)
+            try:
+                k, v = check_define(key, value)
+            except ConfigError as exc:
+                where = lit if isinstance(lit, E.Node) else q
+                if str(exc).startswith("unknown DEFINE key"):
+                    where = self._key_position(key, where)
+                raise self.error(where, str(exc)) from None
+            defines[k] = v
+        for key, value in self.overrides.items():
+            try:
+                k, v = check_define(key, value)
+            except ConfigError as exc:
+                raise ConfigError(f"--set {key}={value}: {exc}") from None
+            defines[k] = v
+        return defines
+
+    def _params(self, q: E.Query) -> dict[str, str]:
+        params = {}
+        for pname, ptype in (q.params or {}).items():
+            tname = str(getattr(ptype, "value", ptype)).lower()
+            if tname == "ulong":
+                tname = "ullong"
+            if tname not in T.ALL_TYPES:
+                raise self.error(ptype if isinstance(ptype, E.Node) else
+                                 self._text_position(rf"\b{pname}\s+({re.escape(str(ptype))})\b", q),
+                                 f"parameter {pname}: unknown type {tname!r} (one of "
+                                 f"{', '.join(T.ALL_TYPES)})")
+            params[pname] = tname
+            if pname in self.params:
+                parse_param_value(pname, tname, self.params[pname])
+        return params
+
+    def param_value(self, name: str):
+        """The run-time (or default) value of a declared parameter, or None when not given."""
+        return self.cur_values.get(name)
+
+    # --- sources -----------------------------------------------------------------------------
+    def _source(self, s: E.Source, all_names: set[str], me: str) -> SourceInfo:
+        if s.query is not None:
+            qname = s.query
+            if qname == me:
+                raise self.error(s, f"query {qname!r} reads itself (a cycle)")
+            if qname not in self.done:
+                if qname in all_names:
+                    raise self.error(s, f"query {qname!r} is defined later in the file: a query "
+                                     f"may only read earlier ones (no cycles)")
+                if qname.upper() in PROTOCOLS:
+                    qname = qname.upper()
+                    return self._packet_source(s, None, qname)
+                known = ", ".join(sorted(self.done)) or "none"
+                raise self.error(s, f"unknown query or protocol {qname!r} (earlier queries: "
+                                 f"{known}; protocols: {', '.join(PROTOCOLS)})")
+            src = self.done[qname]
+            cols = {c.name: c for c in src.outputs}
+            return SourceInfo(s, "query", s.alias or qname, query=qname, columns=cols)
+        proto = (s.protocol or "").upper()
+        if proto not in PROTOCOLS:
+            raise self.error(s, f"unknown protocol {s.protocol!r} (one of {', '.join(PROTOCOLS)})")
+        return self._packet_source(s, s.links, proto)
+
+    def _packet_source(self, s: E.Source, links, proto: str) -> SourceInfo:
+        if links is None:
+            links = tuple(self.links) if self.links else ("*",)
+        else:
+            links = tuple(links)
+            if self.links is not None:
+                for link in links:
+                    if link not in self.links:
+                        raise self.error(s, f"unknown link {link!r}: this run has "
+                                         f"{', '.join(self.links)}")
+            if len(set(links)) != len(links):
+                raise self.error(s, "a link appears twice in the union")
+        cols = {}
+        for f in protocol_fields(proto).values():
+            cols[f.name] = ColumnInfo(f.name, f.type, T.BASE_TIME_FORMS.get(f.name))
+        info = SourceInfo(s, "link", s.alias or proto, links=links, protocol=proto, columns=cols,
+                          union="meld" if len(links) > 1 or links == ("*",) else None)
+        return info
+
+    # --- plain and aggregating SELECT --------------------------------------------------------
+    def _select(self, aq: AnalysedQuery, stmt: E.Select, scope: "Scope") -> None:
+        group_nodes = list(stmt.group_by or [])
+        aggs = [a for it in stmt.items for a in it.find_all(E.Aggregate)]
+        if stmt.having is not None:
+            aggs += list(stmt.having.find_all(E.Aggregate))
+        aggregating = bool(group_nodes or aggs)
+        if not aggregating:
+            if stmt.having is not None:
+                raise self.error(stmt.having, "HAVING needs GROUP BY or aggregates")
+            aq.kind = "select"
+            names = unique_names([(it.alias, self._default_name(it.this, i))
+                                  for i, it in enumerate(stmt.items)])
+            for it, nm in zip(stmt.items, names):
+                expr = scope.resolve(it.this, "SELECT")
+                aq.items.append(ItemInfo(nm, expr, self.type_of(expr), self.form_of(expr), it))
+            return
+        aq.kind = "aggregate"
+        # group items
+        gnames = set()
+        for g in group_nodes:
+            expr = scope.resolve(g.this, "GROUP BY")
+            self._no_display(expr, "GROUP BY")
+            gname = g.alias or (g.this.name if isinstance(g.this, E.Column) else None)
+            if gname is None:
+                raise self.error(g, "a GROUP BY expression needs a name: write `expr AS name`")
+            if gname in gnames:
+                raise self.error(g, f"two group items are named {gname!r}")
+            gnames.add(gname)
+            gi = GroupInfo(gname, expr, self.type_of(expr), self.form_of(expr))
+            aq.group.append(gi)
+            if gi.form is not None:
+                if aq.temporal is not None:
+                    raise self.error(g, f"at most one temporal group item ({aq.temporal.name!r} "
+                                     f"is one already)")
+                aq.temporal = gi
+        # window spec on aggregates
+        specs = [(a, a.window) for a in aggs if a.window is not None]
+        if specs:
+            aq.window = self._window_spec(specs, scope)
+            if aq.temporal is not None:
+                raise self.error(specs[0][1], f"a window spec and a temporal group item "
+                                 f"({aq.temporal.name!r}) cannot be combined: use one")
+        elif aq.temporal is None:
+            for g in aq.group:
+                unbound = [p for p in g.expr.find_all(E.Param) if p.name not in self.cur_values]
+                if unbound and any(f.form is not None for f in g.expr.find_all(E.Field)):
+                    raise self.error(unbound[0], f"parameter ${unbound[0].name} needs a value to "
+                                     f"plan the window (give --param {unbound[0].name}=...)")
+            raise self.error(stmt, "an aggregation needs a temporal group item (e.g. GROUP BY "
+                             "time/60 AS tb) or a window spec (e.g. count(*) [RANGE 1 minute])")
+        grouped = GroupedScope(self, scope, aq.group)
+        names = unique_names([(it.alias, self._default_name(it.this, i))
+                              for i, it in enumerate(stmt.items)])
+        for it, nm in zip(stmt.items, names):
+            expr = grouped.resolve(it.this, "SELECT")
+            aq.items.append(ItemInfo(nm, expr, self.type_of(expr), self.form_of(expr), it))
+        if aq.window is not None and aq.temporal is None:
+            # the window's end is an output column so every row says which window it is
+            # (in the unit of the window attribute, so a reader can window on it like on `time`)
+            end_name = unique_names([(None, "window_end")] + [(i.name, i.name) for i in aq.items])[0]
+            wf = aq.window.form
+            aq.items.insert(0, ItemInfo(end_name, E.Field(name=end_name, type="llong", form=wf),
+                                        "llong", wf, aq.window.node))
+            aq.window_end = end_name
+        if stmt.having is not None:
+            aliases = {i.name: i.expr for i in aq.items}
+            expr = grouped.resolve(stmt.having, "HAVING", aliases)
+            aq.having = self.condition(expr, stmt.having, "HAVING")
+
+    def _no_display(self, expr: E.Expr, clause: str) -> None:
+        for bad in expr.find_all(E.Func):
+            if bad.name in T.HIGH_LEVEL_ONLY:
+                raise self.error(bad, f"{bad.name} is for display: use it in SELECT or HAVING, "
+                                      f"not in {clause}")
+
+    def _default_name(self, expr: E.Node, index: int) -> str:
+        return generated_name(expr, index)
+
+    def _check_aliases(self, stmt) -> None:
+        seen = set()
+        for it in stmt.items:
+            if it.alias:
+                if it.alias in seen:
+                    raise self.error(it, f"two output columns are named {it.alias!r}")
+                seen.add(it.alias)
+
+    def _window_spec(self, specs, scope: "Scope") -> WindowInfo:
+        first_agg, w = specs[0]
+        for agg, other in specs[1:]:
+            if other != w:
+                raise self.error(other, "every aggregate of a query must have the same window")
+        if w.all or w.rows is not None or w.partition_by:
+            raise self.error(w, "only time windows [RANGE r, SLIDE s, WA attr] are supported")
+        if w.range is None:
+            raise self.error(w, "a window spec needs RANGE")
+        r = self._duration(w.range)
+        s = self._duration(w.slide) if w.slide is not None else r
+        if s > r:
+            raise self.error(w, f"window SLIDE ({w.slide.value} {w.slide.unit}) can't exceed "
+                             f"RANGE ({w.range.value} {w.range.unit})")
+        wa = w.wa or "time"
+        col = scope.resolve(E.Column(pos=w.pos, name=wa), "window")
+        form = self.form_of(col)
+        if form is None:
+            raise self.error(w, f"window attribute {wa!r} is not increasing")
+        unit = unit_ns(form)
+        if unit is None or not isinstance(col, E.Field):
+            raise self.error(w, f"window attribute {wa!r} is not a plain count of time units "
+                             f"(use time, timestamp, timestamp_ms or a column like time/60)")
+        if r % unit or s % unit:
+            raise self.error(w, f"RANGE and SLIDE must be whole multiples of {wa}'s unit "
+                             f"({unit} ns)")
+        return WindowInfo(r, s, wa, form, w, unit, col)
+
+    def _duration(self, d: E.Duration) -> int:
+        if d.unit.lower() not in E.Duration.UNIT_NS:
+            raise self.error(d, f"unknown time unit {d.unit!r} (seconds, minutes, hours, ms)")
+        ns = d.ns
+        if ns <= 0:
+            raise self.error(d, "a window length must be positive")
+        return ns
+
+    # --- joins -------------------------------------------------------------------------------
+    def _join(self, aq: AnalysedQuery, stmt: E.Select, scope: "Scope") -> None:
+        aq.kind = "join"
+        aggs = [a for it in stmt.items for a in it.find_all(E.Aggregate)]
+        if stmt.group_by or stmt.having is not None or aggs:
+            where = aggs[0] if aggs else stmt.group_by[0] if stmt.group_by else stmt.having
+            raise self.error(where, "a join cannot aggregate: aggregate its result in a further "
+                             "query that reads it")
+        if stmt.where is None:
+            raise self.error(stmt.sources[1], "a join needs a WHERE with the join condition")
+        windows = [s.node.window for s in aq.sources]
+        if any(w is not None for w in windows):
+            if any(w is None for w in windows):
+                raise self.error(stmt, "a band join needs a window on both sources")
+            for s in aq.sources:
+                w = s.node.window
+                if w.range is None or w.slide is not None or w.all or w.rows is not None:
+                    raise self.error(w, "a band join source takes [RANGE r, WA attr]")
+                wa = scope.resolve(E.Column(pos=w.pos, name=w.wa or "time", table=s.alias), "window")
+                form = self.form_of(wa)
+                if form is None:
+                    raise self.error(w, f"window attribute {w.wa or 'time'!r} is not increasing")
+                s.window_ns = self._duration(w.range)
+                s.wa = wa
+                unit = unit_ns(form)
+                if unit is None or s.window_ns % unit:
+                    raise self.error(w, f"RANGE must be a whole multiple of the unit of "
+                                     f"{w.wa or 'time'}")
+        self._join_condition(aq, stmt)
+        names = unique_names([(it.alias, self._default_name(it.this, i))
+                              for i, it in enumerate(stmt.items)])
+        for it, nm in zip(stmt.items, names):
+            expr = scope.resolve(it.this, "SELECT")
+            aq.items.append(ItemInfo(nm, expr, self.type_of(expr), self.form_of(expr), it))
+
+    def _join_condition(self, aq: AnalysedQuery, stmt: E.Select) -> None:
+        left, right = aq.sources[0].alias, aq.sources[1].alias
+        residual = []
+        for c in conjuncts(aq.where):
+            if isinstance(c, E.Binary) and c.op == "=":
+                sides = (sides_of(c.left), sides_of(c.right))
+                pair = None
+                if sides == ({left}, {right}):
+                    pair = (c.left, c.right)
+                elif sides == ({right}, {left}):
+                    pair = (c.right, c.left)
+                if pair is not None:
+                    lf, rf = self.form_of(pair[0]), self.form_of(pair[1])
+                    if lf is not None and rf is not None and aq.join_temporal is None:
+                        aq.join_temporal = pair
+                    else:
+                        aq.join_keys.append(pair)
+                    continue
+            residual.append(c)
+        aq.join_residual = conjoin(residual)
+        banded = aq.sources[0].window_ns is not None
+        if aq.join_temporal is None and not banded:
+            raise self.error(stmt.where, "a join needs an equality between the two temporal "
+                             "attributes (e.g. a.tb = b.tb) or a window on each source "
+                             "(FROM s1 [RANGE 3 minutes] a, s2 [RANGE 2 minutes] b)")
+        if aq.join_temporal is not None and banded:
+            raise self.error(stmt.where, "a band join (per-source windows) cannot also equate "
+                             "the temporal attributes: use one")
+        if aq.join_temporal is not None:
+            lf, rf = (self.form_of(e) for e in aq.join_temporal)
+            if lf.pane_ns != rf.pane_ns:
+                raise self.error(stmt.where, "the joined temporal attributes have different "
+                                 "window sizes")
+
+    def _merge(self, q, name, stmt: E.Merge, defines, params, all_names) -> AnalysedQuery:
+        sources = [self._source(s, all_names, name) for s in stmt.sources]
+        if len(sources) < 2:
+            raise self.error(stmt, "MERGE needs at least two sources")
+        if len(stmt.fields) != len(sources):
+            raise self.error(stmt, f"MERGE names {len(stmt.fields)} fields for "
+                             f"{len(sources)} sources")
+        first = sources[0]
+        for s in sources[1:]:
+            if [(c.name, c.type) for c in s.columns.values()] != \
+                    [(c.name, c.type) for c in first.columns.values()]:
+                raise self.error(s.node, "MERGE sources must have the same columns")
+        scope = Scope(self, sources)
+        fields = []
+        for f in stmt.fields:
+            expr = scope.resolve(f, "MERGE")
+            if not isinstance(expr, E.Field) or self.form_of(expr) is None:
+                raise self.error(f, "MERGE fields must be increasing (temporal) columns")
+            fields.append(expr)
+        aq = AnalysedQuery(q, name, "merge", defines, params, sources, merge_fields=tuple(fields))
+        for c in first.columns.values():
+            aq.items.append(ItemInfo(c.name, E.Field(name=c.name, type=c.type), c.type, c.form, stmt))
+        aq.outputs = [ColumnInfo(i.name, i.type, i.form) for i in aq.items]
+        return aq
+
+    # --- types and forms ---------------------------------------------------------------------
+    def condition(self, expr: E.Expr, node, where: str) -> E.Expr:
+        t = self.type_of(expr)
+        if t not in T.INTEGER:
+            raise self.error(node, f"{where} must be a condition, not a {t} value")
+        return expr
+
+    def type_of(self, expr: E.Expr) -> str:
+        return type_of(expr, self.cur_params)
+
+    def form_of(self, expr: E.Expr) -> T.TimeForm | None:
+        return form_of(expr, self.param_value)
+
+
+
+
+def analyse_file(tree: E.QueryFile, links: list[str] | None = None,
+                 params: dict[str, str] | None = None, overrides: dict[str, str] | None = None,
+                 source: str | None = None) -> list[AnalysedQuery]:
+    """Analyse every query of a parsed file (see the module docstring)."""
+    return Analyser(tree, links, params, overrides, source).run()

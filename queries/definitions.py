@@ -1,0 +1,93 @@
+"""DEFINE keys and PARAM values: what is allowed, checked the same way for files and `--set`."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from capture.errors import ConfigError
+
+from .plan import FLUSH_POLICIES
+
+LATE_POLICIES = ("drop", "correct")
+#: DEFINE key -> what its value must be
+DEFINE_KEYS = {
+    "query_name": "a name",
+    "aggregate_slots": "a positive integer",
+    "flush": " | ".join(FLUSH_POLICIES),
+    "slow_flush": "a positive integer",
+    "max_lfta_disorder": "a positive integer",
+    "late": " | ".join(LATE_POLICIES),
+    "comment": "text",
+    "title": "text",
+}
+
+
+def _positive(key: str, value) -> int:
+    try:
+        n = int(str(value).strip(), 0) if not isinstance(value, int) else value
+    except ValueError:
+        n = None
+    if n is None or isinstance(value, (bool, float)) or n <= 0:
+        raise ConfigError(f"DEFINE {key}: {value!r} is not a positive integer")
+    return n
+
+
+def check_define(key: str, value) -> tuple[str, object]:
+    """The normalised (key, value) of a DEFINE entry or `--set key=value`; ConfigError if wrong."""
+    k = str(key).lower()
+    if k not in DEFINE_KEYS:
+        raise ConfigError(f"unknown DEFINE key {key!r} (allowed: {', '.join(DEFINE_KEYS)})")
+    if k in ("aggregate_slots", "slow_flush", "max_lfta_disorder"):
+        return k, _positive(k, value)
+    if k == "flush":
+        v = str(value).lower()
+        if v not in FLUSH_POLICIES:
+            raise ConfigError(f"DEFINE flush: {value!r} is not one of {', '.join(FLUSH_POLICIES)}")
+        return k, v
+    if k == "late":
+        v = str(value).lower()
+        if v not in LATE_POLICIES:
+            raise ConfigError(f"DEFINE late: {value!r} is not one of {', '.join(LATE_POLICIES)}")
+        return k, v
+    if k == "query_name":
+        v = str(value)
+        if not v.replace("_", "a").isalnum() or v[0].isdigit():
+            raise ConfigError(f"DEFINE query_name: {value!r} is not a name (letters, digits, _)")
+        return k, v
+    return k, str(value)
+
+
+def parse_param_value(name: str, type_: str, text: str):
+    """A run-time parameter's value (given as a string) converted to its declared PARAM type."""
+    if not isinstance(text, str):
+        text = str(text)
+    s = text.strip()
+    try:
+        if type_ in ("uint", "ullong", "mac"):
+            v = int(s, 0)
+            if v < 0 or v >= 2**64:
+                raise ValueError
+            return v
+        if type_ in ("int", "llong"):
+            v = int(s, 0)
+            if not -2**63 <= v < 2**63:
+                raise ValueError
+            return v
+        if type_ == "float":
+            return float(s)
+        if type_ == "bool":
+            if s.lower() in ("true", "1", "yes"):
+                return True
+            if s.lower() in ("false", "0", "no"):
+                return False
+            raise ValueError
+        if type_ == "ipv4":
+            return int(ipaddress.IPv4Address(s))
+        if type_ == "ip":
+            addr = ipaddress.ip_address(s)
+            if addr.version == 4:
+                return 0xFFFF_0000_0000 | int(addr)
+            return int(addr)
+        return s
+    except ValueError:
+        raise ConfigError(f"parameter {name}: {text!r} is not a {type_}") from None

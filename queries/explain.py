@@ -1,0 +1,261 @@
+"""Readable text of a query plan: what runs in the low level per link and what in the high level.
+
+`explain_file(path_or_text, links, params, overrides)` parses, plans and formats a query file;
+`format_plan(file_plan)` formats an existing `FilePlan`; `format_expr` prints one expression.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+from . import expressions as E
+from .plan import FilePlan, HighLevelPlan, LowLevelPlan, QueryPlan, WindowPlan
+
+_NS = 10**9
+#: precedence of binary operators, loosest first (for parentheses)
+_PREC = {"OR": 1, "AND": 2, "=": 4, "<>": 4, "<": 4, ">": 4, "<=": 4, ">=": 4,
+         "|": 5, "^": 6, "&": 7, "<<": 8, ">>": 8, "+": 9, "-": 9, "*": 10, "/": 10, "%": 10}
+
+
+def format_literal(lit: E.Literal) -> str:
+    kind, value = lit.kind, lit.value
+    if kind == "ip":
+        return f"IP_VAL '{ipaddress.IPv4Address(value)}'"
+    if kind == "ipv6":
+        return f"IPV6_VAL '{ipaddress.IPv6Address(value)}'"
+    if kind == "string":
+        return "'" + str(value).replace("'", "''") + "'"
+    if kind == "bool":
+        return "TRUE" if value else "FALSE"
+    return repr(value)
+
+
+def format_duration(d: E.Duration) -> str:
+    v = d.value
+    return f"{int(v) if float(v).is_integer() else v} {d.unit}"
+
+
+def format_window_spec(w: E.WindowSpec) -> str:
+    parts = []
+    if w.range is not None:
+        parts.append(f"RANGE {format_duration(w.range)}")
+    if w.slide is not None:
+        parts.append(f"SLIDE {format_duration(w.slide)}")
+    if w.wa:
+        parts.append(f"WA {w.wa}")
+    return "[" + ", ".join(parts) + "]"
+
+
+def format_expr(expr, prec: int = 0) -> str:
+    """An expression as GSQL text (resolved Fields print as their (qualified) names)."""
+    if expr is None:
+        return "-"
+    if isinstance(expr, E.Field):
+        return f"{expr.table}.{expr.name}" if expr.table else expr.name
+    if isinstance(expr, E.Column):
+        return f"{expr.table}.{expr.name}" if expr.table else expr.name
+    if isinstance(expr, E.Literal):
+        return format_literal(expr)
+    if isinstance(expr, E.Param):
+        return f"${expr.name}"
+    if isinstance(expr, E.Star):
+        return "*"
+    if isinstance(expr, E.Unary):
+        if expr.op == "NOT":
+            text = f"NOT {format_expr(expr.this, 11)}"
+            return f"({text})" if prec > 3 else text
+        inner = format_expr(expr.this, 11)
+        # `- -x` must not print as the comment marker `--x`
+        return f"{expr.op} {inner}" if inner.startswith(expr.op) else f"{expr.op}{inner}"
+    if isinstance(expr, E.Binary):
+        p = _PREC.get(expr.op, 3)
+        # comparisons do not chain: a comparison inside one keeps its parentheses
+        left = format_expr(expr.left, p + 1 if p == 4 else p)
+        text = f"{left} {expr.op} {format_expr(expr.right, p + 1)}"
+        return f"({text})" if p < prec else text
+    if isinstance(expr, E.In):
+        items = ", ".join(format_expr(i) for i in expr.items)
+        text = f"{format_expr(expr.this, 5)} IN [{items}]"
+        return f"({text})" if prec > 3 else text
+    if isinstance(expr, E.Func):
+        return f"{expr.name}({', '.join(format_expr(a) for a in expr.args['args'])})"
+    if isinstance(expr, E.Aggregate):
+        name = expr.name
+        if name == "COUNT_DISTINCT":
+            text = f"COUNT_DISTINCT({format_expr(expr.arg)})"
+        else:
+            text = f"{name}({format_expr(expr.arg)})"
+        return text + (" " + format_window_spec(expr.window) if expr.window is not None else "")
+    return repr(expr)
+
+
+def _seconds(ns: int) -> str:
+    if ns % _NS == 0:
+        s = ns // _NS
+        if s % 3600 == 0:
+            return f"{s // 3600}h"
+        if s % 60 == 0:
+            return f"{s // 60}min"
+        return f"{s}s"
+    if ns % 1_000_000 == 0:
+        return f"{ns // 1_000_000}ms"
+    return f"{ns}ns"
+
+
+def format_window(w: WindowPlan | None) -> list[str]:
+    if w is None:
+        return ["window: none (no aggregation)"]
+    base = "timestamp" if w.expr is None else format_expr(w.expr)
+    if w.expr is None:
+        pane = f"(timestamp + {w.offset_ns}) // {w.pane_ns}" if w.offset_ns else \
+            f"timestamp // {w.pane_ns}"
+    else:
+        pane = base
+    col = f"{w.column} = pane * {w.scale} + {w.shift}" if (w.scale, w.shift) != (1, 0) else \
+        f"{w.column} = pane"
+    if not w.sliding:
+        return [f"window: tumbling {_seconds(w.range_ns)}; pane id = {pane}; {col}"]
+    per_win, per_slide = w.range_ns // w.pane_ns, w.slide_ns // w.pane_ns
+    return [f"window: sliding RANGE {_seconds(w.range_ns)} SLIDE {_seconds(w.slide_ns)} as "
+            f"panes of {_seconds(w.pane_ns)} (gcd); pane id = {pane}",
+            f"        window w = panes [(w+1)*{per_slide} - {per_win}, (w+1)*{per_slide}): "
+            f"{per_win} panes per window, a window every {per_slide} pane(s); "
+            f"{w.column} = w * {w.scale} + {w.shift} (window end)"]
+
+
+def format_low(p: LowLevelPlan) -> list[str]:
+    where = "query " + p.link if p.source_kind == "query" else f"link {p.link}"
+    head = f"low level, {where}" + (f", side {p.side}" if p.side else "")
+    if p.source_kind == "query":
+        head += " (run by the high level over the input query's rows)"
+    out = [head + ":"]
+    if p.protocol:
+        out.append(f"  protocol: {p.protocol}")
+    out.append(f"  where: {format_expr(p.predicate)}")
+    if p.window is not None or p.subaggs:
+        out += ["  " + line for line in format_window(p.window)]
+        out.append("  keys: " + (", ".join(f"{k.name} {k.type} = {format_expr(k.expr)}"
+                                         for k in p.keys) or "-"))
+        out.append("  sub-aggregates: " + ", ".join(
+            f"{s.name} = {s.kind}({format_expr(s.arg) if s.arg is not None else '*'}) "
+            f"[{s.dtype}{' x ' + str(p.distinct_registers) if s.kind == 'distinct' else ''}]"
+            for s in p.subaggs))
+        if p.source_kind == "link":
+            out.append(f"  hash table: {p.slots} slots; flush {p.flush} "
+                       f"(i = {p.slow_flush}, m = {p.max_disorder})")
+    if p.projections:
+        out.append("  project: " + ", ".join(f"{k.name} {k.type} = {format_expr(k.expr)}"
+                                             for k in p.projections))
+    return out
+
+
+def format_high(h: HighLevelPlan) -> list[str]:
+    out = ["high level:"]
+    union = f"; union: {h.union}" if h.union else ""
+    out.append(f"  inputs: {h.input_kind} {', '.join(h.inputs)}{union}")
+    if h.predicate is not None:
+        out.append(f"  where: {format_expr(h.predicate)}")
+    if h.kind == "aggregate":
+        out.append("  combine partials: " + ", ".join(
+            f"{s.name} = {s.kind}({s.name})" + (" by time" if s.kind in ("first", "last") else "")
+            + (" per register" if s.sub_kind == "distinct" else "") for s in h.superaggs))
+        w = h.window
+        if w is not None and w.sliding:
+            out.append(f"  assemble windows: {w.range_ns // w.pane_ns} panes per window, every "
+                       f"{w.slide_ns // w.pane_ns} pane(s) (Paned-WID); close at punctuation "
+                       f">= window end")
+        elif w is not None:
+            out.append("  close windows: at punctuation >= window end")
+        out.append("  finalise: " + ", ".join(f"{f.name} = {format_expr(f.expr)} [{f.text}]"
+                                              for f in h.finals))
+        out.append(f"  having: {format_expr(h.having)}")
+    if h.join is not None:
+        j = h.join
+        def side(s):
+            text = f"{s.alias} <- " + (f"query {s.input}" if s.kind == "query"
+                                       else f"links {', '.join(s.links)}")
+            return text + (f" where {format_expr(s.predicate)}" if s.predicate is not None else "")
+
+        out.append(f"  join: {j.type} (OA-Join) {side(j.left)}, {side(j.right)}")
+        if j.temporal is not None:
+            out.append(f"    tumbling window: {format_expr(j.temporal[0])} = "
+                       f"{format_expr(j.temporal[1])}")
+        else:
+            lw, rw = format_expr(j.left.wa), format_expr(j.right.wa)
+            out.append(f"    band: {lw} - {j.right.range} <= {rw} < {lw} + {j.left.range}")
+        out.append("    keys: " + (", ".join(f"{format_expr(a)} = {format_expr(b)}"
+                                             for a, b in j.keys) or "-"))
+        out.append(f"    residual: {format_expr(j.residual)}")
+    if h.kind == "merge":
+        out.append("  merge on: " + " : ".join(format_expr(f) for f in h.merge_fields))
+    out.append(f"  late tuples: {h.late}")
+    out.append("  output: " + ", ".join(
+        f"{c.name} {c.type}" + (" (temporal)" if c.temporal is not None else "")
+        + ("" if isinstance(c.expr, E.Field) and c.expr.name == c.name and not c.expr.table
+           else f" = {format_expr(c.expr)}")
+        for c in h.outputs))
+    return out
+
+
+def format_query(q: QueryPlan) -> str:
+    lines = [f"query {q.name} ({q.kind})"]
+    if q.title:
+        lines.append(f"  title: {q.title}")
+    if q.comment:
+        lines.append(f"  comment: {q.comment}")
+    shown = {k: v for k, v in q.defines.items() if k not in ("title", "comment", "query_name")}
+    if shown:
+        lines.append("  defines: " + ", ".join(f"{k}={v}" for k, v in sorted(shown.items())))
+    if q.params:
+        lines.append("  params: " + ", ".join(f"{k}={v}" for k, v in sorted(q.params.items())))
+    if q.read_by:
+        lines.append(f"  read by: {', '.join(q.read_by)}")
+    for p in q.low:
+        lines += ["  " + line for line in format_low(p)]
+    for p in q.high.row_plans:
+        lines += ["  " + line for line in format_low(p)]
+    lines += ["  " + line for line in format_high(q.high)]
+    return "\n".join(lines)
+
+
+def format_plan(fp: FilePlan) -> str:
+    head = f"file {fp.path or '<query>'}; links: {', '.join(fp.links)}"
+    return "\n\n".join([head] + [format_query(q) for q in fp.queries]) + "\n"
+
+
+def mentioned_links(tree: E.QueryFile) -> list[str]:
+    """Link names a file's FROM clauses name, in order of appearance."""
+    seen: list[str] = []
+    for src in tree.find_all(E.Source):
+        for link in src.links or ():
+            if link not in seen:
+                seen.append(link)
+    return seen
+
+
+LIBRARY = Path(__file__).resolve().parent / "library"
+
+
+def find_query_file(name: str) -> Path:
+    """A query file path, or a shipped query named without path (`q8_1` -> library/q8_1.gsql)."""
+    p = Path(name)
+    if p.exists():
+        return p
+    for candidate in (LIBRARY / name, LIBRARY / f"{name}.gsql"):
+        if candidate.is_file():
+            return candidate
+    return p
+
+
+def explain_text(text: str, path: str | None = None, links: list[str] | None = None,
+                 params: dict[str, str] | None = None,
+                 overrides: dict[str, str] | None = None) -> str:
+    """Parse, plan and format query text (QueryError / ConfigError when it is wrong)."""
+    from .parser import parse
+    from .planner import plan_file
+
+    tree = parse(text, path=path)
+    if not links:
+        links = mentioned_links(tree) or ["main"]
+    return format_plan(plan_file(tree, links, params, overrides, source=text))

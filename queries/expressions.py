@@ -1,0 +1,287 @@
+"""The GSQL syntax tree: small node classes declaring their arguments (in the manner of sqlglot).
+
+Every node has `args` (a dict whose keys are the class's `arg_types`) and an optional source
+position `pos` (line, column; 1-based) used in error messages. Equality and hashing are
+structural and ignore positions, so a parse -> print -> parse round trip compares equal.
+Arguments hold nodes, lists/tuples of nodes, dicts, or plain values (str, int, float, bool).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar, Iterator, NamedTuple
+
+
+class Pos(NamedTuple):
+    line: int
+    col: int
+
+
+class Node:
+    """Base of every tree node."""
+
+    arg_types: ClassVar[dict[str, bool]] = {}   # name -> required
+    __slots__ = ("args", "pos")
+
+    def __init__(self, pos: Pos | None = None, **args: Any):
+        unknown = set(args) - set(self.arg_types)
+        if unknown:
+            raise TypeError(f"{type(self).__name__} has no argument(s) {sorted(unknown)}")
+        missing = [k for k, req in self.arg_types.items() if req and args.get(k) is None]
+        if missing:
+            raise TypeError(f"{type(self).__name__} needs argument(s) {missing}")
+        for k in self.arg_types:
+            args.setdefault(k, None)
+        object.__setattr__(self, "args", args)
+        object.__setattr__(self, "pos", pos)
+
+    def __getattr__(self, name: str) -> Any:
+        args = object.__getattribute__(self, "args")
+        if name in args:
+            return args[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("syntax tree nodes are immutable; use replace()")
+
+    # --- structure ---------------------------------------------------------------------------
+    def _key(self) -> tuple:
+        return (type(self).__name__,) + tuple((k, _freeze(self.args[k])) for k in self.arg_types)
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self._key() == other._key()  # type: ignore[union-attr]
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.args.items() if v is not None)
+        return f"{type(self).__name__}({inner})"
+
+    def __reduce__(self):
+        # pickling (plans shipped to Spark workers or other processes): rebuild through
+        # __init__, since the slots cannot be set directly on an immutable node
+        return (_rebuild_node, (type(self), self.pos, self.args))
+
+    def replace(self, **changes: Any) -> "Node":
+        """A copy with some arguments changed (position kept)."""
+        return type(self)(pos=self.pos, **{**self.args, **changes})
+
+    def children(self) -> Iterator["Node"]:
+        for value in self.args.values():
+            yield from _nodes_in(value)
+
+    def walk(self) -> Iterator["Node"]:
+        """This node and every descendant, pre-order."""
+        yield self
+        for child in self.children():
+            yield from child.walk()
+
+    def find_all(self, *types: type) -> Iterator["Node"]:
+        return (n for n in self.walk() if isinstance(n, types))
+
+    def transform(self, fn: Callable[["Node"], "Node"]) -> "Node":
+        """Rebuild bottom-up: children first, then `fn` on the rebuilt node."""
+        new_args = {k: _transform_value(v, fn) for k, v in self.args.items()}
+        return fn(type(self)(pos=self.pos, **new_args))
+
+
+def _rebuild_node(cls: type, pos: "Pos | None", args: dict) -> "Node":
+    return cls(pos=pos, **args)
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    return value
+
+
+def _nodes_in(value: Any) -> Iterator[Node]:
+    if isinstance(value, Node):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _nodes_in(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _nodes_in(v)
+
+
+def _transform_value(value: Any, fn: Callable[[Node], Node]) -> Any:
+    if isinstance(value, Node):
+        return value.transform(fn)
+    if isinstance(value, list):
+        return [_transform_value(v, fn) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_transform_value(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: _transform_value(v, fn) for k, v in value.items()}
+    return value
+
+
+# --- expressions -------------------------------------------------------------------------------
+
+class Expr(Node):
+    """Base of value expressions."""
+
+
+class Literal(Expr):
+    """A constant. kind: int | float | string | bool | ip (IPv4 as int) | ipv6 (128-bit int)."""
+
+    arg_types = {"value": True, "kind": True}
+
+
+class Column(Expr):
+    """A field or column reference, optionally qualified: `srcIP`, `a.srcIP`."""
+
+    arg_types = {"name": True, "table": False}
+
+
+class Param(Expr):
+    """A run-time parameter `$name`."""
+
+    arg_types = {"name": True}
+
+
+class Star(Expr):
+    """`*` inside count(*)."""
+
+    arg_types: ClassVar[dict[str, bool]] = {}
+
+
+class Unary(Expr):
+    """op: '-', '~' or 'NOT'."""
+
+    arg_types = {"op": True, "this": True}
+
+
+class Binary(Expr):
+    """op: + - * / % & | ^ << >> = <> < > <= >= AND OR (`!=` is normalised to `<>`)."""
+
+    arg_types = {"op": True, "left": True, "right": True}
+
+
+class In(Expr):
+    """`this IN [items...]`."""
+
+    arg_types = {"this": True, "items": True}
+
+
+class Func(Expr):
+    """A scalar function call; `name` is lower case (prefix, uint, llong, if_else, ip_str ...)."""
+
+    arg_types = {"name": True, "args": True}
+
+    @property
+    def arguments(self) -> list:
+        """The call's arguments (`node.args` is the node's argument dict, as on every node)."""
+        return self.args["args"]
+
+
+class Duration(Node):
+    """A time length as written: value and unit (seconds, minutes, hours, ms ...)."""
+
+    arg_types = {"value": True, "unit": True}
+
+    UNIT_NS: ClassVar[dict[str, int]] = {
+        "ms": 1_000_000, "millisecond": 1_000_000, "milliseconds": 1_000_000,
+        "s": 10**9, "sec": 10**9, "secs": 10**9, "second": 10**9, "seconds": 10**9,
+        "min": 60 * 10**9, "mins": 60 * 10**9, "minute": 60 * 10**9, "minutes": 60 * 10**9,
+        "h": 3600 * 10**9, "hour": 3600 * 10**9, "hours": 3600 * 10**9,
+    }
+
+    @property
+    def ns(self) -> int:
+        return int(round(self.args["value"] * self.UNIT_NS[self.args["unit"].lower()]))
+
+
+class WindowSpec(Node):
+    """`[RANGE r, SLIDE s, WA attr]`, `[RANGE ALL]`, `[ROWS n]`, `[PARTITION BY a ROWS n]`.
+
+    range/slide: Duration (range None with all=True for a landmark window); rows: int;
+    partition_by: list of Column; wa: the attribute name (default `time`).
+    """
+
+    arg_types = {"range": False, "slide": False, "wa": False, "rows": False,
+                 "partition_by": False, "all": False}
+
+
+class Aggregate(Expr):
+    """An aggregate call. name upper case: COUNT SUM MIN MAX AVG AND_AGGR OR_AGGR XOR_AGGR FIRST
+    LAST COUNT_DISTINCT; arg is Star for count(*); window is an optional WindowSpec."""
+
+    arg_types = {"name": True, "arg": True, "window": False}
+
+
+# --- statements --------------------------------------------------------------------------------
+
+class SelectItem(Node):
+    arg_types = {"this": True, "alias": False}
+
+
+class GroupItem(Node):
+    arg_types = {"this": True, "alias": False}
+
+
+class Source(Node):
+    """A FROM item.
+
+    - `link.PROTO`: links=[link], protocol=PROTO
+    - `[l1, l2].PROTO` or `l1.PROTO UNION l2.PROTO`: links=[l1, l2], protocol=PROTO,
+      union='list' | 'union'
+    - `PROTO`: links=None (every link of the run), protocol=PROTO
+    - a query name: query=name
+    alias: the correlation name (`a` in `FROM up a`); window: per-source WindowSpec (band joins).
+    """
+
+    arg_types = {"links": False, "protocol": False, "query": False, "alias": False,
+                 "window": False, "union": False}
+
+
+class Select(Node):
+    """SELECT ... [join type] FROM sources [WHERE] [GROUP BY] [HAVING].
+
+    join: None, or INNER_JOIN | LEFT_OUTER_JOIN | RIGHT_OUTER_JOIN | OUTER_JOIN.
+    """
+
+    arg_types = {"items": True, "sources": True, "join": False, "where": False,
+                 "group_by": False, "having": False}
+
+
+class Merge(Node):
+    """MERGE a.time : b.time FROM s1 a, s2 b (the order-preserving IOP union)."""
+
+    arg_types = {"fields": True, "sources": True}
+
+
+class Query(Node):
+    """One query of a file: DEFINE entries (key -> Literal), PARAM entries (name -> type name).
+
+    param_defaults: name -> Literal for parameters declared with a default
+    (`PARAM { min_bytes uint = 1000000; }`); a run-time `--param` overrides it.
+    """
+
+    arg_types = {"name": False, "defines": False, "params": False, "statement": True,
+                 "param_defaults": False}
+
+
+class QueryFile(Node):
+    """A parsed file of `;`-separated queries."""
+
+    arg_types = {"queries": True, "path": False}
+
+
+# --- resolved references (made by queries.analysis, never by the parser) ---------------------
+
+class Field(Expr):
+    """A resolved column reference.
+
+    name: the column as the evaluated rows call it; type: its GSQL type (queries.types);
+    table: the join side (alias) it belongs to, or None; columns: for packet fields, the
+    physical columns of `capture.schema` it reads (a tuple; empty for `link`), None for a
+    column of a result frame (a group key, an aggregate, an input query's output column);
+    form: a `queries.types.TimeForm` when the column is increasing (temporal), else None.
+    """
+
+    arg_types = {"name": True, "type": True, "table": False, "columns": False, "form": False}

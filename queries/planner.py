@@ -1,0 +1,443 @@
+"""The planner: an analysed query file in, a `FilePlan` out (low-level plans per link, high-level plans).
+
+`plan_file` runs the analysis (`queries.analysis`) and then, per query, the planning steps as
+plain functions: share sub-aggregates and pair them with super-aggregates and finalisations
+(`split_aggregates`), derive panes and windows (`window_plan`), move one-sided join conditions
+to their side (`push_down_join_filters`), build the low-level plans per link and the high-level
+plan (`plan_query`), and bind run-time parameters into every expression (`bind_params`).
+`plan_text` parses and plans in one call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from capture.errors import ConfigError, LinkError
+
+from . import expressions as E
+from . import types as T
+from .analysis import AnalysedQuery, analyse_file
+from .inference import conjoin, conjuncts, type_of, unit_ns
+from .plan import (SUPERAGG_OF, FilePlan, FinalAggregate, HighLevelPlan, JoinPlan, JoinSide,
+                   KeyColumn, LowLevelPlan, OutputColumn, QueryPlan, SubAggregate,
+                   SuperAggregate, WindowPlan)
+
+DEFAULT_SLOTS = 1 << 16
+DEFAULT_SLOW_FLUSH = {"oop_slow": 160, "iop_slow": 1, "oop_lazy": 160}
+DEFAULT_MAX_DISORDER = 2
+JOIN_TYPES = {"INNER_JOIN": "inner", "LEFT_OUTER_JOIN": "left", "RIGHT_OUTER_JOIN": "right",
+              "OUTER_JOIN": "outer"}
+_SUB_OF = {"COUNT": "count", "SUM": "sum", "MIN": "min", "MAX": "max", "AND_AGGR": "and",
+           "OR_AGGR": "or", "XOR_AGGR": "xor", "FIRST": "first", "LAST": "last",
+           "COUNT_DISTINCT": "distinct"}
+
+
+def plan_text(text: str, links: list[str], params: dict[str, str] | None = None,
+              overrides: dict[str, str] | None = None, path: str | None = None) -> FilePlan:
+    """Parse and plan query text (errors show the offending source line)."""
+    from .parser import parse
+
+    return plan_file(parse(text, path=path), links, params, overrides, source=text)
+
+
+def plan_file(tree: E.QueryFile, links: list[str], params: dict[str, str] | None = None,
+              overrides: dict[str, str] | None = None, source: str | None = None) -> FilePlan:
+    """Plan every query of a parsed file for a run over `links` (QueryError / ConfigError)."""
+    links = list(links)
+    if not links:
+        raise ConfigError("a run needs at least one link (e.g. --link main=trace.pcap)")
+    twice = sorted({name for name in links if links.count(name) > 1})
+    if twice:
+        raise LinkError(f"link {', '.join(twice)} given twice")
+    analysed = analyse_file(tree, links, params, overrides, source)
+    readers: dict[str, list[str]] = {}
+    for aq in analysed:
+        for s in aq.sources:
+            if s.kind == "query":
+                readers.setdefault(s.query, []).append(aq.name)
+    plans = []
+    for aq in analysed:
+        values = dict(aq.param_values)
+        qp = plan_query(aq, links)
+        qp = bind_params(qp, values, aq.params)
+        plans.append(replace(qp, read_by=tuple(readers.get(aq.name, ())), params=values,
+                             analysed=aq))
+    return FilePlan(tree.path, tuple(links), tuple(plans))
+
+
+# --- sub-aggregates ---------------------------------------------------------------------------
+
+@dataclass
+class AggregateSplit:
+    """The sub-aggregates (low level), super-aggregates and final aggregates of a query."""
+
+    subaggs: list[SubAggregate] = field(default_factory=list)
+    finals: list[FinalAggregate] = field(default_factory=list)
+    final_of: dict[E.Aggregate, E.Field] = field(default_factory=dict)
+    by_key: dict[tuple, SubAggregate] = field(default_factory=dict)
+
+
+def _state_dtype(kind: str, arg_type: str | None) -> str:
+    if kind == "count":
+        return "uint64"
+    if kind == "distinct":
+        return "uint8"
+    if kind == "sum":
+        return {"float": "float64"}.get(arg_type, "int64" if arg_type in T.SIGNED else "uint64")
+    return {"float": "float64", "int": "int64", "llong": "int64"}.get(arg_type, "uint64")
+
+
+def _state_type(kind: str, arg_type: str | None) -> str:
+    if kind == "count":
+        return "ullong"
+    if kind == "sum":
+        return T.aggregate_type("SUM", arg_type) or "ullong"
+    return "bool" if arg_type == "bool" else arg_type or "ullong"
+
+
+def split_aggregates(aggs: list[E.Aggregate], taken: set[str]) -> AggregateSplit:
+    """Shared sub-aggregates: one COUNT for count(*), count(x) and every AVG; one SUM(x) for
+    SUM(x) and AVG(x); one state per distinct (kind, argument)."""
+    split = AggregateSplit()
+
+    def sub(kind: str, arg: E.Expr | None) -> SubAggregate:
+        key = (kind, arg)
+        if key in split.by_key:
+            return split.by_key[key]
+        cols = [] if arg is None else [f.name for f in arg.find_all(E.Field)]
+        base = "cnt" if kind == "count" else f"{kind}_{'_'.join(dict.fromkeys(cols)) or 'expr'}"
+        name, k = base, 2
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        taken.add(name)
+        s = SubAggregate(name, kind, arg, _state_dtype(kind, None if arg is None else type_of(arg)))
+        split.by_key[key] = s
+        split.subaggs.append(s)
+        return s
+
+    def state(s: SubAggregate) -> E.Field:
+        at = None if s.arg is None else type_of(s.arg)
+        return E.Field(name=s.name, type=_state_type(s.kind, at))
+
+    for agg in aggs:
+        if agg in split.final_of:
+            continue
+        name = agg.name
+        if name == "AVG":
+            total, count = sub("sum", agg.arg), sub("count", None)
+            expr = E.Binary(op="/", left=E.Func(name="float", args=[state(total)]),
+                            right=state(count))
+        elif name == "COUNT":
+            expr = state(sub("count", None))   # no nulls in packets: count(x) = count(*)
+        elif name == "COUNT_DISTINCT":
+            expr = E.Func(name="hll_estimate", args=[state(sub("distinct", agg.arg))])
+        else:
+            expr = state(sub(_SUB_OF[name], agg.arg))
+        fa = FinalAggregate(f"_agg{len(split.finals)}", expr, type_of(agg), format_agg(agg))
+        split.finals.append(fa)
+        split.final_of[agg] = E.Field(name=fa.name, type=fa.type)
+    return split
+
+
+def format_agg(agg: E.Aggregate) -> str:
+    from .explain import format_expr
+
+    return format_expr(agg)
+
+
+def superaggs_of(subaggs: list[SubAggregate]) -> tuple[SuperAggregate, ...]:
+    return tuple(SuperAggregate(s.name, SUPERAGG_OF[s.kind], s.kind, s.dtype) for s in subaggs)
+
+
+def replace_aggregates(expr: E.Expr | None, final_of: dict) -> E.Expr | None:
+    if expr is None:
+        return None
+    return expr.transform(lambda n: final_of.get(n, n) if isinstance(n, E.Aggregate) else n)
+
+
+# --- windows ----------------------------------------------------------------------------------
+
+def window_plan(aq: AnalysedQuery) -> WindowPlan | None:
+    """Pane and window sizes from the temporal group item or the aggregates' window spec."""
+    if aq.temporal is not None:
+        f = aq.temporal.form
+        reads_query = any(s.kind == "query" for s in aq.sources)
+        pane_expr = None
+        if reads_query:
+            pane_expr = aq.temporal.expr
+            if f.shift:
+                pane_expr = E.Binary(op="-", left=pane_expr,
+                                     right=_int_literal(f.shift))
+            if f.scale != 1:
+                pane_expr = E.Binary(op="/", left=pane_expr, right=_int_literal(f.scale))
+        return WindowPlan(f.pane_ns, f.pane_ns, f.pane_ns, f.offset_ns, aq.temporal.name,
+                          f.scale, f.shift, expr=pane_expr)
+    if aq.window is not None:
+        w = aq.window
+        g = math.gcd(w.range_ns, w.slide_ns)
+        per = w.slide_ns // w.unit_ns
+        pane_expr = None
+        if any(s.kind == "query" for s in aq.sources):
+            # the rows carry the window attribute as a count of units: pane = x / (g / unit)
+            g_units = g // w.unit_ns
+            pane_expr = w.field if g_units == 1 else E.Binary(op="/", left=w.field,
+                                                              right=_int_literal(g_units))
+        return WindowPlan(g, w.range_ns, w.slide_ns, 0, aq.window_end, per, per, expr=pane_expr)
+    return None
+
+
+def _int_literal(v: int) -> E.Expr:
+    if v < 0:
+        return E.Unary(op="-", this=E.Literal(value=-v, kind="int"))
+    return E.Literal(value=v, kind="int")
+
+
+# --- query plans ------------------------------------------------------------------------------
+
+def _flush_settings(defines: dict) -> dict:
+    flush = defines.get("flush", "oop_lazy")
+    slots = int(defines.get("aggregate_slots", DEFAULT_SLOTS))
+    return dict(slots=1 << max(0, (slots - 1).bit_length()), flush=flush,
+                slow_flush=int(defines.get("slow_flush", DEFAULT_SLOW_FLUSH[flush])),
+                max_disorder=int(defines.get("max_lfta_disorder", DEFAULT_MAX_DISORDER)))
+
+
+def _links_of(source, links: list[str]) -> tuple[str, ...]:
+    return tuple(links) if source.links == ("*",) else source.links
+
+
+def plan_query(aq: AnalysedQuery, links: list[str]) -> QueryPlan:
+    if aq.kind == "aggregate":
+        low, high = _plan_aggregate(aq, links)
+    elif aq.kind == "select":
+        low, high = _plan_select(aq, links)
+    elif aq.kind == "join":
+        low, high = _plan_join(aq, links)
+    else:
+        low, high = _plan_merge(aq, links)
+    return QueryPlan(aq.name, aq.kind, tuple(low), high, dict(aq.defines),
+                     title=aq.defines.get("title"), comment=aq.defines.get("comment"))
+
+
+def _outputs(aq: AnalysedQuery, final_of: dict | None = None) -> tuple[OutputColumn, ...]:
+    return tuple(OutputColumn(i.name, i.type, replace_aggregates(i.expr, final_of or {}), i.form)
+                 for i in aq.items)
+
+
+def _plan_aggregate(aq: AnalysedQuery, links: list[str]):
+    source = aq.sources[0]
+    keys = tuple(KeyColumn(g.name, g.expr, g.type) for g in aq.group if g is not aq.temporal)
+    aggs: list[E.Aggregate] = []
+    for item in aq.items:
+        aggs += [a for a in item.expr.find_all(E.Aggregate)]
+    if aq.having is not None:
+        aggs += [a for a in aq.having.find_all(E.Aggregate)]
+    taken = {g.name for g in aq.group} | {i.name for i in aq.items}
+    split = split_aggregates(aggs, taken)
+    window = window_plan(aq)
+    settings = _flush_settings(aq.defines)
+    union = None
+    inputs: tuple[str, ...]
+    if source.kind == "link":
+        inputs = _links_of(source, links)
+        union = ("merge" if settings["flush"] == "iop_slow" else "meld") if len(inputs) > 1 else None
+        low = [LowLevelPlan(aq.name, link, source.protocol, aq.where, window, keys,
+                            tuple(split.subaggs), late=aq.defines.get("late", "drop"), **settings)
+               for link in inputs]
+        row_plans: tuple = ()
+    else:
+        inputs = (source.query,)
+        low = []
+        row_plans = (LowLevelPlan(aq.name, source.query, "", aq.where, window, keys,
+                                  tuple(split.subaggs), source_kind="query", **settings),)
+    key_fields = tuple(KeyColumn(k.name, E.Field(name=k.name, type=k.type), k.type) for k in keys)
+    high = HighLevelPlan(
+        aq.name, "aggregate", inputs, "links" if source.kind == "link" else "queries", union,
+        _outputs(aq, split.final_of), window=window, keys=key_fields,
+        superaggs=superaggs_of(split.subaggs), finals=tuple(split.finals),
+        having=replace_aggregates(aq.having, split.final_of), row_plans=row_plans,
+        late=aq.defines.get("late", "drop"))
+    return low, high
+
+
+def _split_display(expr: E.Expr, projections: list[KeyColumn], taken: set[str]) -> E.Expr:
+    """`expr` with the arguments of display-only functions projected by the low level."""
+
+    def fn(node):
+        if isinstance(node, E.Func) and node.name in T.HIGH_LEVEL_ONLY:
+            arg = node.args["args"][0]
+            name, k = "_p0", 0
+            while name in taken:
+                k += 1
+                name = f"_p{k}"
+            taken.add(name)
+            t = type_of(arg)
+            projections.append(KeyColumn(name, arg, t))
+            return node.replace(args=[E.Field(name=name, type=t)])
+        return node
+
+    return expr.transform(fn)
+
+
+def _plan_select(aq: AnalysedQuery, links: list[str]):
+    source = aq.sources[0]
+    settings = _flush_settings(aq.defines)
+    projections: list[KeyColumn] = []
+    outputs = []
+    taken = {i.name for i in aq.items}
+    for item in aq.items:
+        if any(isinstance(n, E.Func) and n.name in T.HIGH_LEVEL_ONLY for n in item.expr.walk()):
+            outputs.append(OutputColumn(item.name, item.type,
+                                        _split_display(item.expr, projections, taken), item.form))
+        else:
+            projections.append(KeyColumn(item.name, item.expr, item.type))
+            outputs.append(OutputColumn(item.name, item.type,
+                                        E.Field(name=item.name, type=item.type, form=item.form),
+                                        item.form))
+    if source.kind == "link":
+        inputs = _links_of(source, links)
+        union = ("merge" if settings["flush"] == "iop_slow" else "meld") if len(inputs) > 1 else None
+        low = [LowLevelPlan(aq.name, link, source.protocol, aq.where, None, (), (),
+                            projections=tuple(projections), late=aq.defines.get("late", "drop"),
+                            **settings) for link in inputs]
+        high = HighLevelPlan(aq.name, "select", inputs, "links", union, tuple(outputs),
+                             late=aq.defines.get("late", "drop"))
+        return low, high
+    # over an earlier query: everything runs in the high level
+    high = HighLevelPlan(aq.name, "select", (source.query,), "queries", None, _outputs(aq),
+                         predicate=aq.where, late=aq.defines.get("late", "drop"))
+    return [], high
+
+
+def _side_projection(aq: AnalysedQuery, alias: str) -> tuple[KeyColumn, ...]:
+    exprs = [i.expr for i in aq.items] + [aq.where]
+    exprs += [s.wa for s in aq.sources if s.wa is not None]
+    seen: dict[str, KeyColumn] = {}
+    for e in exprs:
+        for f in (e.find_all(E.Field) if e is not None else ()):
+            if f.table == alias and f.name not in seen:
+                seen[f.name] = KeyColumn(f.name, f.replace(table=None), f.type)
+    return tuple(seen.values())
+
+
+_PRESERVED = {"inner": (), "left": (0,), "right": (1,), "outer": (0, 1)}
+
+
+def push_down_join_filters(aq: AnalysedQuery) -> tuple[dict[str, E.Expr | None], E.Expr | None]:
+    """Split the residual join condition: conjuncts on one side go to that side, unless an
+    outer join preserves the side (its rows must appear even when they fail the condition)."""
+    kind = JOIN_TYPES[aq.join.upper()]
+    aliases = [s.alias for s in aq.sources]
+    pushable = {a for i, a in enumerate(aliases) if i not in _PRESERVED[kind]}
+    pushed: dict[str, list] = {a: [] for a in aliases}
+    residual = []
+    for c in conjuncts(aq.join_residual):
+        tables = {f.table for f in c.find_all(E.Field)}
+        if len(tables) == 1 and next(iter(tables)) in pushable:
+            pushed[next(iter(tables))].append(c)
+        else:
+            residual.append(c)
+    return {a: conjoin(p) for a, p in pushed.items()}, conjoin(residual)
+
+
+def _unqualified(expr: E.Expr | None) -> E.Expr | None:
+    if expr is None:
+        return None
+    return expr.transform(lambda n: n.replace(table=None) if isinstance(n, E.Field) else n)
+
+
+def _plan_join(aq: AnalysedQuery, links: list[str]):
+    settings = _flush_settings(aq.defines)
+    low = []
+    sides = []
+    filters, residual = push_down_join_filters(aq)
+    for s in aq.sources:
+        rng = None
+        if s.window_ns is not None:
+            rng = s.window_ns // unit_ns(s.wa.form)
+        if s.kind == "link":
+            side_links = _links_of(s, links)
+            low += [LowLevelPlan(aq.name, link, s.protocol, _unqualified(filters[s.alias]), None,
+                                 (), (), projections=_side_projection(aq, s.alias), side=s.alias,
+                                 late=aq.defines.get("late", "drop"), **settings)
+                    for link in side_links]
+            sides.append(JoinSide(s.alias, "links", aq.name, side_links, rng, s.wa))
+        else:
+            sides.append(JoinSide(s.alias, "query", s.query, (), rng, s.wa, filters[s.alias]))
+    join = JoinPlan(JOIN_TYPES[aq.join.upper()], sides[0], sides[1], tuple(aq.join_keys),
+                    aq.join_temporal, residual)
+    inputs = tuple(s.query if s.kind == "query" else s.alias for s in aq.sources)
+    high = HighLevelPlan(aq.name, "join", inputs,
+                         "queries" if all(s.kind == "query" for s in aq.sources) else "links",
+                         None, _outputs(aq), join=join, late=aq.defines.get("late", "drop"))
+    return low, high
+
+
+def _plan_merge(aq: AnalysedQuery, links: list[str]):
+    settings = _flush_settings(aq.defines)
+    low = []
+    inputs = []
+    for s in aq.sources:
+        if s.kind == "link":
+            proj = tuple(KeyColumn(c.name, _packet_field(s, c), c.type) for c in s.columns.values())
+            for link in _links_of(s, links):
+                low.append(LowLevelPlan(aq.name, link, s.protocol, None, None, (), (),
+                                        projections=proj, side=s.alias,
+                                        late=aq.defines.get("late", "drop"), **settings))
+            inputs.append(s.alias)
+        else:
+            inputs.append(s.query)
+    kind = "links" if all(s.kind == "link" for s in aq.sources) else "queries"
+    high = HighLevelPlan(aq.name, "merge", tuple(inputs), kind, "merge", _outputs(aq),
+                         merge_fields=aq.merge_fields, late=aq.defines.get("late", "drop"))
+    return low, high
+
+
+def _packet_field(source, col) -> E.Field:
+    from capture.schema import protocol_fields
+
+    return E.Field(name=col.name, type=col.type, form=col.form,
+                   columns=tuple(protocol_fields(source.protocol)[col.name].columns))
+
+
+# --- parameters -------------------------------------------------------------------------------
+
+def param_literal(value, type_: str) -> E.Literal:
+    if type_ == "ip":
+        return E.Literal(value=value, kind="ipv6")
+    if type_ == "ipv4":
+        return E.Literal(value=value, kind="ip")
+    if isinstance(value, bool):
+        return E.Literal(value=value, kind="bool")
+    if isinstance(value, int):
+        return E.Literal(value=value, kind="int")
+    if isinstance(value, float):
+        return E.Literal(value=value, kind="float")
+    return E.Literal(value=value, kind="string")
+
+
+def bind_params(qp: QueryPlan, values: dict, types: dict[str, str]) -> QueryPlan:
+    """Every `$name` with a run-time value replaced by a literal, in every plan expression."""
+    if not values:
+        return qp
+    from dataclasses import fields, is_dataclass
+
+    def sub(expr):
+        return expr.transform(lambda n: param_literal(values[n.name], types.get(n.name, "llong"))
+                              if isinstance(n, E.Param) and n.name in values else n)
+
+    def walk(obj):
+        if isinstance(obj, E.Node):
+            return sub(obj)
+        if is_dataclass(obj) and not isinstance(obj, type):
+            changes = {f.name: walk(getattr(obj, f.name)) for f in fields(obj)
+                       if f.name not in ("extras", "defines", "params")}
+            return replace(obj, **changes)
+        if isinstance(obj, tuple):
+            return tuple(walk(o) for o in obj)
+        if isinstance(obj, list):
+            return [walk(o) for o in obj]
+        return obj
+
+    return walk(qp)

@@ -1,0 +1,200 @@
+"""Name and type resolution: parsed expressions in, `Field`-resolved and type-checked expressions out.
+
+`Scope` resolves against the FROM sources (packet fields of a protocol, or the output columns of
+an earlier query; qualified `a.x` names in joins); `GroupedScope` resolves SELECT and HAVING of an
+aggregation, where a column must be a group item or sit inside an aggregate.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from capture.schema import protocol_fields
+
+from . import expressions as E
+from . import types as T
+from .errors import QueryError
+
+if TYPE_CHECKING:
+    from .analysis import Analyser, GroupInfo, SourceInfo
+
+Hook = Callable[[E.Node], "E.Expr | None"]
+
+
+class Scope:
+    def __init__(self, analyser: "Analyser", sources: list["SourceInfo"]):
+        self.a = analyser
+        self.sources = sources
+
+    def error(self, node, message: str) -> QueryError:
+        return self.a.error(node, message)
+
+    # --- columns -----------------------------------------------------------------------------
+    def column(self, node: E.Column) -> E.Field:
+        name, table = node.name, node.table
+        candidates = self.sources
+        if table is not None:
+            candidates = [s for s in self.sources if s.alias == table] or \
+                [s for s in self.sources if s.alias.lower() == table.lower()]
+            if not candidates:
+                known = ", ".join(s.alias for s in self.sources)
+                raise self.error(node, f"unknown source {table!r} (sources: {known})")
+        hits = []
+        for s in candidates:
+            col = s.columns.get(name)
+            if col is None:
+                lowered = [c for c in s.columns.values() if c.name.lower() == name.lower()]
+                col = lowered[0] if len(lowered) == 1 else None
+            if col is not None:
+                hits.append((s, col))
+        if not hits:
+            where = " or ".join(
+                f"protocol {s.protocol}" if s.kind == "link" else f"query {s.query!r}"
+                for s in candidates)
+            raise self.error(node, f"unknown column {name!r} in {where} (known: "
+                             f"{', '.join(sorted(candidates[0].columns))})")
+        if len(hits) > 1:
+            raise self.error(node, f"column {name!r} is ambiguous: qualify it "
+                             f"({' or '.join(s.alias + '.' + name for s, _ in hits)})")
+        s, col = hits[0]
+        columns = None
+        if s.kind == "link":
+            columns = tuple(protocol_fields(s.protocol)[col.name].columns)
+        joined = len(self.sources) > 1
+        return E.Field(pos=node.pos, name=col.name, type=col.type,
+                       table=s.alias if joined else None, columns=columns, form=col.form)
+
+    # --- expressions -------------------------------------------------------------------------
+    def resolve(self, expr: E.Node, clause: str, hook: Hook | None = None) -> E.Expr:
+        """`expr` with every column resolved and every operator type-checked."""
+
+        def r(node: E.Node) -> E.Expr:
+            if hook is not None:
+                done = hook(node)
+                if done is not None:
+                    return done
+            if isinstance(node, E.Column):
+                return self.column(node)
+            if isinstance(node, E.Field):
+                return node
+            if isinstance(node, E.Literal):
+                if node.kind == "int" and not -2**63 <= node.value < 2**64:
+                    raise self.error(node, f"integer {node.value} does not fit in 64 bits")
+                return node
+            if isinstance(node, E.Param):
+                if node.name not in self.a.cur_params:
+                    raise self.error(node, f"undeclared parameter ${node.name} (declare it: "
+                                     f"PARAM {{ {node.name} uint; }})")
+                return node
+            if isinstance(node, E.Star):
+                raise self.error(node, "* is only allowed in count(*)")
+            if isinstance(node, E.Aggregate):
+                raise self.error(node, f"aggregate {node.name} is not allowed in {clause}")
+            if isinstance(node, E.Unary):
+                this = r(node.this)
+                t = self.a.type_of(this)
+                if T.unary_type(node.op, t) is None:
+                    raise self.error(node, f"{node.op} does not apply to a {t} value")
+                return node.replace(this=this)
+            if isinstance(node, E.Binary):
+                left, right = r(node.left), r(node.right)
+                lt, rt = self.a.type_of(left), self.a.type_of(right)
+                if T.binary_type(node.op, lt, rt) is None:
+                    raise self.error(node, f"{node.op} does not apply to {lt} and {rt}")
+                return node.replace(left=left, right=right)
+            if isinstance(node, E.In):
+                this = r(node.this)
+                t = self.a.type_of(this)
+                items = [r(i) for i in node.items]
+                for node_i, item in zip(node.items, items):
+                    it = self.a.type_of(item)
+                    if T.binary_type("=", t, it) is None:
+                        raise self.error(node_i, f"IN compares a {t} with a {it}")
+                return node.replace(this=this, items=items)
+            if isinstance(node, E.Func):
+                return self._func(node, [r(x) for x in node.args["args"]])
+            raise self.error(node, f"unexpected {type(node).__name__} in {clause}")
+
+        return r(expr)
+
+    def _func(self, node: E.Func, args: list[E.Expr]) -> E.Expr:
+        name = node.name.lower()
+        if name not in T.FUNCTIONS:
+            raise self.error(node, f"unknown function {node.name!r} (known: "
+                             f"{', '.join(sorted(T.FUNCTIONS))})")
+        arity, doc = T.FUNCTIONS[name]
+        if len(args) != arity:
+            raise self.error(node, f"{name} takes {arity} argument(s): {doc}")
+        types = [self.a.type_of(x) for x in args]
+        if T.function_type(name, types) is None:
+            raise self.error(node, f"{name} does not take ({', '.join(types)}): {doc}")
+        if name == "prefix":
+            n = args[1]
+            if not isinstance(n, (E.Literal, E.Param)):
+                raise self.error(node.args["args"][1], "the prefix length must be a constant")
+            limit = 32 if types[0] == "ipv4" else 128
+            if isinstance(n, E.Literal) and not 0 <= n.value <= limit:
+                raise self.error(node.args["args"][1], f"prefix length {n.value} is outside 0..{limit}")
+        return node.replace(name=name, args=args)
+
+    def aggregate(self, node: E.Aggregate) -> E.Aggregate:
+        name = node.name.upper()
+        if name not in T.AGGREGATES:
+            raise self.error(node, f"unknown aggregate {node.name!r}")
+        if isinstance(node.arg, E.Star):
+            if name != "COUNT":
+                raise self.error(node, f"{name}(*) is not an aggregate: only count(*)")
+            return node.replace(name=name)
+        if name in ("FIRST", "LAST") and any(s.kind == "query" for s in self.sources):
+            raise self.error(node, f"{name} orders by packet time, which the rows of a query do "
+                             f"not carry: use MIN or MAX of a time column instead")
+        arg = self.resolve(node.arg, f"the argument of {name}")   # nested aggregates fail here
+        t = self.a.type_of(arg)
+        if T.aggregate_type(name, t) is None:
+            raise self.error(node, f"{name} does not apply to a {t} value")
+        for bad in arg.find_all(E.Func):
+            if bad.name in T.HIGH_LEVEL_ONLY:
+                raise self.error(bad, f"{bad.name} is for display: not inside an aggregate")
+        return node.replace(name=name, arg=arg)
+
+
+class GroupedScope:
+    """Resolution in SELECT/HAVING of an aggregation: group items become key Fields."""
+
+    def __init__(self, analyser: "Analyser", base: Scope, group: list["GroupInfo"]):
+        self.a = analyser
+        self.base = base
+        self.group = group
+
+    def _key(self, g: "GroupInfo", pos) -> E.Field:
+        return E.Field(pos=pos, name=g.name, type=g.type, form=g.form)
+
+    def resolve(self, expr: E.Node, clause: str, aliases: dict[str, E.Expr] | None = None) -> E.Expr:
+        aliases = aliases or {}
+        by_name = {g.name: g for g in self.group}
+
+        def hook(node: E.Node):
+            if isinstance(node, E.Aggregate):
+                return self.base.aggregate(node)
+            if isinstance(node, (E.Literal, E.Param, E.Field)):
+                return None
+            if isinstance(node, E.Column) and node.table is None and node.name in by_name:
+                return self._key(by_name[node.name], node.pos)
+            if not any(True for _ in node.find_all(E.Aggregate)):
+                try:
+                    plain = self.base.resolve(node, clause)
+                except QueryError:
+                    plain = None
+                if plain is not None:
+                    for g in self.group:
+                        if plain == g.expr:
+                            return self._key(g, node.pos)
+            if isinstance(node, E.Column):
+                if node.table is None and node.name in aliases:
+                    return aliases[node.name]
+                self.base.column(node)   # unknown columns fail with the schema's message
+                raise self.a.error(node, f"{node.name!r} must be a GROUP BY item or inside an "
+                                   f"aggregate in {clause}")
+            return None
+
+        return self.base.resolve(expr, clause, hook)

@@ -1,0 +1,217 @@
+"""GSQL value types: result types of operators, functions and aggregates, and temporal forms.
+
+Types: `uint`, `ullong` (unsigned), `int`, `llong` (signed), `float`, `bool`, `ip` (128-bit, two
+uint64 halves), `ipv4` (a 32-bit address held in a uint64), `mac` (48-bit in a uint64), `string`.
+All integer arithmetic is carried out in 64 bits (numpy uint64/int64, wrapping on overflow), so
+`uint` and `ullong` differ only in the declared output type. The rules, shared by the analyser,
+the vectorised evaluator and the tests' per-row oracle:
+
+- a non-negative integer literal is `uint` (`ullong` from 2**32), a negative one `llong`;
+- `+ * / % & | ^ << >>` on two unsigned operands stay unsigned; `-` on two unsigned operands
+  and any mix of signed and unsigned give `llong`; anything with a float gives `float`;
+- `/` on integers truncates toward zero, `%` takes the dividend's sign (C); a zero divisor
+  gives 0 (never an error: one bad packet must not stop a monitor);
+- shifts by a count outside 0..63 give 0 (-1 for a negative signed value shifted right);
+- `bool` used as a number is 0/1; a number used as a condition is true when non-zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+UNSIGNED = frozenset({"uint", "ullong", "bool", "mac", "ipv4"})
+SIGNED = frozenset({"int", "llong"})
+INTEGER = UNSIGNED | SIGNED
+NUMERIC = INTEGER | {"float"}
+ADDRESS = frozenset({"ip", "ipv4"})
+ALL_TYPES = ("uint", "ullong", "int", "llong", "float", "bool", "ip", "ipv4", "mac", "string")
+
+ARITH_OPS = ("+", "-", "*", "/", "%")
+BIT_OPS = ("&", "|", "^", "<<", ">>")
+COMPARE_OPS = ("=", "<>", "<", ">", "<=", ">=")
+LOGIC_OPS = ("AND", "OR")
+
+#: numpy dtype name of each non-ip type when evaluated (ip is a (hi, lo) pair of uint64)
+NUMPY_DTYPE = {"uint": "uint64", "ullong": "uint64", "int": "int64", "llong": "int64",
+               "float": "float64", "bool": "bool", "ipv4": "uint64", "mac": "uint64",
+               "string": "object", "ip": "object"}
+
+
+def literal_type(kind: str, value) -> str:
+    """The type of a literal of the parser's `kind` (int | float | string | bool | ip | ipv6)."""
+    if kind == "int":
+        if value < 0:
+            return "llong"
+        return "uint" if value < 2**32 else "ullong"
+    return {"float": "float", "string": "string", "bool": "bool", "ip": "ipv4",
+            "ipv6": "ip"}.get(kind, "string")
+
+
+def _unsigned_kind(a: str, b: str) -> str:
+    return "ullong" if "ullong" in (a, b) else "uint"
+
+
+def binary_type(op: str, a: str, b: str) -> str | None:
+    """Result type of `a op b`, or None when the operands do not fit the operator."""
+    if op in LOGIC_OPS:
+        return "bool" if a in INTEGER and b in INTEGER else None
+    if op in COMPARE_OPS:
+        if a in NUMERIC and b in NUMERIC and not (a in ADDRESS or b in ADDRESS):
+            return "bool"
+        if a in ADDRESS and b in ADDRESS:
+            return "bool"
+        if a == b == "string" and op in ("=", "<>"):
+            return "bool"
+        if a == b == "mac":
+            return "bool"
+        return None
+    if a in ADDRESS or b in ADDRESS or "string" in (a, b) or "mac" in (a, b):
+        # addresses only mask with integers (network part); everything else is meaningless
+        if op == "&" and a == "ipv4" and b in INTEGER:
+            return "ipv4"
+        return None
+    if op in BIT_OPS:
+        if a not in INTEGER or b not in INTEGER:
+            return None
+        if op in ("<<", ">>"):
+            return "llong" if a in SIGNED else _unsigned_kind(a, "uint")
+        if a in SIGNED or b in SIGNED:
+            return "llong"
+        return _unsigned_kind(a, b)
+    if op in ARITH_OPS:
+        if a not in NUMERIC or b not in NUMERIC:
+            return None
+        if "float" in (a, b):
+            return "float"
+        if a in SIGNED or b in SIGNED or op == "-":
+            return "llong"
+        return _unsigned_kind(a, b)
+    return None
+
+
+def unary_type(op: str, a: str) -> str | None:
+    if op == "NOT":
+        return "bool" if a in INTEGER else None
+    if op == "-":
+        return "float" if a == "float" else "llong" if a in INTEGER - {"ipv4", "mac"} else None
+    if op == "~":
+        return a if a in INTEGER - {"bool", "ipv4", "mac"} else None
+    return None
+
+
+def unify(a: str, b: str) -> str | None:
+    """The common type of two branches (if_else) or IN items, or None."""
+    if a == b:
+        return a
+    if a in ADDRESS and b in ADDRESS:
+        return "ip"
+    if a in NUMERIC - ADDRESS and b in NUMERIC - ADDRESS:
+        if "float" in (a, b):
+            return "float"
+        if a in SIGNED or b in SIGNED:
+            return "llong"
+        return _unsigned_kind(a, b)
+    return None
+
+
+#: scalar functions: name -> (argument count, description). Type rules in `function_type`.
+FUNCTIONS = {
+    "prefix": (2, "prefix(ip, n): the first n bits of an address (network part)"),
+    "uint": (1, "UINT(x): x as unsigned 64-bit"),
+    "ullong": (1, "ULLONG(x): x as unsigned 64-bit"),
+    "llong": (1, "LLONG(x): x as signed 64-bit"),
+    "int": (1, "INT(x): x as signed 64-bit"),
+    "float": (1, "FLOAT(x): x as a float"),
+    "if_else": (3, "if_else(c, a, b): a where c holds, else b"),
+    "ip_str": (1, "ip_str(ip): the address as text (display only: SELECT / HAVING)"),
+}
+#: functions only the high level may run (they build Python strings)
+HIGH_LEVEL_ONLY = frozenset({"ip_str"})
+
+
+def function_type(name: str, args: list[str]) -> str | None:
+    """Result type of a function call (None when the argument types do not fit)."""
+    if name == "prefix":
+        return args[0] if args[0] in ADDRESS and args[1] in INTEGER else None
+    if name in ("uint", "ullong"):
+        return name if args[0] in NUMERIC else None
+    if name in ("llong", "int"):
+        return name if args[0] in NUMERIC else None
+    if name == "float":
+        return "float" if args[0] in NUMERIC else None
+    if name == "if_else":
+        return unify(args[1], args[2]) if args[0] in INTEGER else None
+    if name == "ip_str":
+        return "string" if args[0] in ADDRESS else None
+    return None
+
+
+AGGREGATES = ("COUNT", "SUM", "MIN", "MAX", "AVG", "AND_AGGR", "OR_AGGR", "XOR_AGGR", "FIRST",
+              "LAST", "COUNT_DISTINCT")
+
+
+def aggregate_type(name: str, arg: str | None) -> str | None:
+    """Result type of an aggregate over an argument of type `arg` (None for count(*))."""
+    if name == "COUNT":
+        return "ullong"
+    if name == "COUNT_DISTINCT":
+        return "ullong" if arg != "string" else None
+    if arg is None:
+        return None
+    if name == "AVG":
+        return "float" if arg in NUMERIC - ADDRESS else None
+    if name == "SUM":
+        if arg == "float":
+            return "float"
+        if arg in SIGNED:
+            return "llong"
+        return "ullong" if arg in UNSIGNED - {"ipv4", "mac"} else None
+    if name in ("MIN", "MAX", "FIRST", "LAST"):
+        return arg if arg not in ("ip", "string") else None
+    if name in ("AND_AGGR", "OR_AGGR", "XOR_AGGR"):
+        return arg if arg in INTEGER else None
+    return None
+
+
+@dataclass(frozen=True)
+class TimeForm:
+    """An increasing value as a function of the packet timestamp (ns):
+    `floor((timestamp_ns + offset_ns) / pane_ns) * scale + shift`.
+
+    `time` is TimeForm(10**9), `timestamp_ms` TimeForm(10**6), `timestamp` TimeForm(1);
+    `time/60` is TimeForm(60 * 10**9); `time/60*60` TimeForm(60 * 10**9, scale=60).
+    """
+
+    pane_ns: int
+    offset_ns: int = 0
+    scale: int = 1
+    shift: int = 0
+
+    def divide(self, c: int) -> "TimeForm | None":
+        """The form of `self / c` (integer division), or None when it is not a pane form."""
+        if c <= 0:
+            return None
+        if self.scale == 1:
+            # floor((k + shift) / c) = floor((ts + off + shift*pane) / (pane*c))
+            return TimeForm(self.pane_ns * c, self.offset_ns + self.shift * self.pane_ns)
+        if self.scale % c == 0 and self.shift % c == 0:
+            return TimeForm(self.pane_ns, self.offset_ns, self.scale // c, self.shift // c)
+        if c % self.scale == 0 and self.shift % self.scale == 0:
+            k = c // self.scale
+            return TimeForm(self.pane_ns * k, self.offset_ns + (self.shift // self.scale) * self.pane_ns)
+        return None
+
+    def multiply(self, c: int) -> "TimeForm | None":
+        if c <= 0:
+            return None
+        return TimeForm(self.pane_ns, self.offset_ns, self.scale * c, self.shift * c)
+
+    def add(self, c: int) -> "TimeForm":
+        return TimeForm(self.pane_ns, self.offset_ns, self.scale, self.shift + c)
+
+
+BASE_TIME_FORMS = {
+    "time": TimeForm(10**9),
+    "timestamp": TimeForm(1),
+    "timestamp_ms": TimeForm(10**6),
+}

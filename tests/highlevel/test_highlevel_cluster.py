@@ -1,0 +1,43 @@
+"""The same stage on a Spark standalone cluster (master + worker on loopback) and on local[*]."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from highlevel.cluster import LocalCluster
+from highlevel.sinks import ParquetSink
+from highlevel.spool import SpoolWriter
+from highlevel.stage import Stage
+from highlevel.testing import demo_spec, random_partials
+
+SECOND = 10**9
+
+
+@pytest.mark.slow
+def test_standalone_cluster_gives_the_rows_of_local_mode(spark, tmp_path):
+    rng = np.random.default_rng(99)
+    spec = demo_spec(query="demo", links=("a", "b"))
+    for link in spec.links:
+        w = SpoolWriter(tmp_path / "spool", "demo", link)
+        for t in range(30, 34):
+            w.write([random_partials(rng, [t, t + 1], 30)], (t + 1) * SECOND)
+    local = ParquetSink(tmp_path / "local")
+    Stage(spec, tmp_path / "spool", tmp_path / "ck-local", [local], spark=spark).run_available()
+    with LocalCluster(cores=1, memory="768m", workdir=str(tmp_path / "cluster")) as url:
+        done = subprocess.run(
+            [sys.executable, "-m", "highlevel.testing", "run-stage", "--spool",
+             str(tmp_path / "spool"), "--checkpoint", str(tmp_path / "ck-cluster"), "--out",
+             str(tmp_path / "cluster-out"), "--master", url, "--available-now"],
+            capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"master={url} executors=1" in done.stdout
+    want = local.read().sort_by([("tb", "ascending"), ("srcIP", "ascending"),
+                                 ("port", "ascending")])
+    got = ParquetSink(tmp_path / "cluster-out").read().sort_by(
+        [("tb", "ascending"), ("srcIP", "ascending"), ("port", "ascending")])
+    assert want.num_rows > 0 and sorted(set(want.column("tb").to_pylist())) == [30, 31, 32, 33]
+    assert got.equals(want)

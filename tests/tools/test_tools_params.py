@@ -1,0 +1,60 @@
+"""Duration and count parameters (`10s`, `1min`, `2h`, `5M`) shared by the oopscope commands."""
+
+from __future__ import annotations
+
+import click
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tools.params import COUNT, DURATION, format_duration, parse_count, parse_duration
+
+NS = 1_000_000_000
+
+
+@pytest.mark.parametrize("text, ns", [
+    ("10s", 10 * NS), ("1min", 60 * NS), ("2h", 7200 * NS), ("250ms", 250_000_000), ("1.5s", 1_500_000_000),
+    ("30", 30 * NS), ("5 min", 300 * NS), ("1d", 86400 * NS), ("7us", 7000), ("3ns", 3), ("0s", 0),
+    ("2m", 120 * NS), ("1H", 3600 * NS), (".5s", NS // 2),
+])
+def test_parse_duration(text, ns):
+    assert parse_duration(text) == ns
+
+
+@pytest.mark.parametrize("text", ["", "s", "10 parsecs", "-5s", "1e3s", "10s5", "ten seconds"])
+def test_parse_duration_rejects(text):
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize("text, n", [("5M", 5_000_000), ("260k", 260_000), ("1000", 1000), ("1.5M", 1_500_000),
+                                     ("2G", 2_000_000_000), ("110K", 110_000)])
+def test_parse_count(text, n):
+    assert parse_count(text) == n
+
+
+@pytest.mark.parametrize("text", ["", "5X", "-1", "1.5", "0.0001k", "M"])
+def test_parse_count_rejects(text):
+    with pytest.raises(ValueError):
+        parse_count(text)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(min_value=1, max_value=10**15))
+def test_format_duration_round_trips(ns):
+    assert parse_duration(format_duration(ns)) == ns
+
+
+def test_click_types_give_usage_errors():
+    @click.command()
+    @click.option("--d", type=DURATION, default="1min")
+    @click.option("--n", type=COUNT, default="5M")
+    def cmd(d, n):
+        click.echo(f"{d} {n}")
+
+    runner = CliRunner()
+    assert runner.invoke(cmd, []).output.strip() == f"{60 * NS} 5000000"
+    assert runner.invoke(cmd, ["--d", "2h", "--n", "260k"]).output.strip() == f"{7200 * NS} 260000"
+    bad = runner.invoke(cmd, ["--d", "soon"])
+    assert bad.exit_code == 2 and "not a duration" in bad.output and "--d" in bad.output
