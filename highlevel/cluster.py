@@ -37,6 +37,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the parent dies (Linux), so daemons never
+    outlive a test process that was killed before it could stop them."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class LocalCluster:
     """`with LocalCluster() as url:` -> `spark://127.0.0.1:<port>` with one live worker."""
 
@@ -60,7 +71,7 @@ class LocalCluster:
         cmd = [str(spark_home() / "bin" / "spark-class"), *args]
         # own process group: stopping it stops the JVM and anything it launched
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_die_with_parent)
         out.close()
         self.procs.append(proc)
         return proc

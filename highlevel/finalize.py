@@ -62,6 +62,7 @@ class Compiler:
         self.window_id = window_id if window_id is not None else F.col("window")
         self.keys = {k.name: k for k in spec.keys}
         self.states = {s.name: s for s in spec.states}
+        self.finals = dict(spec.finals)
 
     def name(self, name: str):
         w = self.spec.window
@@ -74,6 +75,8 @@ class Compiler:
             return F.col(name)
         if name in self.states:
             return F.col(name)
+        if name in self.finals:
+            return self.compile(self.finals[name])
         known = sorted(set(self.keys) | set(self.states) | ({w.column} if w.column else set()))
         raise StageConfigError(f"query {self.spec.query!r}: unknown name `{name}` in an output "
                                f"or HAVING expression; known: {', '.join(known)}")
@@ -101,6 +104,10 @@ class Compiler:
         return F.lit(value)
 
     def _column(self, node):
+        return self.name(node.name)
+
+    def _field(self, node):
+        # a resolved reference of the planner: a key, the window column, a final or a state
         return self.name(node.name)
 
     def _unary(self, node):
@@ -142,7 +149,8 @@ class Compiler:
         name, args = node.name.lower(), list(node.args["args"] or [])
         if name in ("hll_estimate", "count_distinct"):
             (arg,) = args
-            if not isinstance(arg, E.Column) or arg.name not in self.states:
+            if not isinstance(arg, (E.Column, getattr(E, "Field", E.Column))) or \
+                    arg.name not in self.states:
                 raise StageConfigError(f"query {self.spec.query!r}: {name}() takes a "
                                        f"COUNT_DISTINCT state column ({node!r})")
             return F.round(hll_estimate_col(arg.name, self.spec.distinct_registers))

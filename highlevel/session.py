@@ -40,7 +40,7 @@ logger.shutdown.name = org.apache.spark.util.ShutdownHookManager
 logger.shutdown.level = error
 logger.checkpoint.name = org.apache.spark.sql.execution.streaming.checkpointing
 logger.checkpoint.level = error
-logger.trigger.name = org.apache.spark.sql.execution.streaming.ProcessingTimeExecutor
+logger.trigger.name = org.apache.spark.sql.execution.streaming.runtime.ProcessingTimeExecutor
 logger.trigger.level = error
 logger.dag.name = org.apache.spark.scheduler.DAGScheduler
 logger.dag.level = error
@@ -76,7 +76,7 @@ def log4j2_config() -> Path:
 
 
 def get_session(master: str | None = None, *, app_name: str = "oopscope",
-                driver_memory: str = "1g", shuffle_partitions: int = 4,
+                driver_memory: str = "1g", shuffle_partitions: int | None = None,
                 conf: dict[str, str] | None = None):
     """The process-wide SparkSession, created on first call and reused afterwards.
 
@@ -85,6 +85,10 @@ def get_session(master: str | None = None, *, app_name: str = "oopscope",
     """
     global _SESSION, _MASTER
     master = master or os.environ.get("OOPSCOPE_SPARK_MASTER") or "local[*]"
+    if shuffle_partitions is None:
+        # micro-batches of partial rows are small: one shuffle partition per core (at most 4)
+        # measured ~25% less time per batch than 4 partitions on 2 cores
+        shuffle_partitions = max(1, min(4, os.cpu_count() or 1))
     with _LOCK:
         if _SESSION is not None and _MASTER == master and not _stopped(_SESSION):
             return _SESSION

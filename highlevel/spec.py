@@ -57,6 +57,7 @@ class StageSpec:
     having: object | None = None            # predicate over the same names as outputs
     union: str = "meld"                     # meld | merge (same closing point, see union.py)
     distinct_registers: int = 64            # HLL registers of COUNT_DISTINCT states
+    finals: tuple = ()                      # (name, expr over states): names outputs may use
     extras: dict = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self):
@@ -135,6 +136,46 @@ class StageSpec:
                    union=union, distinct_registers=plan.distinct_registers)
 
 
+def from_high_level(plan) -> StageSpec:
+    """The stage of a `queries.plan.HighLevelPlan` of kind "aggregate" over links.
+
+    HighLevelPlan -> StageSpec: inputs -> links; window -> window; keys (KeyColumn, GSQL type)
+    -> KeySpec; superaggs (name, sub_kind, dtype) -> states (SubAggregate(name, sub_kind));
+    finals (name, expr over state Fields) -> finals; outputs (name, GSQL type, expr over keys,
+    the window column and finals) -> outputs; having -> having; union None/"meld"/"merge";
+    distinct_registers.
+    """
+    if plan.kind != "aggregate" or plan.input_kind != "links" or plan.window is None:
+        raise StageConfigError(f"query {plan.query!r}: the Spark stage runs windowed "
+                               f"aggregates over links (got kind {plan.kind!r} over "
+                               f"{plan.input_kind!r})")
+    states = tuple(SubAggregate(s.name, s.sub_kind, None, s.dtype) for s in plan.superaggs)
+    keys = tuple(KeySpec(k.name, _key_type(k.type)) for k in plan.keys)
+    outputs = tuple(OutputColumn(o.name, o.expr, output_type(o.type)) for o in plan.outputs)
+    return StageSpec(query=plan.query, links=tuple(plan.inputs), window=plan.window, keys=keys,
+                     states=states, outputs=outputs, having=plan.having,
+                     union=plan.union or "meld", distinct_registers=plan.distinct_registers,
+                     finals=tuple((f.name, f.expr) for f in plan.finals))
+
+
+def output_type(gsql: str) -> str:
+    """The stage's output type of a GSQL type name."""
+    t = gsql.lower()
+    if t in OUTPUT_TYPES:
+        return t
+    if t in ("ip", "ipv6"):
+        return "ip"
+    if t in ("float", "double"):
+        return "float64"
+    if t in ("bool", "boolean"):
+        return "bool"
+    if t in ("string", "str", "text"):
+        return "string"
+    if t in ("llong", "int"):
+        return "int64"
+    return "uint64"   # uint, ullong, ipv4, mac: unsigned in the partial rows
+
+
 def _spark_key_type(t: str):
     return {"ip": T.LongType(), "int64": T.LongType(), "uint64": T.LongType(),
             "float64": T.DoubleType(), "string": T.StringType(),
@@ -152,6 +193,6 @@ def _key_type(schema_type: str) -> str:
         return "float64"
     if t in ("bool", "boolean"):
         return "bool"
-    if t in ("uint64", "ullong"):
+    if t in ("uint64", "ullong", "uint", "ipv4", "mac"):
         return "uint64"
     return "int64"

@@ -165,7 +165,8 @@ class SpoolWriter:
                 raise SpoolError(f"query {self.query!r} link {self.link!r}: partial batches of "
                                  f"one write differ in schema: {[str(s) for s in schemas]}")
             table = pa.Table.from_batches(batches)
-        query = (table.schema.metadata or {}).get(b"query")
+        meta = table.schema.metadata or {}
+        query = meta.get(b"oopscope.query", meta.get(b"query"))
         if query is not None and query.decode() != self.query:
             raise SpoolError(f"partial rows of query {query.decode()!r} written to the spool of "
                              f"query {self.query!r} (link {self.link!r})")

@@ -12,6 +12,14 @@ fixed schema) and hands each micro-batch to `Stage.process_batch` (`foreachBatch
 5. the remaining open state is written as a Parquet version and `meta.json` is committed by an
    atomic directory rename: `CHECKPOINT/state/<batch>/`.
 
+Why the file source and not a Spark 4 Python data source: the file source already keeps, in
+its checkpoint, which files each batch id covered and replays exactly those after a crash, and
+it lists a local or shared directory with no Python worker in the loop; a Python streaming
+source would have to re-implement offsets and run Python on the executors.
+The union of links is a Meld of their punctuation (`spec.union = "merge"` closes windows at the
+same points: Merge only orders rows, which combining into windows does not need; its buffer
+is modelled by `highlevel.union.Merge` for the IOP memory experiment).
+
 Restart: Spark's checkpoint replays an uncommitted batch id with the same files; a batch whose
 state version exists is skipped, sinks skip batch files they already hold, so every window is
 written once. Everything here is deterministic for a given batch, so a replay gives equal rows.
@@ -160,11 +168,16 @@ class Stage:
 
     def run_available(self) -> None:
         """Process every file in the spool now, then return (for finite runs and tests)."""
+        from pyspark.errors import StreamingQueryException
+
         query = self._writer().trigger(availableNow=True).start()
-        query.awaitTermination()
-        if query.exception() is not None:
-            raise HighLevelError(f"query {self.spec.query!r}: Spark stage failed: "
-                                 f"{query.exception()}")
+        try:
+            query.awaitTermination()
+        except StreamingQueryException as exc:
+            # Spark's message embeds the Python traceback; the first line says what failed
+            first = str(exc).strip().splitlines()[0][:300]
+            raise HighLevelError(f"query {self.spec.query!r}: Spark stage failed: {first}") \
+                from exc
 
     def stop(self) -> None:
         if self.query is not None:
@@ -280,9 +293,12 @@ class Stage:
             closed = self._combine(exploded, ["window"] + spec.key_columns())
         if self._having is not None:
             closed = closed.where(self._having)
+        # sort on the driver: results are small, and a Spark orderBy costs a sampling job
         order = ["window"] + spec.key_columns()
-        result = closed.orderBy(*order).select(*self._outputs)
-        table = to_output_table(result.toArrow(), spec)
+        hidden = [F.col(c).alias(f"__order{i}") for i, c in enumerate(order)]
+        result = closed.select(*self._outputs, *hidden).toArrow()
+        result = result.sort_by([(f"__order{i}", "ascending") for i in range(len(order))])
+        table = to_output_table(result, spec)
         self._tick("combine+close")
         for sink in self.sinks:
             sink.write(batch_id, table)

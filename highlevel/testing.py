@@ -144,9 +144,14 @@ def _run_stage(args) -> int:
     spec = demo_spec(query=args.query, links=tuple(args.links.split(",")), pane_s=args.pane_s,
                      range_s=args.range_s)
     started = time.time()
-    spark = get_session(args.master)
+    spark = get_session(args.master, conf={"spark.executor.memory": args.executor_memory})
     sc = spark.sparkContext
-    executors = sc._jsc.sc().getExecutorMemoryStatus().size() - 1  # noqa: SLF001 (minus driver)
+    deadline = time.time() + 90
+    while True:   # executors register with the driver asynchronously on a cluster
+        executors = sc._jsc.sc().getExecutorMemoryStatus().size() - 1  # noqa: SLF001 (driver)
+        if sc.master.startswith("local") or executors > 0 or time.time() > deadline:
+            break
+        time.sleep(0.2)
     print(f"master={sc.master} executors={executors} startup={time.time() - started:.1f}s",
           flush=True)
     stage = Stage(spec, args.spool, args.checkpoint, [ParquetSink(args.out)], spark=spark,
@@ -177,6 +182,7 @@ def main(argv=None) -> int:
     run.add_argument("--trigger", default="200 milliseconds")
     run.add_argument("--available-now", action="store_true")
     run.add_argument("--max-files", type=int, default=None, help="files per micro-batch")
+    run.add_argument("--executor-memory", default="512m")
     run.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)

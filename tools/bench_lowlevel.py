@@ -126,13 +126,44 @@ def time_engine(ts, keys, plan, batch: int = 65536) -> float:
     return time.perf_counter() - t0
 
 
+def time_until_eof(cmd: list[str], workdir: Path, marker: str) -> float | None:
+    """softflowd: after the file's EOF it may keep waiting on its control socket (seen when
+    started from this process), so time until it reports the EOF, then stop it."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    dt = None
+    try:
+        for line in proc.stderr:
+            if marker in line:
+                dt = time.perf_counter() - t0
+                break
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    if dt is None:
+        log.warning("%s did not report %r", " ".join(cmd), marker)
+    return dt
+
+
 def time_tool(cmd: list[str], workdir: Path) -> float | None:
     """Wall-clock seconds of an external tool, or None when it is missing or fails."""
     if shutil.which(cmd[0]) is None:
         log.warning("%s is not installed: skipped", cmd[0])
         return None
+    if cmd[0] == "softflowd":
+        return time_until_eof(cmd, workdir, "pcap EOF")
     t0 = time.perf_counter()
-    res = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
+    try:
+        # stdin closed: softflowd reading a file otherwise waits on it after the EOF
+        res = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True,
+                             stdin=subprocess.DEVNULL, timeout=900)
+    except subprocess.TimeoutExpired:
+        log.warning("%s timed out", " ".join(cmd))
+        return None
     dt = time.perf_counter() - t0
     if res.returncode != 0:
         log.warning("%s failed (exit %d): %s", " ".join(cmd), res.returncode,
@@ -148,7 +179,7 @@ def external_tools(path: Path, repeat: int) -> dict[str, float | None]:
         cmds = {
             "tcpdump": ["tcpdump", "-r", str(path), "-w", "/dev/null"],
             "softflowd": ["softflowd", "-r", str(path), "-n", "127.0.0.1:9", "-v", "5",
-                          "-m", "1000000", "-d", "-p", str(work / "sf.pid"),
+                          "-m", "1000000", "-p", str(work / "sf.pid"),
                           "-c", str(work / "sf.ctl")],
             "nfpcapd": ["nfpcapd", "-r", str(path), "-w", str(work / "flows")],
         }

@@ -27,12 +27,12 @@ def test_standalone_cluster_gives_the_rows_of_local_mode(spark, tmp_path):
             w.write([random_partials(rng, [t, t + 1], 30)], (t + 1) * SECOND)
     local = ParquetSink(tmp_path / "local")
     Stage(spec, tmp_path / "spool", tmp_path / "ck-local", [local], spark=spark).run_available()
-    with LocalCluster(cores=1, memory="768m", workdir=str(tmp_path / "cluster")) as url:
+    with LocalCluster(cores=1, memory="1g", workdir=str(tmp_path / "cluster")) as url:
         done = subprocess.run(
             [sys.executable, "-m", "highlevel.testing", "run-stage", "--spool",
              str(tmp_path / "spool"), "--checkpoint", str(tmp_path / "ck-cluster"), "--out",
              str(tmp_path / "cluster-out"), "--master", url, "--available-now"],
-            capture_output=True, text=True, timeout=400)
+            capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"master={url} executors=1" in done.stdout
     want = local.read().sort_by([("tb", "ascending"), ("srcIP", "ascending"),

@@ -8,7 +8,6 @@ import ipaddress
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pytest
 
 from highlevel.combine import hll_estimate
 from highlevel.sinks import ParquetSink
@@ -109,3 +108,22 @@ def test_streaming_run_writes_typed_parquet(spark, tmp_path):
     want = reference(batches, lambda p: [p], 16)
     assert sorted(set(table.column("tb").to_pylist())) == [5]
     assert table.num_rows == int((want.tb == 5).sum())
+
+
+def test_ip_text_in_spark_matches_ipaddress(spark):
+    from pyspark.sql import functions as F
+
+    from highlevel.finalize import IpValue, ip_text
+
+    values = [0x20010DB8000000000000000000000001, 0xFE800000000000000000000000000000,
+              0x00000000000000000000FFFFC0A80001, 0x20010DB8000100000000000100000000,
+              0x1, 0x0, 0x20010DB8AAAABBBBCCCCDDDDEEEEFFFF, 0x20010000000000010000000000000001]
+
+    def signed(v):
+        return v - (1 << 64) if v >= 1 << 63 else v
+
+    rows = [(signed(v >> 64), signed(v & (2**64 - 1))) for v in values]
+    df = spark.createDataFrame(rows, "hi long, lo long")
+    got = [r[0] for r in df.select(ip_text(IpValue(F.col("hi"), F.col("lo")))).collect()]
+    want = [_ip_text(v >> 64, v & (2**64 - 1)) for v in values]
+    assert got == want

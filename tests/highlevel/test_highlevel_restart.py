@@ -30,7 +30,7 @@ def test_sigkill_and_restart_writes_every_window_exactly_once(tmp_path):
     rng = np.random.default_rng(4)
     writer = SpoolWriter(tmp_path / "spool", "demo", "a")
     fed = []
-    for t in range(50, 62):                       # 12 files, each closing one window
+    for t in range(50, 58):                       # 8 files, each closing one window
         rows = random_partials(rng, [t, t + 1], 20)
         fed.append(rows.to_pandas())
         writer.write([rows], (t + 1) * SECOND)
@@ -41,9 +41,9 @@ def test_sigkill_and_restart_writes_every_window_exactly_once(tmp_path):
                              start_new_session=True)
     try:
         deadline = time.monotonic() + 240
-        while len(sink.files()) < 2 and time.monotonic() < deadline and first.poll() is None:
+        while len(sink.files()) < 1 and time.monotonic() < deadline and first.poll() is None:
             time.sleep(0.1)
-        assert len(sink.files()) >= 2, "the first run wrote no windows"
+        assert len(sink.files()) >= 1, "the first run wrote no windows"
     finally:
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)  # the driver and its JVM, mid-batch or not

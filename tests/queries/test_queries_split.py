@@ -228,3 +228,54 @@ def test_sliding_window_over_a_query_column():
     assert sorted(zip((d["window_end"] // 60).tolist(), d["srcIP"].tolist(), d["n"].tolist())) == \
         sorted(zip(expected["s5"]["window_end"].tolist(), expected["s5"]["srcIP"].tolist(),
                    expected["s5"]["n"].tolist()))
+
+
+# --- random aggregation queries ------------------------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+AGGS = ["count(*)", "SUM(len)", "AVG(ip_len)", "MIN(ttl)", "MAX(seq)", "AND_AGGR(flags)",
+        "OR_AGGR(tos)", "XOR_AGGR(ack)", "FIRST(win)", "LAST(srcPort)", "COUNT_DISTINCT(destPort)",
+        "SUM(LLONG(len) - 1000)", "MAX(if_else(flags & 2 = 2, len, 0))"]
+KEYS = ["srcIP", "destIP", "srcPort", "protocol", "prefix(srcIP, 24) AS net", "flags & 0x12 AS sa"]
+WHERES = ["", "WHERE ttl > 1", "WHERE len > 500 OR destPort IN [53, 443]",
+          "WHERE NOT (flags & 4 = 4) AND prefix(destIP, 16) <> IP_VAL '10.1.0.0'"]
+
+
+@st.composite
+def aggregation_queries(draw):
+    aggs = draw(st.lists(st.sampled_from(AGGS), min_size=1, max_size=4, unique=True))
+    keys = draw(st.lists(st.sampled_from(KEYS), max_size=2, unique=True))
+    where = draw(st.sampled_from(WHERES))
+    names = [k.split(" AS ")[-1] for k in keys]
+    if draw(st.booleans()):
+        r = draw(st.sampled_from([60, 120, 300]))
+        s = draw(st.sampled_from([x for x in (20, 60, 90, 120, 300) if x <= r]))
+        spec = f" [RANGE {r} seconds, SLIDE {s} seconds]"
+        items = names + [a + spec for a in aggs]
+        group = f"GROUP BY {', '.join(keys)}" if keys else ""
+        if not keys:
+            items = [a + spec for a in aggs]
+            return f"SELECT {', '.join(items)} FROM main.TCP {where}"
+        return f"SELECT {', '.join(items)} FROM main.TCP {where} {group}"
+    tb = draw(st.sampled_from(["time/60", "time/120*2", "(time + 7)/30", "timestamp_ms/45000 + 3"]))
+    having = draw(st.sampled_from(["", "HAVING count(*) > 3", f"HAVING {aggs[0]} >= 0"]))
+    group = ", ".join([f"{tb} AS tb"] + keys)
+    return f"SELECT {', '.join(['tb'] + names + aggs)} FROM [main, other].TCP {where} GROUP BY {group} {having}"
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(aggregation_queries(), st.integers(0, 1000))
+def test_random_aggregations_split_equals_reference(text, seed):
+    batches = {"main": random_batch(1500, seed=seed, span_s=600, sort=False),
+               "other": random_batch(500, seed=seed + 1, link="other", span_s=600)}
+    links = ["main", "other"]
+    fp = plan_file(parse(text), links, source=text)
+    expected = evaluate_file(fp, {k: batches[k] for k in links})
+    got = run_split(fp, batches, seed)
+    (q,) = fp.queries
+    names = q.output_names
+    want = as_sorted_frame({k: expected[q.name][k].to_numpy() for k in names}, names)
+    have = as_sorted_frame(got[q.name][0], names)
+    assert want.astype(str).equals(have.astype(str)), text
