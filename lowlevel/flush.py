@@ -55,7 +55,10 @@ C_WINDOWS = 6       # new windows started
 C_FORCED = 7        # forced full flushes (iop)
 C_CAUSE = 8         # 6 words: rows out per cause
 C_RESIDENT = 14     # occupied slots
-NCTL = 16
+C_ANCIENT = 15      # occupied slots of panes <= cur - PANE_RING
+C_RING = 16         # PANE_RING words: occupied slots of pane q at C_RING + (q mod PANE_RING)
+PANE_RING = 64      # so the oldest resident pane is found without scanning the table
+NCTL = C_RING + PANE_RING
 
 # params words
 P_POLICY, P_PROBES, P_EVERY, P_M, P_MASK, P_SHIFT = 0, 1, 2, 3, 4, 5
@@ -70,6 +73,15 @@ def make_ctl() -> np.ndarray:
 
 
 @ngjit_inline
+def count_pane(ctl, pane, delta):
+    """Keep the per-pane occupancy counts (pane <= cur always holds for a resident entry)."""
+    if pane <= ctl[C_CUR] - PANE_RING:
+        ctl[C_ANCIENT] += delta
+    else:
+        ctl[C_RING + (pane & (PANE_RING - 1))] += delta
+
+
+@ngjit_inline
 def emit(table, out, ctl, s, n_out, cause):
     """Copy slot s to output row n_out, free the slot; returns the next output row."""
     ri, ru, rf, th = table
@@ -79,6 +91,7 @@ def emit(table, out, ctl, s, n_out, cause):
     for j in range(th.shape[1]):
         oh[n_out, j] = th[s, j]
     ocause[n_out] = cause
+    count_pane(ctl, ri[s, 0], -1)
     ri[s, 0] = EMPTY
     ctl[C_CAUSE + cause] += 1
     ctl[C_RESIDENT] -= 1
@@ -147,6 +160,12 @@ def new_window(table, out, ctl, params, pane, n_out):
         if cur != EMPTY and (ctl[C_WALKING] != 0 or ctl[C_STALE] != 0):
             n_out = flush_below(table, out, ctl, cur, n_out, CAUSE_AT_ONCE)
         ctl[C_STALE] = 0
+    if cur != EMPTY:
+        # panes leaving the ring's range move to the ancient count
+        for q in range(cur - PANE_RING + 1, min(pane - PANE_RING, cur) + 1):
+            k = C_RING + (q & (PANE_RING - 1))
+            ctl[C_ANCIENT] += ctl[k]
+            ctl[k] = 0
     ctl[C_CUR] = pane
     ctl[C_WINDOWS] += 1
     if policy != POLICY_OOP_LAZY and ctl[C_RESIDENT] > 0:

@@ -24,7 +24,8 @@ from .flush import (
     C_BOUND, C_CUR, C_RESIDENT, C_STALE, C_TICK, C_WALKING, CAUSE_BOUND, CAUSE_EVICT,
     CAUSE_FINISH, EMPTY,
     P_EVERY, P_MASK, P_M, P_POLICY, P_PROBES, P_SHIFT, POLICY_IOP_SLOW, POLICY_OOP_LAZY,
-    emit, flush_below, forced_full_flush, new_window, slow_flush_step,
+    C_ANCIENT, C_RING, PANE_RING, count_pane, emit, flush_below, forced_full_flush, new_window,
+    slow_flush_step,
 )
 from .jit import ngjit, ngjit_inline
 
@@ -165,6 +166,7 @@ def append(table, out, ctl, params, ops, ident, start, panes, ts, keys, ai, au, 
             for k in range(1 + nk, width):
                 ru[free, k] = ident[k]
             ri[free, 0] = p
+            count_pane(ctl, p, 1)
             for k in range(nk):
                 ru[free, 1 + k] = keys[i, k]
             for k in range(th.shape[1]):
@@ -200,6 +202,11 @@ def min_resident(table, ctl):
     ri = table[0]
     if ctl[C_RESIDENT] == 0:
         return EMPTY
+    if ctl[C_ANCIENT] == 0:
+        cur = ctl[C_CUR]
+        for q in range(cur - PANE_RING + 1, cur + 1):
+            if ctl[C_RING + (q & (PANE_RING - 1))] > 0:
+                return q
     best = np.iinfo(np.int64).max
     for s in range(ri.shape[0]):
         tp = ri[s, 0]

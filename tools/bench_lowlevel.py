@@ -126,27 +126,43 @@ def time_engine(ts, keys, plan, batch: int = 65536) -> float:
     return time.perf_counter() - t0
 
 
-def time_until_eof(cmd: list[str], workdir: Path, marker: str) -> float | None:
+def time_until_read(cmd: list[str], workdir: Path, path: Path) -> float | None:
     """softflowd: after the file's EOF it may keep waiting on its control socket (seen when
-    started from this process), so time until it reports the EOF, then stop it."""
+    started from this process, whose output it buffers), so time until its file offset
+    reaches the end of the capture (polling /proc), then stop it."""
+    size = path.stat().st_size
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=workdir, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     dt = None
     try:
-        for line in proc.stderr:
-            if marker in line:
+        while proc.poll() is None and time.perf_counter() - t0 < 900:
+            if _read_offset(proc.pid, path) >= size:
                 dt = time.perf_counter() - t0
                 break
+            time.sleep(0.002)
+        if dt is None and proc.returncode == 0:
+            dt = time.perf_counter() - t0
     finally:
         proc.terminate()
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-    if dt is None:
-        log.warning("%s did not report %r", " ".join(cmd), marker)
     return dt
+
+
+def _read_offset(pid: int, path: Path) -> int:
+    fd_dir = Path(f"/proc/{pid}/fd")
+    try:
+        for fd in fd_dir.iterdir():
+            if Path(fd.readlink()) == path:
+                for line in Path(f"/proc/{pid}/fdinfo/{fd.name}").read_text().splitlines():
+                    if line.startswith("pos:"):
+                        return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
 
 
 def time_tool(cmd: list[str], workdir: Path) -> float | None:
@@ -155,7 +171,7 @@ def time_tool(cmd: list[str], workdir: Path) -> float | None:
         log.warning("%s is not installed: skipped", cmd[0])
         return None
     if cmd[0] == "softflowd":
-        return time_until_eof(cmd, workdir, "pcap EOF")
+        return time_until_read(cmd, workdir, Path(cmd[2]).resolve())
     t0 = time.perf_counter()
     try:
         # stdin closed: softflowd reading a file otherwise waits on it after the EOF
@@ -172,7 +188,7 @@ def time_tool(cmd: list[str], workdir: Path) -> float | None:
     return dt
 
 
-def external_tools(path: Path, repeat: int) -> dict[str, float | None]:
+def external_tools(path: Path, repeat: int, softflowd: bool) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     with tempfile.TemporaryDirectory(prefix="oopscope-bench-") as tmp:
         work = Path(tmp)
@@ -184,6 +200,9 @@ def external_tools(path: Path, repeat: int) -> dict[str, float | None]:
             "nfpcapd": ["nfpcapd", "-r", str(path), "-w", str(work / "flows")],
         }
         (work / "flows").mkdir()
+        if not softflowd:
+            cmds.pop("softflowd")
+            out["softflowd"] = None
         for name, cmd in cmds.items():
             times = [t for t in (time_tool(cmd, work) for _ in range(repeat)) if t is not None]
             out[name] = statistics.median(times) if times else None
@@ -207,10 +226,13 @@ def _m(rate: float | None) -> str:
               help="Where the generated captures are kept (reused).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               default=Path("bench_lowlevel.json"), help="Where to write the figures.")
+@click.option("--softflowd", "with_softflowd", is_flag=True,
+              help="Also time softflowd (started from Python it may hang after the EOF on "
+                   "some systems; see time_until_read).")
 @click.option("--groups", "groups_opt", type=str, default=None,
               help="Comma-separated group counts (default 66000,130000,260000,520000).")
 def main(quick: bool, packets: int | None, repeat: int | None, directory: Path,
-         json_path: Path, groups_opt: str | None) -> None:
+         json_path: Path, with_softflowd: bool, groups_opt: str | None) -> None:
     """Q8-1 throughput of the low level beside tcpdump, softflowd and nfpcapd."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="bench_lowlevel: %(message)s")
@@ -234,7 +256,7 @@ def main(quick: bool, packets: int | None, repeat: int | None, directory: Path,
     for groups in groups_list:
         path = make_capture(directory, groups, packets)
         warm_file(path)
-        tools = external_tools(path, repeat)
+        tools = external_tools(path, repeat, with_softflowd)
         ts, keys = decoded_keys(path)
         for factor in FACTORS if not quick else (0.5, 1.0, 2.0):
             slots = int(groups * factor)
