@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "decode": ("tools.decode", "decode"),
     "gen": ("tools.gen", "gen"),
     "explain": ("tools.explain", "explain"),
-    "bench": ("tools.bench", "bench"),
+    "run": ("tools.run", "run"),
 }
 
 
@@ -30,13 +30,7 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in COMMANDS:
             module, attr = COMMANDS[cmd_name]
-            try:
-                mod = importlib.import_module(module)
-            except ModuleNotFoundError as exc:
-                if exc.name == module:
-                    return None  # command not built yet in this checkout
-                raise
-            return getattr(mod, attr)
+            return getattr(importlib.import_module(module), attr)
         return super().get_command(ctx, cmd_name)
 
 

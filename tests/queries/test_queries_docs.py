@@ -11,7 +11,7 @@ from capture.schema import PROTOCOLS, protocol_fields
 from queries.parser import parse
 from queries.tokens import RESERVED
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "query-language.md"
+DOC = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def doc_text() -> str:

@@ -1,0 +1,21 @@
+"""Errors of the tools (the `run` pipeline): subclasses of the one hierarchy in `capture.errors`."""
+
+from __future__ import annotations
+
+from capture.errors import ConfigError, LinkError, OopscopeError
+
+
+class RunError(OopscopeError):
+    """A run cannot start or finish: says which query, link or option and why."""
+
+
+class UnsupportedQueryError(RunError):
+    """A query of a kind the offline run does not execute yet (joins, query-on-query ...)."""
+
+
+class RunLinkError(RunError, LinkError):
+    """`--link` names do not match the links the query file reads."""
+
+
+class RunConfigError(RunError, ConfigError):
+    """An option of `oopscope run` is not valid (an unknown --output query, a bad format)."""
