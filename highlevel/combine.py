@@ -11,13 +11,13 @@ operations are bit-exact; min/max flip the sign bit to compare as unsigned.
 
 from __future__ import annotations
 
-import math
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from highlevel.errors import StageConfigError
 from highlevel.spool import register_column
+from queries.sketch import hll_alpha
 
 
 
@@ -29,27 +29,14 @@ def hll_estimate_col(name: str, m: int) -> Column:
     """Cardinality estimate of the registers `name__r0 .. name__r<m-1>` (HyperLogLog with
     linear counting for small counts; a register holds rho = leading zeros + 1 of the hash
     bits after the index, 0 when empty)."""
-    alpha = _alpha(m)
+    alpha = hll_alpha(m)
     regs = [F.col(register_column(name, i)) for i in range(m)]
     inverse = sum((F.pow(F.lit(2.0), -r) for r in regs), F.lit(0.0))
     raw = F.lit(alpha * m * m) / inverse
     zeros = sum(((r == 0).cast("int") for r in regs), F.lit(0))
     small = F.lit(float(m)) * F.log(F.lit(float(m)) / zeros)
-    return F.when((raw <= F.lit(2.5 * m)) & (zeros > 0), small).otherwise(raw)
-
-
-def _alpha(m: int) -> float:
-    return {16: 0.673, 32: 0.697, 64: 0.709}.get(m, 0.7213 / (1 + 1.079 / m))
-
-
-def hll_estimate(registers: bytes) -> float:
-    """The same estimate in plain Python (for references and tests)."""
-    m = len(registers)
-    raw = _alpha(m) * m * m / sum(2.0 ** -r for r in registers)
-    zeros = sum(1 for r in registers if r == 0)
-    if raw <= 2.5 * m and zeros:
-        return m * math.log(m / zeros)
-    return raw
+    # rounded like queries.sketch.estimate, the reference evaluator's estimate
+    return F.rint(F.when((raw <= F.lit(2.5 * m)) & (zeros > 0), small).otherwise(raw))
 
 
 def _agg_exprs(states, m: int) -> tuple[list[Column], list[Column]]:

@@ -80,14 +80,18 @@ def registers_of(values, groups: np.ndarray, ngroups: int, registers: int = 64) 
     return regs
 
 
+def hll_alpha(m: int) -> float:
+    """The HyperLogLog bias constant for m registers."""
+    return {16: 0.673, 32: 0.697, 64: 0.709}.get(m, 0.7213 / (1 + 1.079 / m))
+
+
 def estimate(regs: np.ndarray) -> np.ndarray:
     """HLL estimates (uint64) of a (rows x m) register array."""
     regs = np.asarray(regs)
     if regs.ndim == 1:
         regs = regs[None, :]
     m = regs.shape[1]
-    alpha = {16: 0.673, 32: 0.697, 64: 0.709}.get(m, 0.7213 / (1 + 1.079 / m))
-    raw = alpha * m * m / np.sum(np.ldexp(1.0, -regs.astype(np.int64)), axis=1)
+    raw = hll_alpha(m) * m * m / np.sum(np.ldexp(1.0, -regs.astype(np.int64)), axis=1)
     zeros = np.sum(regs == 0, axis=1)
     with np.errstate(divide="ignore"):
         linear = m * np.log(m / np.maximum(zeros, 1))

@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from highlevel.combine import hll_estimate
 from highlevel.sinks import ParquetSink
 from highlevel.spool import SpoolWriter, list_spool
 from highlevel.stage import Stage
 from highlevel.testing import ListSink, batch_frame, demo_spec, random_partials
+from queries.sketch import estimate
 
 SECOND = 10**9
 
@@ -43,7 +43,7 @@ def reference(batches: list[pa.RecordBatch], windows_of_pane, registers: int) ->
                     "avg_len": g.bytes.sum() / g.cnt.sum(), "lo": int(g.lo.min()),
                     "hi": int(g.hi.max()), "flags": int(np.bitwise_or.reduce(g["flags"].to_numpy())),
                     "ttl_first": int(first), "ttl_last": int(last),
-                    "dests": int(round(hll_estimate(bytes(merged))))})
+                    "dests": int(estimate(np.frombuffer(bytes(merged), np.uint8))[0])})
     return pd.DataFrame(out).sort_values(["tb", "srcIP", "port"]).reset_index(drop=True)
 
 

@@ -128,6 +128,7 @@ CASES = [
     ("dns_volume", "dns_volume", [], {}),
     ("netflow", "netflow_tcp", [], {}),
     ("sliding_count", "sliding_count", [], {}),
+    ("port_scan", "port_scan", ["--param", "min_ports=2"], {"min_ports": "2"}),
 ]
 
 
