@@ -7,6 +7,7 @@ aggregation, where a column must be a group item or sit inside an aggregate.
 
 from __future__ import annotations
 
+import difflib
 from typing import TYPE_CHECKING, Callable
 
 from capture.schema import protocol_fields
@@ -51,8 +52,11 @@ class Scope:
             where = " or ".join(
                 f"protocol {s.protocol}" if s.kind == "link" else f"query {s.query!r}"
                 for s in candidates)
-            raise self.error(node, f"unknown column {name!r} in {where} (known: "
-                             f"{', '.join(sorted(candidates[0].columns))})")
+            known = sorted({c for s in candidates for c in s.columns})
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise self.error(node, f"unknown column {name!r} in {where}{hint} (known: "
+                             f"{', '.join(known)})")
         if len(hits) > 1:
             raise self.error(node, f"column {name!r} is ambiguous: qualify it "
                              f"({' or '.join(s.alias + '.' + name for s, _ in hits)})")

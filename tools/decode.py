@@ -160,10 +160,10 @@ def decode(pcap: str, fields_spec: str | None, fmt: str, limit: int | None, link
     fields = parse_fields(fields_spec)
     log = logging.getLogger(__name__)
     out = click.get_binary_stream("stdout")
-    if fmt == "csv":
-        out.write((",".join(fields) + "\n").encode())
     printed = 0
     with open_capture(pcap, link=link, strict=strict) as reader:
+        if fmt == "csv":  # after the file header was checked: a bad file prints only its error
+            out.write((",".join(fields) + "\n").encode())
         for batch in reader:
             if limit is not None and printed + batch.n > limit:
                 batch = batch.slice(0, limit - printed)
