@@ -10,27 +10,18 @@ import re
 
 import click
 
+from queries.expressions import Duration as GsqlDuration
+
 _NS = 1_000_000_000
 
-#: duration units -> nanoseconds (longest names first so `ms` wins over `m`)
+#: duration units -> nanoseconds: the GSQL window units, plus the sub-second and day units and
+#: the short `m` that command lines use (GSQL keeps `m` out: `RANGE 5 m` reads as a typo)
 DURATION_UNITS: dict[str, int] = {
+    **GsqlDuration.UNIT_NS,
     "ns": 1,
     "us": 1_000,
     "µs": 1_000,
-    "ms": 1_000_000,
-    "s": _NS,
-    "sec": _NS,
-    "secs": _NS,
-    "second": _NS,
-    "seconds": _NS,
     "m": 60 * _NS,
-    "min": 60 * _NS,
-    "mins": 60 * _NS,
-    "minute": 60 * _NS,
-    "minutes": 60 * _NS,
-    "h": 3600 * _NS,
-    "hour": 3600 * _NS,
-    "hours": 3600 * _NS,
     "d": 86400 * _NS,
     "day": 86400 * _NS,
     "days": 86400 * _NS,
