@@ -41,3 +41,8 @@ class LinkError(OopscopeError):
 
 class ConfigError(OopscopeError):
     """A run option or DEFINE override is not valid (says what is allowed)."""
+
+
+class InterfaceError(LinkError, CaptureError):
+    """A live interface cannot be captured: it does not exist, is of a kind we cannot decode,
+    or the process lacks the right (root / CAP_NET_RAW)."""

@@ -151,7 +151,13 @@ PROTOCOLS: dict[str, Protocol] = {
     p.name: p
     for p in (
         Protocol("PACKET", None, 0, _PACKET_FIELDS),
-        Protocol("IP", "PACKET", L_IP, _IP_FIELDS),
+        # ports, TCP flags and ICMP type/code are 0 in the rows without them (a flow query
+        # over IP keys every packet on the same 5-tuple columns)
+        Protocol("IP", "PACKET", L_IP, _IP_FIELDS + _PORT_FIELDS + (
+            _f("flags", "uint", None, "TCP flags (0 unless TCP)"),
+            _f("icmp_type", "uint", None, "ICMP / ICMPv6 type (0 unless ICMP)"),
+            _f("icmp_code", "uint", None, "ICMP / ICMPv6 code (0 unless ICMP)"),
+        )),
         # in IPV4 queries addresses are 32-bit values (the low 32 bits of the `_lo` column)
         Protocol("IPV4", "IP", L_IPV4, (
             _f("srcIP", "ipv4", ("srcIP_lo",), "source IPv4 address (32-bit)"),

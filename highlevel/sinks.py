@@ -27,14 +27,65 @@ SINK_KINDS = ("console", "csv", "parquet", "jsonl")
 
 
 class Sink:
-    """Receives each micro-batch's closed rows (an Arrow table in the output schema)."""
+    """Receives each micro-batch's closed rows (an Arrow table in the output schema).
+
+    Optional, additive hooks (existing sinks need neither): a sink with `raw = True` receives
+    the rows in the raw layout of `highlevel.rows` (`window` = row time in ns, ip as two int64
+    halves) instead of the display schema; `end_batch(batch_id, punctuation)` is called once at
+    the end of every processed micro-batch, before the stage commits it, with the stage's
+    output punctuation (ns; None before the first), so a sink feeding another stage can
+    forward it.
+    """
+
+    raw = False
 
     def write(self, batch_id: int, table: pa.Table) -> bool:
         """Write the rows of `batch_id`; False when that batch was already written."""
         raise NotImplementedError
 
+    def end_batch(self, batch_id: int, punctuation: int | None) -> None:
+        pass
+
     def close(self) -> None:
         pass
+
+
+class SpoolSink(Sink):
+    """Feeds a reading stage: each micro-batch's rows and output punctuation become one spool
+    file of the reader (`ROOT/<reader>/partials/<link>-<batch>.parquet`, the atomic format of
+    `highlevel.spool`), link name = `link` (the upstream query, or the join/MERGE alias).
+
+    The file's sequence number is the micro-batch id, so a batch replayed after a crash finds
+    its file and writes nothing twice, and the reader applies the punctuation in batch order.
+    `prefix` is put before every data column (join sides share one spool directory).
+    """
+
+    raw = True
+
+    def __init__(self, root, reader: str, link: str, prefix: str = ""):
+        from highlevel.spool import SpoolWriter
+
+        self.writer = SpoolWriter(root, reader, link, fsync=False)
+        self.prefix = prefix
+        self.pending: dict[int, pa.Table] = {}
+        self.files = 0
+
+    def write(self, batch_id: int, table: pa.Table) -> bool:
+        if self.prefix:
+            table = table.rename_columns([c if c == "window" else self.prefix + c
+                                          for c in table.column_names])
+        self.pending[batch_id] = table.replace_schema_metadata(None)
+        return True
+
+    def end_batch(self, batch_id: int, punctuation: int | None) -> None:
+        from highlevel.spool import spool_file_name
+
+        table = self.pending.pop(batch_id, None)
+        if (self.writer.dir / spool_file_name(self.writer.link, batch_id)).exists():
+            return   # written before a crash: the same rows (batches are deterministic)
+        self.writer.seq = batch_id
+        self.writer.write(table, punctuation)
+        self.files += 1
 
 
 class ConsoleSink(Sink):

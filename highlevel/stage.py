@@ -68,6 +68,7 @@ class StageState:
     pending: dict = field(default_factory=dict)      # link -> {seq: punctuation or None}
     late_rows: int = 0
     closed_rows: int = 0
+    extra: dict = field(default_factory=dict)       # what other stage kinds keep (join, merge)
 
     def to_json(self) -> str:
         d = dict(self.__dict__)
@@ -88,7 +89,12 @@ class Stage:
                  sinks: Sequence[Sink], *, spark=None, master: str | None = None,
                  trigger: str = DEFAULT_TRIGGER, keep_versions: int = 3,
                  max_files_per_trigger: int | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, input_schema=None,
+                 prepare: Callable[[DataFrame], DataFrame] | None = None):
+        # input_schema / prepare: a stage over another query's rows reads them in their raw
+        # layout (highlevel.rows) and `prepare` turns each micro-batch into partial rows
+        self.input_schema = input_schema
+        self.prepare = prepare
         self.spec = spec
         self.spool = Path(spool)
         self.checkpoint = Path(checkpoint)
@@ -130,6 +136,10 @@ class Stage:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         (tmp / "meta.json").write_text(state.to_json())
+        for sink in self.sinks:
+            # before the commit: a crash in between replays the batch, and the sinks are
+            # idempotent per batch id
+            getattr(sink, "end_batch", lambda b, p: None)(state.batch, state.punctuation)
         os.rename(tmp, final)   # the commit point of the batch
         self.state = state
         self._collect_garbage()
@@ -150,7 +160,8 @@ class Stage:
 
     # --- streaming ---------------------------------------------------------------------------
     def stream(self) -> DataFrame:
-        reader = self.spark.readStream.schema(self.spec.spool_schema()).option("maxFileAge",
+        schema = self.input_schema or self.spec.spool_schema()
+        reader = self.spark.readStream.schema(schema).option("maxFileAge",
                                                                                 "3650d")
         if self.max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", self.max_files_per_trigger)
@@ -190,6 +201,8 @@ class Stage:
         if self._version_dir(batch_id).exists() or batch_id <= self.state.batch:
             log.info("query %s: batch %d already committed; skipped", self.spec.query, batch_id)
             return
+        if self.prepare is not None:
+            df = self.prepare(df)
         df = df.persist()
         try:
             self._process(df, batch_id)
@@ -293,15 +306,22 @@ class Stage:
             closed = self._combine(exploded, ["window"] + spec.key_columns())
         if self._having is not None:
             closed = closed.where(self._having)
+        ends = win.pane_end_col(F.col("window")) if win.tumbling else \
+            win.window_end_col(F.col("window"))
         # sort on the driver: results are small, and a Spark orderBy costs a sampling job
         order = ["window"] + spec.key_columns()
         hidden = [F.col(c).alias(f"__order{i}") for i, c in enumerate(order)]
-        result = closed.select(*self._outputs, *hidden).toArrow()
+        result = closed.select(*self._outputs, *hidden, ends.alias("__time")).toArrow()
         result = result.sort_by([(f"__order{i}", "ascending") for i in range(len(order))])
         table = to_output_table(result, spec)
         self._tick("combine+close")
+        raw = None
         for sink in self.sinks:
-            sink.write(batch_id, table)
+            if getattr(sink, "raw", False):
+                raw = raw if raw is not None else raw_output_table(result, spec)
+                sink.write(batch_id, raw)
+            else:
+                sink.write(batch_id, table)
         self._tick("sinks")
         log.info("query %s: batch %d closed windows up to P=%d: %d rows", spec.query, batch_id,
                  upto, table.num_rows)
@@ -318,6 +338,21 @@ class _Ticker:
         now = self.clock()
         self.laps[name] = round(now - self.last, 3)
         self.last = now
+
+
+def raw_output_table(table: pa.Table, spec: StageSpec) -> pa.Table:
+    """Spark's Arrow result in the raw layout of `highlevel.rows` (for readers' spools):
+    `window` = the window's end (ns), ip outputs as `name__hi`/`name__lo`, the rest as Spark
+    computed them (unsigned as int64 bits)."""
+    names = set(table.column_names)
+    cols = {"window": table.column("__time")}
+    for o in spec.outputs:
+        if o.name not in names and f"{o.name}__hi" in names:
+            cols[f"{o.name}__hi"] = table.column(f"{o.name}__hi")
+            cols[f"{o.name}__lo"] = table.column(f"{o.name}__lo")
+        else:
+            cols[o.name] = table.column(o.name)
+    return pa.table(cols)
 
 
 def to_output_table(table: pa.Table, spec: StageSpec) -> pa.Table:

@@ -136,6 +136,51 @@ def batch_frame(spark, spec: StageSpec, paths) -> "object":
     return spark.read.schema(spec.spool_schema()).parquet(*[str(p) for p in paths])
 
 
+END_OF_INPUT = (1 << 63) - 1
+
+
+def feed_spool(low_plans, batches: dict, spool, *, pieces: int = 4, disorder_ns: int = 0,
+               seed: int = 0) -> dict:
+    """Run low-level plans over packet batches and write their spools as the pipeline does
+    (`LowLevelOperator` -> `SpoolWriter`): each link's packets arrive in `pieces` chunks in the
+    order of `timestamp + U(0, disorder_ns)` (bounded disorder); after each chunk every
+    operator of the link gets the punctuation `arrival key - disorder_ns` (valid: no later
+    packet is older), its partial rows and output punctuation go to one spool file; at the end
+    `finish()` and END_OF_INPUT. Returns {plan.query: operator counters summed}."""
+    from highlevel.spool import SpoolWriter
+    from lowlevel.operator import LowLevelOperator
+
+    rng = np.random.default_rng(seed)
+    counters: dict = {}
+    by_link: dict = {}
+    for lp in low_plans:
+        by_link.setdefault(lp.link, []).append(lp)
+    for link, plans in by_link.items():
+        batch = batches[link]
+        ts = batch["timestamp"].astype(np.int64)
+        key = ts + (rng.integers(0, disorder_ns + 1, len(ts)) if disorder_ns else 0)
+        order = np.argsort(key, kind="stable")
+        ops = [(LowLevelOperator(lp), SpoolWriter(spool, lp.query, lp.link, fsync=False))
+               for lp in plans]
+        cuts = np.array_split(order, pieces)
+        for idx in cuts:
+            if not len(idx):
+                continue
+            part = batch.take(idx)
+            p = int(key[idx].max()) - disorder_ns
+            for op, writer in ops:
+                rows = list(op.process(part))
+                more, out = op.punctuate(p)
+                writer.write(rows + list(more), out)
+        for op, writer in ops:
+            rows, _ = op.finish()
+            writer.write(list(rows), END_OF_INPUT)
+            c = counters.setdefault(op.plan.query, {})
+            for k, v in op.counters.items():
+                c[k] = c.get(k, 0) + v
+    return counters
+
+
 def _run_stage(args) -> int:
     from highlevel.session import get_session
     from highlevel.sinks import ParquetSink
@@ -191,3 +236,33 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def canonical_rows(frame, columns) -> list[tuple]:
+    """Rows of a result (a sink's table as pandas, or the reference evaluator's frame) as
+    sorted tuples of plain values: ip text and 128-bit ints both as ints (IPv4 mapped),
+    floats rounded to 6 places, nulls and NaN as None; `columns` are (name, GSQL type)."""
+    import ipaddress
+    import math
+
+    def norm(v, t):
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return None
+        if t == "ip":
+            if isinstance(v, str):
+                a = ipaddress.ip_address(v)
+                return int(a) | (0xFFFF << 32) if a.version == 4 else int(a)
+            return int(v)
+        if isinstance(v, (float, np.floating)):
+            f = float(v)
+            return round(f, 6) if t in ("float", "double") else (int(f) if f.is_integer() else f)
+        if isinstance(v, (bool, np.bool_)):
+            return bool(v)
+        if isinstance(v, (int, np.integer)):
+            return int(v)
+        return v
+
+    names = [n for n, _ in columns]
+    data = frame[names].astype(object).to_numpy() if len(frame) else []
+    out = [tuple(norm(v, t) for v, (_, t) in zip(row, columns)) for row in data]
+    return sorted(out, key=repr)

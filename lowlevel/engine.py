@@ -128,9 +128,26 @@ class HashAggregator:
         `StateLayout.empty_args` shapes them (None when no sub-aggregate takes one); valid:
         bool [n] (packets to skip are False).
         """
+        ts, keys, (ai, au, af, ad), valid = self._prepare(ts, keys, args, valid)
+        panes = self.pane_of(ts)
+        homes = np.empty(len(ts), np.int64)
+        chunks = []
+        start = 0
+        while start < len(ts):
+            start, n_out = append(self.table, self.out, self.ctl, self.params, self.ops,
+                                  self.ident, start, panes, ts, keys, ai, au, af, ad, valid,
+                                  homes)
+            if n_out:
+                chunks.append(self._drain(n_out))
+        return chunks
+
+    def _prepare(self, ts, keys, args, valid, nkeys: int | None = None):
+        """The kernel's input arrays (dtypes and shapes checked once per batch), late packets
+        counted and masked out of `valid`."""
         ts = np.ascontiguousarray(ts, dtype=np.int64)
         n = len(ts)
-        keys = np.ascontiguousarray(keys, dtype=np.uint64).reshape(n, self.nkeys)
+        nkeys = self.nkeys if nkeys is None else nkeys
+        keys = np.ascontiguousarray(keys, dtype=np.uint64).reshape(n, nkeys)
         if args is None:
             args = self.layout.empty_args(n)
         ai, au, af, ad = (np.ascontiguousarray(a, dtype=d) for a, d in
@@ -147,17 +164,7 @@ class HashAggregator:
             if nlate:
                 self.late += nlate
                 valid = valid & ~late
-        panes = self.pane_of(ts)
-        homes = np.empty(n, np.int64)
-        chunks = []
-        start = 0
-        while start < n:
-            start, n_out = append(self.table, self.out, self.ctl, self.params, self.ops,
-                                  self.ident, start, panes, ts, keys, ai, au, af, ad, valid,
-                                  homes)
-            if n_out:
-                chunks.append(self._drain(n_out))
-        return chunks
+        return ts, keys, (ai, au, af, ad), valid
 
     def punctuate(self, p_ns: int) -> tuple[list[Partials], int | None]:
         """Input punctuation p: flush what the policy says; returns rows and the new output

@@ -151,6 +151,20 @@ def bound_flush(table, out, ctl, params, n_out):
     return n_out
 
 
+@ngjit_inline
+def move_cur(ctl, pane):
+    """Raise the current pane to `pane` (> cur), keeping the per-pane occupancy ring."""
+    cur = ctl[C_CUR]
+    if cur != EMPTY:
+        # panes leaving the ring's range move to the ancient count
+        for q in range(cur - PANE_RING + 1, min(pane - PANE_RING, cur) + 1):
+            k = C_RING + (q & (PANE_RING - 1))
+            ctl[C_ANCIENT] += ctl[k]
+            ctl[k] = 0
+    ctl[C_CUR] = pane
+    ctl[C_WINDOWS] += 1
+
+
 @ngjit
 def new_window(table, out, ctl, params, pane, n_out):
     """Pane `pane` > cur begins: every resident entry becomes old; start the policy's flush."""
@@ -160,14 +174,7 @@ def new_window(table, out, ctl, params, pane, n_out):
         if cur != EMPTY and (ctl[C_WALKING] != 0 or ctl[C_STALE] != 0):
             n_out = flush_below(table, out, ctl, cur, n_out, CAUSE_AT_ONCE)
         ctl[C_STALE] = 0
-    if cur != EMPTY:
-        # panes leaving the ring's range move to the ancient count
-        for q in range(cur - PANE_RING + 1, min(pane - PANE_RING, cur) + 1):
-            k = C_RING + (q & (PANE_RING - 1))
-            ctl[C_ANCIENT] += ctl[k]
-            ctl[k] = 0
-    ctl[C_CUR] = pane
-    ctl[C_WINDOWS] += 1
+    move_cur(ctl, pane)
     if policy != POLICY_OOP_LAZY and ctl[C_RESIDENT] > 0:
         ctl[C_WALKING] = 1
         ctl[C_CURSOR] = 0

@@ -13,6 +13,10 @@ dropped: they must not reappear in a window the operator has declared complete. 
 
 A plan without a window (a selection query) passes its `projections` of the accepted rows
 through, one output row per packet, and forwards the input punctuation.
+
+A plan with `extras["flow"]` (a flow query: DEFINE idle_timeout / flow_end) runs the flow
+table of `flowtable.py` instead: its last key is the hidden flow id the kernel writes, the
+other keys are hashed; TCP packets with FIN or RST end their flow when `fin_rst` is set.
 """
 
 from __future__ import annotations
@@ -24,12 +28,13 @@ import numpy as np
 import pyarrow as pa
 
 from capture.batch import PacketBatch
-from capture.schema import BENIGN_REASONS, protocol_mask
+from capture.schema import BENIGN_REASONS, L_TCP, protocol_mask
 from queries.plan import FLUSH_POLICIES, LowLevelPlan
 
 from .aggregates import AggSpec, StateLayout, distinct_hashes
 from .engine import HashAggregator, Partials
 from .errors import LowLevelError
+from .flowtable import FlowAggregator
 from .partials import KeySpec, PartialSchema, encode_key, key_width
 
 log = logging.getLogger(__name__)
@@ -80,7 +85,21 @@ class LowLevelOperator:
                                     pane_ns=w.pane_ns if w else 0,
                                     offset_ns=w.offset_ns if w else 0, flush=plan.flush)
         self.engine: HashAggregator | None = None
-        if w is not None:
+        self._flow = plan.extras.get("flow") if plan.extras else None
+        self._hashed = len(self._keys)
+        if self._flow is not None:
+            if w is None or not self._keys or self._keys[-1].name != self._flow["key"]:
+                raise LowLevelError(f"{where}: a flow plan needs a window and the flow id "
+                                    f"{self._flow['key']!r} as its last key")
+            self._hashed = len(self._keys) - 1
+            try:
+                self.engine = FlowAggregator(
+                    self.layout, self.schema.nkeys - 1, plan.slots, pane_ns=w.pane_ns,
+                    offset_ns=w.offset_ns, idle_ns=self._flow.get("idle_ns"),
+                    reason_state=self._flow.get("reason"), link=plan.link, probes=probes)
+            except ValueError as exc:
+                raise LowLevelError(f"{where}: {exc}") from None
+        elif w is not None:
             try:
                 self.engine = HashAggregator(
                     self.layout, self.schema.nkeys, plan.slots, pane_ns=w.pane_ns,
@@ -103,9 +122,10 @@ class LowLevelOperator:
 
     def _stack_keys(self, batch: PacketBatch) -> np.ndarray:
         n = len(batch)
-        out = np.empty((n, self.schema.nkeys), np.uint64)
+        specs = self._keys[:self._hashed]
+        out = np.empty((n, sum(key_width(s.type) for s in specs)), np.uint64)
         j = 0
-        for spec, k in zip(self._keys, self.plan.keys if self.plan.window else
+        for spec, k in zip(specs, self.plan.keys if self.plan.window else
                            self.plan.projections):
             for col in encode_key(self._eval(k.expr, batch), spec.type):
                 out[:, j] = col  # broadcasts constants
@@ -137,6 +157,8 @@ class LowLevelOperator:
         c["packets_in"] += n
         if n == 0:
             return []
+        if self._flow is not None:
+            self.engine.observe(int(batch["timestamp"].max()))
         if self._mask:
             inproto = (batch["layers"] & self._mask) != 0
             nproto = int(np.count_nonzero(inproto))
@@ -157,8 +179,16 @@ class LowLevelOperator:
         c["packets_where"] += int(np.count_nonzero(valid))
         if self.engine is None:
             return self._select(batch, valid)
-        chunks = self.engine.append(batch["timestamp"], self._stack_keys(batch),
-                                    self._args(batch), valid)
+        if self._flow is not None:
+            ends = np.zeros(nproto, bool)
+            if self._flow.get("fin_rst"):
+                # FIN (0x01) or RST (0x04) of a TCP packet ends its flow
+                ends = ((batch["layers"] & L_TCP) != 0) & ((batch["flags"] & 0x05) != 0)
+            chunks = self.engine.append(batch["timestamp"], self._stack_keys(batch),
+                                        self._args(batch), valid, ends)
+        else:
+            chunks = self.engine.append(batch["timestamp"], self._stack_keys(batch),
+                                        self._args(batch), valid)
         return self._to_arrow(chunks)
 
     def _select(self, batch: PacketBatch, valid: np.ndarray) -> list[pa.RecordBatch]:

@@ -4,7 +4,8 @@ Used by the project's tests and usable by anyone checking a low-level change: `m
 builds timestamps in one of three arrival orders (in order, band disorder, block-sorted) with
 *grammatical* punctuation (never violated by a later packet), `run_stream` feeds a
 `HashAggregator` batch by batch and records every output row with the event that produced it,
-and `reference_groups` computes each (window, group) result in one plain pandas pass.
+`reference_groups` computes each (window, group) result in one plain pandas pass, and
+`finalize` finishes the combined partial rows of a planned query as the high level does.
 """
 
 from __future__ import annotations
@@ -189,3 +190,42 @@ def _frame(layout: StateLayout, keys, states, nk) -> pd.DataFrame:
         cols[name] = [bytes(r) for r in v.astype(np.uint8)] if v.ndim == 2 else v
     df = pd.DataFrame(cols)
     return df.sort_values(["window"] + [f"k{j}" for j in range(nk)]).reset_index(drop=True)
+
+
+def finalize(qp, table) -> pd.DataFrame:
+    """Combined partial rows (`partials.combine_partials`) of a planned aggregate query
+    finished as the high level does: finals, then the SELECT outputs (ip as 128-bit ints)."""
+    import pyarrow as pa
+
+    from queries.vectorized import evaluate_columns
+
+    from .aggregates import hll_estimate
+
+    hp = qp.high
+    w = hp.window
+    cols: dict = {w.column: table.column("window").to_numpy() * w.scale + w.shift}
+    for k in hp.keys:
+        if k.type == "ip":
+            cols[k.name] = (table.column(k.name + "__hi").to_numpy(),
+                            table.column(k.name + "__lo").to_numpy())
+        else:
+            cols[k.name] = table.column(k.name).to_numpy()
+    states = {}
+    for name in table.column_names:
+        col = table.column(name).combine_chunks()
+        if pa.types.is_fixed_size_binary(col.type):
+            states[name] = np.frombuffer(col.buffers()[1], np.uint8).reshape(len(col), -1)
+        else:
+            states[name] = col.to_numpy()
+    for f in hp.finals:
+        if getattr(f.expr, "name", None) == "hll_estimate":
+            cols[f.name] = hll_estimate(states[f.expr.args["args"][0].name])
+        else:
+            cols[f.name] = evaluate_columns(f.expr, states, table.num_rows)
+    frame = {}
+    for o in hp.outputs:
+        v = evaluate_columns(o.expr, cols, table.num_rows)
+        if isinstance(v, tuple):
+            v = [(int(h) << 64) | int(lo) for h, lo in zip(*v)]
+        frame[o.name] = list(v)
+    return pd.DataFrame(frame, columns=[o.name for o in hp.outputs])

@@ -17,7 +17,7 @@ from capture.schema import PROTOCOLS, protocol_fields
 
 from . import expressions as E
 from . import types as T
-from .definitions import check_define, parse_param_value
+from .definitions import FLOW_KEYS, check_define, parse_param_value
 from .errors import QueryError
 from .inference import conjoin, conjuncts, form_of, sides_of, type_of, unit_ns
 from .naming import generated_name, unique_names
@@ -116,6 +116,7 @@ class Analyser:
         self.source = source
         self.path = tree.path
         self.done: dict[str, AnalysedQuery] = {}
+        self.flow_mode = False   # the query being analysed runs the low level's flow table
 
     # --- errors ----------------------------------------------------------------------------
     def error(self, node, message: str) -> QueryError:
@@ -161,6 +162,7 @@ class Analyser:
     # --- one query ---------------------------------------------------------------------------
     def query(self, q: E.Query, name: str, all_names: set[str]) -> AnalysedQuery:
         defines = self._defines(q)
+        self.flow_mode = any(k in defines for k in FLOW_KEYS)
         params = self._params(q)
         stmt = q.statement
         self.cur_params = params
@@ -196,7 +198,19 @@ class Analyser:
             self._select(aq, stmt, scope)
         aq.outputs = [ColumnInfo(i.name, i.type, i.form) for i in aq.items]
         aq.param_values = self.cur_values
+        if self.flow_mode:
+            self._check_flow_query(q, aq)
         return aq
+
+    def _check_flow_query(self, q: E.Query, aq: AnalysedQuery) -> None:
+        """Flow mode (DEFINE idle_timeout / flow_end) is for a tumbling aggregation of packets."""
+        key = next(k for k in FLOW_KEYS if k in aq.defines)
+        lit = (q.defines or {}).get(key)
+        where = self._key_position(key, lit) if isinstance(lit, E.Node) else q
+        if aq.kind != "aggregate" or aq.sources[0].kind != "link" or aq.temporal is None:
+            raise self.error(where, f"DEFINE {key} makes a flow query: it needs an aggregation "
+                             f"of packets grouped by a temporal bucket (e.g. GROUP BY time/60 "
+                             f"AS tb, srcIP, destIP, srcPort, destPort, protocol)")
 
     def _text_position(self, pattern: str, fallback):
         """A node at the first match of `pattern`'s group 1 in the source (for entries that

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 
 from capture.errors import ConfigError
 
+from .expressions import Duration
 from .plan import FLUSH_POLICIES
 
 LATE_POLICIES = ("drop", "correct")
+FLOW_ENDS = ("fin_rst", "none")
+#: DEFINE keys that switch a query into flow mode (the low level's flow table)
+FLOW_KEYS = ("idle_timeout", "flow_end")
 #: DEFINE key -> what its value must be
 DEFINE_KEYS = {
     "query_name": "a name",
@@ -17,6 +22,8 @@ DEFINE_KEYS = {
     "slow_flush": "a positive integer",
     "max_lfta_disorder": "a positive integer",
     "late": " | ".join(LATE_POLICIES),
+    "idle_timeout": "a positive duration (15s, 500ms, 2min; a bare number is seconds)",
+    "flow_end": " | ".join(FLOW_ENDS),
     "comment": "text",
     "title": "text",
 }
@@ -32,6 +39,28 @@ def _positive(key: str, value) -> int:
     return n
 
 
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
+_UNITS = {**Duration.UNIT_NS, "ns": 1, "us": 1_000}
+
+
+def duration_ns(key: str, value) -> int:
+    """A positive duration in ns from `15s`, `500ms`, `2min`, `1.5s` or a number of seconds."""
+    if isinstance(value, bool):
+        value = str(value)
+    if isinstance(value, (int, float)):
+        ns = int(round(value * 10**9))
+    else:
+        m = _DURATION.match(str(value))
+        unit = m.group(2).lower() if m else ""
+        if m is None or (unit and unit not in _UNITS):
+            raise ConfigError(f"DEFINE {key}: {value!r} is not a duration (write a number and "
+                              f"a unit: 15s, 500ms, 2min; units {', '.join(_UNITS)})")
+        ns = int(round(float(m.group(1)) * (_UNITS[unit] if unit else 10**9)))
+    if ns <= 0:
+        raise ConfigError(f"DEFINE {key}: {value!r} is not a positive duration")
+    return ns
+
+
 def check_define(key: str, value) -> tuple[str, object]:
     """The normalised (key, value) of a DEFINE entry or `--set key=value`; ConfigError if wrong."""
     k = str(key).lower()
@@ -43,6 +72,13 @@ def check_define(key: str, value) -> tuple[str, object]:
         v = str(value).lower()
         if v not in FLUSH_POLICIES:
             raise ConfigError(f"DEFINE flush: {value!r} is not one of {', '.join(FLUSH_POLICIES)}")
+        return k, v
+    if k == "idle_timeout":
+        return k, duration_ns(k, value)
+    if k == "flow_end":
+        v = str(value).lower()
+        if v not in FLOW_ENDS:
+            raise ConfigError(f"DEFINE flow_end: {value!r} is not one of {', '.join(FLOW_ENDS)}")
         return k, v
     if k == "late":
         v = str(value).lower()

@@ -84,6 +84,8 @@ def format_expr(expr, prec: int = 0) -> str:
         name = expr.name
         if name == "COUNT_DISTINCT":
             text = f"COUNT_DISTINCT({format_expr(expr.arg)})"
+        elif name == "END_REASON":
+            text = "END_REASON()"
         else:
             text = f"{name}({format_expr(expr.arg)})"
         return text + (" " + format_window_spec(expr.window) if expr.window is not None else "")

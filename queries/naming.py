@@ -26,6 +26,8 @@ def generated_name(expr: E.Node, index: int) -> str:
         return expr.name
     if isinstance(expr, E.Aggregate):
         name = expr.name.upper()
+        if name == "END_REASON":
+            return "end_reason"
         if isinstance(expr.arg, E.Star):
             return "Cnt"
         cols = _columns_of(expr.arg)

@@ -20,7 +20,7 @@ from queries.tokens import RESERVED, Kind, Token
 
 #: aggregate functions (upper case as stored in `Aggregate.name`)
 AGGREGATES = frozenset({"COUNT", "SUM", "MIN", "MAX", "AVG", "AND_AGGR", "OR_AGGR", "XOR_AGGR",
-                        "FIRST", "LAST", "COUNT_DISTINCT"})
+                        "FIRST", "LAST", "COUNT_DISTINCT", "END_REASON"})
 
 #: binary operators -> precedence (higher binds tighter); NOT sits at 3, unary minus above all
 BINARY_PRECEDENCE: dict[str, int] = {
@@ -264,6 +264,11 @@ class ExpressionParser(TokenCursor):
         name = name_tok.upper
         open_tok = self.expect_op("(")
         self._enter(open_tok)
+        if name == "END_REASON":
+            # flow queries: the flow's end reason, no argument (stored as Star like count(*))
+            self._leave()
+            self.expect_op(")", "after END_REASON( (it takes no argument)")
+            return Aggregate(pos=self.pos(name_tok), name=name, arg=Star(pos=self.pos(open_tok)))
         if self.at_op("*"):
             star = self.advance()
             if name != "COUNT":

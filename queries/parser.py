@@ -17,8 +17,8 @@ from typing import Callable, ClassVar
 from capture.schema import PROTOCOLS
 from queries.errors import QueryError
 from queries.expressions import (
-    Column, Expr, GroupItem, Literal, Merge, Node, Query, QueryFile, Select, SelectItem, Source,
-    Unary,
+    Column, Duration, Expr, GroupItem, Literal, Merge, Node, Query, QueryFile, Select, SelectItem,
+    Source, Unary,
 )
 from queries.parse_expr import ExpressionParser
 from queries.tokens import RESERVED, Kind, Token, tokenize
@@ -27,6 +27,8 @@ JOIN_TYPES = ("INNER_JOIN", "LEFT_OUTER_JOIN", "RIGHT_OUTER_JOIN", "OUTER_JOIN")
 DEFAULT_QUERY_NAME = "query"
 #: how many errors one file reports before giving up on the rest
 MAX_ERRORS = 50
+#: units a DEFINE duration value may carry (idle_timeout 15s)
+DEFINE_UNITS = frozenset(Duration.UNIT_NS) | {"ns", "us"}
 
 _KNOWN_PROTOCOLS = ", ".join(PROTOCOLS)
 
@@ -154,6 +156,13 @@ class Parser(ExpressionParser):
             number = self.advance()
             kind = "int" if number.kind is Kind.INT else "float"
             return Literal(pos=self.pos(t), value=-number.value, kind=kind)  # type: ignore
+        nxt = self.peek()
+        if t.kind in (Kind.INT, Kind.FLOAT) and nxt.kind is Kind.IDENT and \
+                nxt.value.lower() in DEFINE_UNITS:
+            # a duration (idle_timeout 15s): kept as its text, checked with the DEFINE key
+            self.advance()
+            self.advance()
+            return Literal(pos=self.pos(t), value=f"{t.value}{nxt.value}", kind="string")
         if t.kind in (Kind.INT, Kind.FLOAT, Kind.STRING):
             self.advance()
             kind = {Kind.INT: "int", Kind.FLOAT: "float", Kind.STRING: "string"}[t.kind]

@@ -18,6 +18,7 @@ from capture.errors import ConfigError, LinkError
 from . import expressions as E
 from . import types as T
 from .analysis import AnalysedQuery, analyse_file
+from .definitions import FLOW_KEYS
 from .inference import conjoin, conjuncts, type_of, unit_ns
 from .plan import (SUPERAGG_OF, FilePlan, FinalAggregate, HighLevelPlan, JoinPlan, JoinSide,
                    KeyColumn, LowLevelPlan, OutputColumn, QueryPlan, SubAggregate,
@@ -132,12 +133,44 @@ def split_aggregates(aggs: list[E.Aggregate], taken: set[str]) -> AggregateSplit
             expr = state(sub("count", None))   # no nulls in packets: count(x) = count(*)
         elif name == "COUNT_DISTINCT":
             expr = E.Func(name="hll_estimate", args=[state(sub("distinct", agg.arg))])
+        elif name == "END_REASON":
+            expr = state(end_reason_state(split, taken))
         else:
             expr = state(sub(_SUB_OF[name], agg.arg))
         fa = FinalAggregate(f"_agg{len(split.finals)}", expr, type_of(agg), format_agg(agg))
         split.finals.append(fa)
         split.final_of[agg] = E.Field(name=fa.name, type=fa.type)
     return split
+
+
+def end_reason_state(split: AggregateSplit, taken: set[str]) -> SubAggregate:
+    """The state of END_REASON(): a `max` over the constant 0 that the flow kernel sets when
+    the flow leaves (the high level's max is the identity on flow rows, one per flow id)."""
+    key = ("end_reason", None)
+    if key not in split.by_key:
+        name, k = "end_reason", 2
+        while name in taken:
+            name, k = f"end_reason_{k}", k + 1
+        taken.add(name)
+        s = SubAggregate(name, "max", E.Literal(value=0, kind="int"), "uint64")
+        split.by_key[key] = s
+        split.subaggs.append(s)
+    return split.by_key[key]
+
+
+def flow_settings(aq: AnalysedQuery, split: AggregateSplit, taken: set[str]) -> dict | None:
+    """`LowLevelPlan.extras["flow"]` of a flow query (DEFINE idle_timeout / flow_end): idle_ns
+    (None: no idle timeout), fin_rst, the hidden flow-id key and the END_REASON state."""
+    if not any(k in aq.defines for k in FLOW_KEYS):
+        return None
+    key, k = "_flow", 2
+    while key in taken:
+        key, k = f"_flow{k}", k + 1
+    taken.add(key)
+    reason = split.by_key.get(("end_reason", None))
+    return {"idle_ns": aq.defines.get("idle_timeout"),
+            "fin_rst": aq.defines.get("flow_end", "fin_rst") == "fin_rst",
+            "key": key, "reason": reason.name if reason is not None else None}
 
 
 def format_agg(agg: E.Aggregate) -> str:
@@ -237,13 +270,20 @@ def _plan_aggregate(aq: AnalysedQuery, links: list[str]):
     split = split_aggregates(aggs, taken)
     window = window_plan(aq)
     settings = _flush_settings(aq.defines)
+    flow = flow_settings(aq, split, taken)
+    extras = {}
+    if flow is not None:
+        # the hidden flow id: written by the kernel, keeps the flows of one bucket apart
+        keys += (KeyColumn(flow["key"], E.Literal(value=0, kind="int"), "ullong"),)
+        extras["flow"] = flow
     union = None
     inputs: tuple[str, ...]
     if source.kind == "link":
         inputs = _links_of(source, links)
         union = ("merge" if settings["flush"] == "iop_slow" else "meld") if len(inputs) > 1 else None
         low = [LowLevelPlan(aq.name, link, source.protocol, aq.where, window, keys,
-                            tuple(split.subaggs), late=aq.defines.get("late", "drop"), **settings)
+                            tuple(split.subaggs), late=aq.defines.get("late", "drop"),
+                            extras=dict(extras), **settings)
                for link in inputs]
         row_plans: tuple = ()
     else:

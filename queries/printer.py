@@ -183,7 +183,7 @@ def _func(node: Func) -> str:
 
 
 def _aggregate(node: Aggregate) -> str:
-    text = f"{node.name}({_expr(node.arg)})"
+    text = "END_REASON()" if node.name == "END_REASON" else f"{node.name}({_expr(node.arg)})"
     if node.window is not None:
         text += " " + _window(node.window)
     return text

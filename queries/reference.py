@@ -7,6 +7,10 @@ definition of SEMANTICS.md section 2 (`wids(x) = {w : floor(x/s) <= w < floor((x
 joins by key equality then the band / temporal condition, and reads earlier queries' results
 for query-on-query. Every tuple counts (no late data: it sees the whole input).
 
+Flow queries (DEFINE idle_timeout / flow_end) follow the flow semantics of README "Flow
+queries" with a plain loop over each link's packets in arrival order (`flow_assignment`): each
+packet gets a flow number (a hidden group key) and each flow its end reason.
+
 `evaluate_file(file_plan_or_tree, batches, params=None)` -> {query name: pandas.DataFrame}, the
 columns as the SELECT says; `ip` columns hold 128-bit Python ints (IPv4-mapped for IPv4),
 `ipv4` columns 32-bit values, join columns of a missing outer side hold None (a query reading
@@ -22,7 +26,7 @@ import pandas as pd
 
 from capture.batch import PacketBatch
 from capture.errors import LinkError
-from capture.schema import protocol_mask
+from capture.schema import L_TCP, protocol_mask
 
 from . import expressions as E
 from .analysis import AnalysedQuery
@@ -106,6 +110,8 @@ def aggregate(name: str, arg, times: np.ndarray, codes: np.ndarray, ngroups: int
     """One aggregate per group (groups numbered 0..ngroups-1, each with at least one row)."""
     if name == "COUNT":
         return np.bincount(codes, minlength=ngroups).astype(np.uint64)
+    if name == "END_REASON":   # the reason of the row's flow, the same on every row of it
+        name = "MAX"
     if name == "COUNT_DISTINCT":
         return estimate(registers_of(arg, codes, ngroups))
     v = arg.astype(np.uint64) if arg.dtype == np.bool_ and name in ("SUM", "AND_AGGR", "OR_AGGR",
@@ -223,9 +229,18 @@ def _aggregate(qp, aq, batches, tables) -> Table:
         for a in (e.find_all(E.Aggregate) if e is not None else ()):
             if a not in aggs:
                 aggs.append(a)
-    args = [None if isinstance(a.arg, E.Star) else rows.eval(_bind(a.arg, aq)) for a in aggs]
     times = rows.eval(E.Field(name="timestamp", type="llong", columns=("timestamp",))) \
         if rows.batches is not None else np.zeros(n, np.int64)
+    flow = qp.low[0].extras.get("flow") if qp.low else None
+    reason = None
+    if flow is not None:
+        link_max = [int(batches[lp.link]["timestamp"].max()) if batches[lp.link].n else 0
+                    for lp in qp.low]
+        fid, reason = flow_assignment(rows, list(keys.values()), times, qp.high.window, flow,
+                                      link_max)
+        keys["\0flow"] = fid
+    args = [reason if a.name == "END_REASON" else
+            None if isinstance(a.arg, E.Star) else rows.eval(_bind(a.arg, aq)) for a in aggs]
     if aq.window is not None:
         # sliding (or tumbling) window spec: a row is in every window of wids(x)
         w = aq.window
@@ -264,6 +279,51 @@ def _aggregate(qp, aq, batches, tables) -> Table:
         else:
             out[item.name] = evaluate_columns(finals(item.expr), frame, ngroups)
     return Table(out, ngroups)
+
+
+def flow_assignment(rows: Rows, keys: list, times: np.ndarray, window, flow: dict,
+                    link_max: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(flow number of each row, end reason of each row's flow) by the flow rules, per link in
+    arrival order: a gap > idle ends a flow (1); TCP FIN/RST ends it after the packet (3);
+    at the end a flow whose idle expiry (last + idle + 1) or bucket end, the earlier, is at or
+    before the link's largest capture time ends with 1 or 2 accordingly, else with 4."""
+    sizes = [b.n for b in rows.batches]
+    n = sum(sizes)
+    link = np.repeat(np.arange(len(sizes)), sizes)
+    codes, _ = group_codes(list(keys) + [link], n)
+    layers = np.concatenate([b["layers"] for b in rows.batches]) if n else np.zeros(0, np.uint16)
+    flags = np.concatenate([b["flags"] for b in rows.batches]) if n else np.zeros(0, np.uint8)
+    ends = ((layers & L_TCP) != 0) & ((flags & 0x05) != 0) & bool(flow["fin_rst"])
+    idle = flow["idle_ns"]
+    pane = (times + window.offset_ns) // window.pane_ns
+    fid = np.empty(n, np.int64)
+    open_flow: dict[int, int] = {}
+    last: list[int] = []
+    reasons: list[int] = []
+    first_row: list[int] = []
+    for i, (c, t, e) in enumerate(zip(codes.tolist(), times.tolist(), ends.tolist())):
+        f = open_flow.get(c)
+        if f is not None and idle is not None and t - last[f] > idle:
+            reasons[f] = 1
+            f = None
+        if f is None:
+            f = len(last)
+            open_flow[c] = f
+            last.append(t)
+            reasons.append(0)
+            first_row.append(i)
+        fid[i] = f
+        last[f] = max(last[f], t)
+        if e:
+            reasons[f] = 3
+            del open_flow[c]
+    for f in open_flow.values():
+        i = first_row[f]
+        end = (int(pane[i]) + 1) * window.pane_ns - window.offset_ns
+        expiry = last[f] + idle + 1 if idle is not None else None
+        event, why = (expiry, 1) if expiry is not None and expiry <= end else (end, 2)
+        reasons[f] = why if event <= link_max[int(link[i])] else 4
+    return fid, np.asarray(reasons, np.uint64)[fid] if n else np.zeros(0, np.uint64)
 
 
 def _side_columns(qp, aq, source, batches, tables) -> Table:

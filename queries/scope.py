@@ -145,6 +145,14 @@ class Scope:
         name = node.name.upper()
         if name not in T.AGGREGATES:
             raise self.error(node, f"unknown aggregate {node.name!r}")
+        if name == "END_REASON":
+            if not self.a.flow_mode:
+                raise self.error(node, "END_REASON() is only for flow queries: switch the flow "
+                                 "table on with DEFINE { idle_timeout 15s; } and/or "
+                                 "DEFINE { flow_end fin_rst; }")
+            if node.window is not None:
+                raise self.error(node.window, "END_REASON() takes no window spec")
+            return node.replace(name=name)
         if isinstance(node.arg, E.Star):
             if name != "COUNT":
                 raise self.error(node, f"{name}(*) is not an aggregate: only count(*)")

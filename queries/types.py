@@ -147,13 +147,15 @@ def function_type(name: str, args: list[str]) -> str | None:
 
 
 AGGREGATES = ("COUNT", "SUM", "MIN", "MAX", "AVG", "AND_AGGR", "OR_AGGR", "XOR_AGGR", "FIRST",
-              "LAST", "COUNT_DISTINCT")
+              "LAST", "COUNT_DISTINCT", "END_REASON")
 
 
 def aggregate_type(name: str, arg: str | None) -> str | None:
     """Result type of an aggregate over an argument of type `arg` (None for count(*))."""
     if name == "COUNT":
         return "ullong"
+    if name == "END_REASON":
+        return "uint"
     if name == "COUNT_DISTINCT":
         return "ullong" if arg != "string" else None
     if arg is None:

@@ -18,6 +18,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gen": ("tools.gen", "gen"),
     "explain": ("tools.explain", "explain"),
     "run": ("tools.run", "run"),
+    "bench": ("tools.bench", "bench"),
+    "export": ("tools.netflow.export", "export"),
 }
 
 

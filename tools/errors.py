@@ -19,3 +19,15 @@ class RunLinkError(RunError, LinkError):
 
 class RunConfigError(RunError, ConfigError):
     """An option of `oopscope run` is not valid (an unknown --output query, a bad format)."""
+
+
+class NetflowError(OopscopeError):
+    """The NetFlow exporter cannot run: a bad collector address, results file or record column."""
+
+
+class NetflowTargetError(NetflowError, ConfigError):
+    """A collector address is not HOST:PORT (or [IPv6]:PORT), or does not resolve."""
+
+
+class NetflowInputError(NetflowError):
+    """Flow records cannot be read or lack a required column (names the file and the column)."""

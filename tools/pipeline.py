@@ -1,34 +1,31 @@
-"""The offline run: pcap files -> low-level operators -> spool -> Spark stage -> result files.
+"""`oopscope run`: packet sources -> low-level operators -> spool -> Spark stages -> outputs.
 
-`run_offline(RunConfig(...)) -> RunSummary` is the library behind `oopscope run` over capture
-files, as fast as the data allows (no pacing):
+`run(RunConfig(...)) -> RunSummary` is the library behind the command:
 
-1. plan the query file for the links given (`--link NAME=PCAP`), pick the queries to run: the
-   ones named by `--output`, else every query that no other query reads; a picked query the
-   Spark stage cannot run yet (join, query-on-query, selection, MERGE) is an error naming it
-   before any packet is read. Queries not picked are not run at all, so a file with a join can
-   still run its aggregations when the user names them with `--output`.
-2. per link, one capture reader feeds every low-level operator of the picked queries that read
-   that link. The link's punctuation comes from its data clock: every `punctuate_every_ns` of
-   data time, the largest capture time seen so far aligned down to the smallest window slide
-   of the link's queries (never repeated). Partial rows are buffered per operator and written
-   to the spool with the operator's punctuation whenever that punctuation advances (or the
-   buffer grows large), so the number of spool files follows windows, not packets. At end of
-   input every operator `finish()`es and the link punctuates END_OF_INPUT (int64 max).
-3. the Spark stage of each picked query runs over its spool (`Stage.run_available`; the stages
-   of several queries side by side, one driver thread each) into a collecting sink; the rows
-   go to the output (stdout table, CSV, JSON lines, Parquet) in query order.
+1. plan the query file for its links (`--link NAME=PCAP` files or `--interface NAME=IFACE`
+   live interfaces) and pick the queries to run: those named by `--output`, else every query
+   that no other query reads. A picked query the Spark stage cannot run is an error naming it
+   before any packet is read.
+2. per link, one source feeds every low-level operator of the picked queries that read it
+   (`tools.feeds`): capture files are replayed interleaved by capture time, at full speed or
+   paced (`tools.replay`); interfaces are captured live by a thread each into a packet ring
+   (`tools.livelinks`). Timer-driven punctuation (`tools.punctuation`) advances each link's
+   low-watermark every period, and during a lull to `clock - slack`, so silent links do not
+   stall windows. Partial rows and punctuation go to the spool.
+3. the Spark stages combine the partial rows, close windows on the combined punctuation and
+   hand the rows to the outputs (`tools.outputs`). A replay at full speed runs them once the
+   low level is done (the JVM starts meanwhile in the background); paced and live runs run
+   them continuously, so each window appears as soon as its punctuation arrives.
 
-The Spark session starts in a background thread at the beginning, so the JVM start-up overlaps
-the low level. Output conventions: CSV/JSON times as integers, `ipv4` columns as dotted quads,
-`ip` columns as text (dotted quad for IPv4-mapped addresses, RFC 5952 otherwise, as
-`highlevel.finalize.ip_text_arrow` writes them).
+SIGTERM or Ctrl-C stops the sources; every link then punctuates "end of input", every open
+window is closed and written, and the run ends normally. A second Ctrl-C aborts.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -37,26 +34,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tools.errors import RunConfigError, RunError, RunLinkError, UnsupportedQueryError
+from tools.feeds import END_OF_INPUT, SPOOL_FLUSH_ROWS  # noqa: F401  (re-exported)
+from tools.outputs import FORMATS, QueryOutput  # noqa: F401
+from tools.outputs import output_format as _format_of
 
 log = logging.getLogger(__name__)
 
 NS = 1_000_000_000
-FORMATS = ("table", "csv", "jsonl", "parquet")
-_SUFFIX_FORMAT = {".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
-                  ".parquet": "parquet", ".pq": "parquet"}
-#: partial rows buffered per operator before a spool file is written without punctuation
-SPOOL_FLUSH_ROWS = 1 << 20
-#: the punctuation of a link whose capture has ended: every window may close
-END_OF_INPUT = (1 << 63) - 1
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """One offline run. `links`: (name, capture path) pairs; `outputs`: (query, path or "-")
-    pairs, empty for every query that no other query reads, to stdout."""
+    """One run. `links`: (name, capture path) pairs; `interfaces`: (name, interface) pairs
+    (one kind or the other); `outputs`: (query, path or "-") pairs, empty for every query that
+    no other query reads, to stdout."""
 
     query_file: str
-    links: tuple[tuple[str, str], ...]
+    links: tuple[tuple[str, str], ...] = ()
     outputs: tuple[tuple[str, str], ...] = ()
     format: str | None = None            # None: from the output path's suffix, else table
     overrides: tuple[tuple[str, str], ...] = ()
@@ -64,21 +58,43 @@ class RunConfig:
     master: str | None = None
     spool: str | None = None             # None: a temporary directory removed at the end
     checkpoint: str | None = None        # None: a temporary directory removed at the end
-    punctuate_every_ns: int = NS
+    punctuate_every_ns: int = NS         # timer period (data time at full speed, else wall)
     batch_size: int = 65536
     parallel_stages: int = 4             # Spark stages of different queries run side by side
+    interfaces: tuple[tuple[str, str], ...] = ()
+    speed: float | None = None           # None: as fast as possible; N: N x real time
+    duration_ns: int | None = None       # stop after this much of the run's clock
+    lull_slack_ns: int = NS              # a silent link punctuates clock - slack
+    progress: bool | None = None         # None: when stderr is a terminal
+    capture_options: tuple[tuple[str, object], ...] = ()   # capture.live.LiveCapture options
+    extra_sinks: tuple = ()              # (query, Sink) pairs beside the outputs (NetFlow ...)
+
+    @property
+    def link_names(self) -> list[str]:
+        return [n for n, _ in self.links] + [n for n, _ in self.interfaces]
+
+    @property
+    def live(self) -> bool:
+        return bool(self.interfaces)
+
+    @property
+    def streaming(self) -> bool:
+        """Stages run continuously (paced and live runs) rather than after the low level."""
+        return self.live or self.speed is not None
 
 
 @dataclass
 class LinkSummary:
     name: str
-    path: str
+    path: str                           # the capture file, or "interface IFACE"
     packets: int = 0
     bytes: int = 0
     malformed: int = 0
     reasons: dict = field(default_factory=dict)
     problems: list = field(default_factory=list)
     punctuations: int = 0
+    ring_drops: int = 0
+    kernel_drops: int = 0
 
 
 @dataclass
@@ -101,10 +117,16 @@ class RunSummary:
     links: dict[str, LinkSummary]
     queries: dict[str, QuerySummary]
     results: dict = field(default_factory=dict, repr=False)   # query -> pyarrow.Table
+    ended: str = "end of input"         # or "duration", "stopped", "capture failed"
+    clock_origin: tuple | None = None   # paced runs: (epoch s, capture ns) of the clock's start
     lowlevel_seconds: float = 0.0
     spark_wait_seconds: float = 0.0     # waiting for the session after the low level ended
     highlevel_seconds: float = 0.0
     total_seconds: float = 0.0
+
+    @property
+    def problems(self) -> list[str]:
+        return [f"link {s.name}: {p}" for s in self.links.values() for p in s.problems]
 
     def format(self) -> str:
         """The human summary printed on stderr at the end of a run."""
@@ -116,7 +138,9 @@ class RunSummary:
             bad = ", ".join(f"{k} {v}" for k, v in sorted(s.reasons.items())
                             if k not in benign) or "none"
             lines.append(f"link {s.name}: {s.packets} packets, {s.bytes} bytes, "
-                         f"{s.malformed} malformed ({bad}), {s.punctuations} punctuations")
+                         f"{s.malformed} malformed ({bad}), {s.ring_drops} ring drops, "
+                         f"{s.kernel_drops} kernel drops, {s.punctuations} punctuations "
+                         f"[{s.path}]")
             lines += [f"link {s.name}: problem: {p}" for p in s.problems]
         for q in self.queries.values():
             lines.append(f"query {q.name}: {q.rows} rows -> {q.output} ({q.format}); "
@@ -124,8 +148,8 @@ class RunSummary:
                          f"{q.evictions} evictions, {q.flushed} flushed, "
                          f"{q.forced_full_flushes} forced full flushes, "
                          f"{q.late_packets} late packets, {q.late_partial_rows} late partials")
-        lines.append(f"time: low level {self.lowlevel_seconds:.2f} s, waiting for Spark "
-                     f"{self.spark_wait_seconds:.2f} s, Spark stage "
+        lines.append(f"run ended: {self.ended}; time: low level {self.lowlevel_seconds:.2f} s, "
+                     f"waiting for Spark {self.spark_wait_seconds:.2f} s, Spark stage "
                      f"{self.highlevel_seconds:.2f} s, total {self.total_seconds:.2f} s")
         return "\n".join(lines)
 
@@ -148,17 +172,18 @@ def load_plan(config: RunConfig):
     except (OSError, UnicodeDecodeError) as exc:
         raise QueryError(f"cannot read the query file: {exc}", path=str(path)) from None
     tree = parse(text, path=str(path))
-    names = [name for name, _ in config.links]
-    if not names:
-        raise RunConfigError("give at least one capture: --link NAME=PCAP")
+    names = config.link_names
+    option = {n: "--interface" if i >= len(config.links) else "--link"
+              for i, n in enumerate(names)}
     wanted = mentioned_links(tree)
     unknown = [n for n in names if wanted and n not in wanted]
     missing = [n for n in wanted if n not in names]
     if wanted and (unknown or missing):
-        what = (f"--link {', '.join(unknown)} is not a link of the query file"
-                if unknown else f"no capture given for link {', '.join(missing)}")
+        what = (f"{option[unknown[0]]} {', '.join(unknown)} is not a link of the query file"
+                if unknown else f"no source given for link {', '.join(missing)}")
         raise RunLinkError(f"{path.name}: {what}; its links are {', '.join(wanted)} "
-                           f"(write --link {wanted[0]}=PCAP)")
+                           f"(write --link {wanted[0]}=PCAP or --interface "
+                           f"{wanted[0]}=IFACE)")
     return plan_file(tree, names, dict(config.params), dict(config.overrides), source=text)
 
 
@@ -200,208 +225,10 @@ def choose_queries(plan, config: RunConfig) -> list[tuple[object, str]]:
 
 
 def output_format(config: RunConfig, out: str) -> str:
-    if config.format is not None:
-        if config.format not in FORMATS:
-            raise RunConfigError(f"--format {config.format}: allowed {', '.join(FORMATS)}")
-        return config.format
-    return "table" if out == "-" else _SUFFIX_FORMAT.get(Path(out).suffix.lower(), "csv")
+    return _format_of(config.format, out)
 
 
-# --- the low level ----------------------------------------------------------------------------
-
-class _Feed:
-    """One low-level operator of one link and its spool writer, with buffered partial rows."""
-
-    def __init__(self, plan, spool_root, summary: QuerySummary):
-        from highlevel.spool import SpoolWriter
-        from lowlevel.operator import LowLevelOperator
-
-        self.op = LowLevelOperator(plan)
-        self.writer = SpoolWriter(spool_root, plan.query, plan.link, fsync=False)
-        self.summary = summary
-        self.buffer: list = []
-        self.buffered = 0
-
-    def add(self, parts) -> None:
-        for b in parts:
-            if b.num_rows:
-                self.buffer.append(b)
-                self.buffered += b.num_rows
-
-    def write(self, punctuation: int | None) -> None:
-        if not self.buffer and punctuation is None:
-            return
-        self.writer.write(self.buffer, punctuation)
-        self.summary.partial_rows += self.buffered
-        self.summary.spool_files += 1
-        self.buffer, self.buffered = [], 0
-
-    def process(self, batch) -> None:
-        self.add(self.op.process(batch))
-        if self.buffered >= SPOOL_FLUSH_ROWS:
-            self.write(None)
-
-    def punctuate(self, p: int) -> None:
-        rows, out = self.op.punctuate(p)
-        self.add(rows)
-        if out is not None:
-            self.write(out)
-
-    def finish(self) -> None:
-        # the operator's final punctuation is the end of its last pane; the input is over,
-        # though, so the link punctuates "nothing follows": a sliding window that reaches
-        # past the last pane closes too (the reference evaluator outputs it)
-        rows, _ = self.op.finish()
-        self.add(rows)
-        self.write(END_OF_INPUT)
-
-
-def align_down(t: int, step: int) -> int:
-    return t - t % step if step > 0 else t
-
-
-def run_link(name: str, path: str, feeds: list[_Feed], config: RunConfig) -> LinkSummary:
-    """Read one capture through the feeds of its link; punctuation from the data clock."""
-    from capture.reader import open_capture
-
-    summary = LinkSummary(name, str(path))
-    slides = [f.op.plan.window.slide_ns for f in feeds if f.op.plan.window is not None]
-    step = min(slides) if slides else 0
-    every = max(1, int(config.punctuate_every_ns))
-    last_p: int | None = None
-    due: int | None = None
-    seen: int | None = None      # the largest capture time so far (records may be disordered)
-    with open_capture(path, link=name, batch_size=config.batch_size) as reader:
-        for batch in reader:
-            if len(batch) == 0:
-                continue
-            for f in feeds:
-                f.process(batch)
-            top = int(batch["timestamp"].max())
-            seen = top if seen is None else max(seen, top)
-            if due is None:
-                due = seen + every
-            if seen < due:
-                continue
-            due = seen + every
-            p = align_down(seen, step)
-            if last_p is not None and p <= last_p:
-                continue
-            last_p = p
-            summary.punctuations += 1
-            for f in feeds:
-                f.punctuate(p)
-        stats = reader.stats
-    for f in feeds:
-        f.finish()
-    summary.packets, summary.bytes = stats.packets, stats.bytes
-    summary.malformed, summary.reasons = stats.malformed, stats.reasons
-    summary.problems = list(stats.problems)
-    return summary
-
-
-# --- output -------------------------------------------------------------------------------------
-
-class CollectSink:
-    """A stage sink keeping every micro-batch's closed rows in memory (results are small)."""
-
-    def __init__(self):
-        self.tables = []
-
-    def write(self, batch_id: int, table) -> bool:
-        if table.num_rows:
-            self.tables.append(table)
-        return True
-
-    def close(self) -> None:
-        pass
-
-    def table(self, schema):
-        import pyarrow as pa
-
-        return pa.concat_tables(self.tables) if self.tables else schema.empty_table()
-
-
-def display_table(table, qp):
-    """The output table as written: `ipv4` columns as dotted-quad text."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    types = {o.name: o.type.lower() for o in qp.high.outputs}
-    arrays = []
-    for name in table.column_names:
-        col = table.column(name).combine_chunks()
-        if types.get(name) == "ipv4" and pa.types.is_integer(col.type):
-            v = np.asarray(col.fill_null(0).cast(pa.uint64())).astype(np.uint64)
-            octets = [pa.array(((v >> np.uint64(s)) & np.uint64(255)).astype(np.int64))
-                      .cast(pa.string()) for s in (24, 16, 8, 0)]
-            text = pc.binary_join_element_wise(*octets, ".")
-            col = pa.array(text.to_numpy(zero_copy_only=False), pa.string(),
-                           mask=np.asarray(col.is_null()))
-        arrays.append(col)
-    return pa.Table.from_arrays(arrays, names=table.column_names)
-
-
-def write_output(table, fmt: str, out: str) -> None:
-    """Write one query's result table to a file or stdout ("-") in `fmt`."""
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
-
-    if fmt == "table":
-        text = format_table(table)
-        if out == "-":
-            sys.stdout.write(text)
-            sys.stdout.flush()
-        else:
-            Path(out).write_text(text)
-        return
-    binary = sys.stdout.buffer if out == "-" else None
-    try:
-        fh = binary or open(out, "wb")
-    except OSError as exc:
-        raise RunError(f"cannot write the output {out}: {exc}") from None
-    try:
-        if fmt == "csv":
-            # pyarrow quotes every header name; SELECT names are plain identifiers
-            fh.write((",".join(table.column_names) + "\n").encode())
-            pacsv.write_csv(table, fh, pacsv.WriteOptions(include_header=False,
-                                                          quoting_style=_csv_quoting(table)))
-        elif fmt == "parquet":
-            pq.write_table(table, fh)
-        else:
-            import json
-
-            for row in table.to_pylist():
-                fh.write(json.dumps(row, separators=(",", ":")).encode() + b"\n")
-        fh.flush()
-    finally:
-        if binary is None:
-            fh.close()
-
-
-def _csv_quoting(table) -> str:
-    """Quote strings only when some value needs it (addresses as text never do)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    for col in table.columns:
-        if pa.types.is_string(col.type) and len(col) and \
-                pc.any(pc.match_substring_regex(col, r'[,"\r\n]')).as_py():
-            return "needed"
-    return "none"
-
-
-def format_table(table) -> str:
-    names = table.column_names
-    rows = [["" if v is None else str(v) for v in r.values()] for r in table.to_pylist()]
-    widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
-    lines = ["  ".join(n.rjust(w) for n, w in zip(names, widths))]
-    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows]
-    return "\n".join(lines) + "\n"
-
-
-# --- the run ------------------------------------------------------------------------------------
+# --- the high level -----------------------------------------------------------------------------
 
 class _SessionStarter(threading.Thread):
     """Starts the Spark session while the low level runs (JVM start-up takes seconds)."""
@@ -425,11 +252,161 @@ class _SessionStarter(threading.Thread):
         return self.session
 
 
-def run_offline(config: RunConfig) -> RunSummary:
-    """Run the queries of `config.query_file` over its capture files; results to the outputs."""
+class _SimpleGraph:
+    """The stages of windowed aggregations over links, one per query (StageGraph's API)."""
+
+    def __init__(self, plan, queries, spool, checkpoint, *, sinks, spark, trigger,
+                 parallel: int = 4):
+        from highlevel.spec import from_high_level
+        from highlevel.stage import Stage
+
+        self.plan = plan
+        self.names = list(queries)
+        self.parallel = parallel
+        self.stages = {q: Stage(from_high_level(plan.query(q).high), spool,
+                                Path(checkpoint) / q, sinks.get(q, []), spark=spark,
+                                trigger=trigger)
+                       for q in self.names}
+
+    def run_available(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        stages = list(self.stages.values())
+        if len(stages) == 1 or self.parallel <= 1:
+            for s in stages:
+                s.run_available()
+            return
+        # a stage's time is mostly small Spark jobs and driver round trips: they overlap
+        with ThreadPoolExecutor(min(len(stages), self.parallel),
+                                thread_name_prefix="oopscope-stage") as pool:
+            list(pool.map(lambda s: s.run_available(), stages))
+
+    def start(self) -> None:
+        for s in self.stages.values():
+            s.start()
+
+    def stop(self) -> None:
+        for s in self.stages.values():
+            if s.query is not None:
+                s.query.processAllAvailable()
+            s.stop()
+
+    def late_rows(self, query: str) -> int:
+        return self.stages[query].state.late_rows
+
+
+def _build_graph(plan, chosen, spool, checkpoint, sinks, spark, config: RunConfig):
+    return _SimpleGraph(plan, [qp.name for qp, _ in chosen], spool, checkpoint, sinks=sinks,
+                        spark=spark, trigger="200 milliseconds",
+                        parallel=config.parallel_stages)
+
+
+class _Continuous(threading.Thread):
+    """Paced and live runs: starts the stages as soon as Spark is up, stops them at the end
+    after they have processed everything in the spool."""
+
+    def __init__(self, starter: _SessionStarter, build):
+        super().__init__(name="oopscope-highlevel", daemon=True)
+        self.starter, self.build = starter, build
+        self.graph = None
+        self.error: BaseException | None = None
+        self.ready = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self.graph = self.build(self.starter.result())
+            self.graph.start()
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.ready.set()
+
+    def finish(self):
+        self.ready.wait()
+        if self.error is not None:
+            raise self.error
+        self.graph.stop()
+        return self.graph
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+class _StopRequest:
+    """SIGTERM / Ctrl-C: the first asks the sources to stop (windows still close and are
+    written), a second Ctrl-C aborts."""
+
+    def __init__(self):
+        self.asked = False
+        self._old = {}
+
+    def __call__(self) -> bool:
+        return self.asked
+
+    def _handle(self, signum, frame) -> None:
+        if self.asked and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.asked = True
+        log.warning("stopping (%s): closing every window and writing the results; "
+                    "Ctrl-C again aborts", signal.Signals(signum).name)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def _check_sources(config: RunConfig) -> None:
+    if config.links and config.interfaces:
+        raise RunConfigError("give capture files (--link) or interfaces (--interface), not "
+                             "both: a run has one clock, the data's or the wall's")
+    if not config.links and not config.interfaces:
+        raise RunConfigError("give at least one source: --link NAME=PCAP or "
+                             "--interface NAME=IFACE")
+    for name, path in config.links:
+        if not Path(path).is_file():
+            raise RunLinkError(f"--link {name}={path}: no such capture file")
+    names = config.link_names
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise RunConfigError(f"link {', '.join(dup)} is given twice")
+    if config.speed is not None and config.speed <= 0:
+        raise RunConfigError(f"--speed {config.speed}: must be positive (or max)")
+    if config.punctuate_every_ns <= 0:
+        raise RunConfigError("--punctuate-every must be positive")
+
+
+def _workdir(given, prefix, option, chosen, temps) -> Path:
+    if given is not None:
+        root = Path(given)
+        for qp, _ in chosen:
+            # a re-run over an old spool or checkpoint would count the old partial rows
+            # again or skip new files of the same names: a run starts empty
+            used = root / qp.name
+            if used.is_dir() and any(used.iterdir()):
+                raise RunConfigError(f"{option} {root}: already holds data of query "
+                                     f"{qp.name!r} from an earlier run; give an empty "
+                                     f"directory")
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RunConfigError(f"{option} {root}: cannot create it: {exc}") from None
+        return root
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    temps.append(d)
+    return d
+
+
+def run(config: RunConfig) -> RunSummary:
+    """Run the queries of `config.query_file` over its links; results to the outputs."""
     from highlevel.spec import from_high_level
 
     started = time.perf_counter()
+    _check_sources(config)
     plan = load_plan(config)
     chosen = choose_queries(plan, config)
     for _, out in chosen:
@@ -442,99 +419,163 @@ def run_offline(config: RunConfig) -> RunSummary:
         raise RunConfigError(f"parquet on stdout takes one query, not {', '.join(stdout)}: "
                              f"name files with --output QUERY=PATH")
     specs = {qp.name: from_high_level(qp.high) for qp, _ in chosen}   # fails early
-    for name, path in config.links:
-        if not Path(path).is_file():
-            raise RunLinkError(f"--link {name}={path}: no such capture file")
-    temps = []
-
-    def workdir(given: str | None, prefix: str, option: str) -> Path:
-        if given is not None:
-            root = Path(given)
-            for qp, _ in chosen:
-                # a re-run over an old spool or checkpoint would count the old partial rows
-                # again or skip new files of the same names: an offline run starts empty
-                used = root / qp.name
-                if used.is_dir() and any(used.iterdir()):
-                    raise RunConfigError(f"{option} {root}: already holds data of query "
-                                         f"{qp.name!r} from an earlier run; give an empty "
-                                         f"directory")
-            try:
-                root.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise RunConfigError(f"{option} {root}: cannot create it: {exc}") from None
-            return root
-        d = Path(tempfile.mkdtemp(prefix=prefix))
-        temps.append(d)
-        return d
-
+    temps: list[Path] = []
     try:
-        spool = workdir(config.spool, "oopscope-spool-", "--spool")
-        checkpoint = workdir(config.checkpoint, "oopscope-ck-", "--checkpoint")
-        starter = _SessionStarter(config.master)
-        starter.start()
-        queries = {qp.name: QuerySummary(qp.name, out, output_format(config, out))
-                   for qp, out in chosen}
-        feeds: dict[str, list[_Feed]] = {name: [] for name, _ in config.links}
-        for qp, _ in chosen:
-            for lp in qp.low:
-                feeds[lp.link].append(_Feed(lp, spool, queries[qp.name]))
-        summary = RunSummary(links={}, queries=queries)
-        for name, path in config.links:
-            summary.links[name] = run_link(name, path, feeds[name], config)
-        for fs in feeds.values():
-            for f in fs:
-                c = f.op.counters
-                s = f.summary
-                s.evictions += c.get("evictions", 0)
-                s.flushed += c.get("flushed", 0)
-                s.forced_full_flushes += c.get("forced_full_flushes", 0)
-                s.late_packets += c.get("late", 0)
-        low_done = time.perf_counter()
-        summary.lowlevel_seconds = low_done - started
-        spark = starter.result()
-        summary.spark_wait_seconds = time.perf_counter() - low_done
-        high_started = time.perf_counter()
-        summary.results = run_stages(chosen, specs, spool, checkpoint, spark, config, summary)
-        summary.highlevel_seconds = time.perf_counter() - high_started
+        spool = _workdir(config.spool, "oopscope-spool-", "--spool", chosen, temps)
+        checkpoint = _workdir(config.checkpoint, "oopscope-ck-", "--checkpoint", chosen, temps)
+        with _StopRequest() as stop:
+            return _run(config, plan, chosen, specs, spool, checkpoint, started, stop)
     finally:
         for d in temps:
             shutil.rmtree(d, ignore_errors=True)
+
+
+#: the former name of `run` (offline runs are runs at --speed max)
+run_offline = run
+
+
+def _run(config, plan, chosen, specs, spool, checkpoint, started, stop) -> RunSummary:
+    from tools.feeds import LinkFeeds, OperatorFeed
+
+    starter = _SessionStarter(config.master)
+    starter.start()
+    queries = {qp.name: QuerySummary(qp.name, out, output_format(config, out))
+               for qp, out in chosen}
+    several = sum(1 for _, out in chosen if out == "-") > 1
+    outputs = {qp.name: QueryOutput(qp.name, qp.high.outputs, queries[qp.name].format, out,
+                                    specs[qp.name].output_arrow_schema(),
+                                    buffered=not config.streaming and (
+                                        queries[qp.name].format == "table"
+                                        or (several and out == "-")),
+                                    title=qp.name if several and out == "-" else None)
+               for qp, out in chosen}
+    sinks = {name: [o] for name, o in outputs.items()}
+    for name, sink in config.extra_sinks:
+        sinks.setdefault(name, []).append(sink)
+    per_link: dict[str, list] = {name: [] for name in config.link_names}
+    for qp, _ in chosen:
+        for lp in qp.low:
+            per_link[lp.link].append(OperatorFeed(lp, spool, queries[qp.name]))
+    feeds = {name: LinkFeeds(name, fs, config.lull_slack_ns) for name, fs in per_link.items()}
+    summary = RunSummary(links={}, queries=queries)
+
+    def build(spark):
+        return _build_graph(plan, chosen, spool, checkpoint, sinks, spark, config)
+
+    continuous = None
+    if config.streaming:
+        continuous = _Continuous(starter, build)
+        continuous.start()
+    sources = _open_sources(config, feeds, summary)
+    progress = _progress(config, feeds, sources, outputs)
+    try:
+        info: dict = {}
+        summary.ended = _drive(config, sources, feeds, stop, info)
+        summary.clock_origin = info.get("origin")
+        low_done = time.perf_counter()
+        summary.lowlevel_seconds = low_done - started
+        if continuous is not None:
+            graph = continuous.finish()
+            summary.highlevel_seconds = time.perf_counter() - low_done
+        else:
+            spark = starter.result()
+            summary.spark_wait_seconds = time.perf_counter() - low_done
+            high_started = time.perf_counter()
+            graph = build(spark)
+            graph.run_available()
+            summary.highlevel_seconds = time.perf_counter() - high_started
+    finally:
+        if progress is not None:
+            progress.stop()
+        for o in outputs.values():
+            o.close()
+        for name, sink in config.extra_sinks:
+            sink.close()
+    _collect(summary, config, sources, feeds, graph, outputs)
     summary.total_seconds = time.perf_counter() - started
     return summary
 
 
-def run_stages(chosen, specs, spool: Path, checkpoint: Path, spark, config: RunConfig,
-               summary: RunSummary) -> dict:
-    """Run the Spark stage of every chosen query over the spool, then write the outputs.
+def _open_sources(config: RunConfig, feeds: dict, summary: RunSummary) -> dict:
+    if config.live:
+        from tools.livelinks import LiveLink
 
-    The stages run side by side (one driver thread each): a stage's time is mostly small
-    Spark jobs and driver round trips, which overlap well on one session."""
-    from concurrent.futures import ThreadPoolExecutor
+        lives = {}
+        try:
+            for name, iface in config.interfaces:
+                lives[name] = LiveLink(name, iface, feeds[name],
+                                       period_ns=config.punctuate_every_ns,
+                                       options=dict(config.capture_options))
+        except BaseException:
+            for live in lives.values():
+                live.close()
+            raise
+        return lives
+    from tools.replay import FileLink
 
-    from highlevel.stage import Stage
+    return {name: FileLink(name, path, config.batch_size) for name, path in config.links}
 
-    def one(qp):
-        spec = specs[qp.name]
-        sink = CollectSink()
-        stage = Stage(spec, spool, checkpoint / qp.name, [sink], spark=spark)
-        stage.run_available()
-        return display_table(sink.table(spec.output_arrow_schema()), qp), stage.state.late_rows
 
-    if len(chosen) == 1 or config.parallel_stages <= 1:
-        done = [one(qp) for qp, _ in chosen]
-    else:
-        with ThreadPoolExecutor(min(len(chosen), config.parallel_stages),
-                                thread_name_prefix="oopscope-stage") as pool:
-            done = list(pool.map(one, [qp for qp, _ in chosen]))
-    results = {}
-    to_stdout = sum(1 for _, out in chosen if out == "-")
-    for (qp, out), (table, late_rows) in zip(chosen, done):
-        q = summary.queries[qp.name]
-        q.rows = table.num_rows
-        q.late_partial_rows = late_rows
-        if out == "-" and to_stdout > 1:
-            # several results on stdout: say where each one starts
-            sys.stdout.write(f"{'' if q.format == 'table' else '# '}query {qp.name}:\n")
-        write_output(table, q.format, out)
-        results[qp.name] = table
-    return results
+def _drive(config: RunConfig, sources: dict, feeds: dict, stop, info: dict) -> str:
+    if config.live:
+        from tools.livelinks import run_live
+
+        return run_live(sources, feeds, duration_ns=config.duration_ns, stop=stop)
+    from tools.replay import replay
+
+    return replay(sources, feeds, speed=config.speed, period_ns=config.punctuate_every_ns,
+                  duration_ns=config.duration_ns, stop=stop, info=info)
+
+
+def _progress(config: RunConfig, feeds: dict, sources: dict, outputs: dict):
+    show = sys.stderr.isatty() if config.progress is None else config.progress
+    if not show:
+        return None
+    from tools.progress import Progress
+
+    def sample():
+        packets = sum(f.packets for f in feeds.values())
+        rows = sum(o.rows for o in outputs.values())
+        drops = sum(_drops(s)[0] + _drops(s)[1] for s in sources.values())
+        seen = [f.timer.max_seen for f in feeds.values() if f.timer.max_seen is not None]
+        clock = time.strftime("%H:%M:%S", time.gmtime(min(seen) / NS)) if seen else ""
+        return packets, rows, drops, clock
+
+    progress = Progress(sample)
+    progress.start()
+    return progress
+
+
+def _drops(source) -> tuple[int, int]:
+    """(our ring's drops, the kernel's drops) of a source."""
+    ring = getattr(source, "ring", None)
+    capture = getattr(source, "capture", None)
+    ring_drops = ring.stats().dropped if ring is not None else 0
+    kernel = getattr(getattr(capture, "stats", None), "kernel_drops", 0) if capture else 0
+    return int(ring_drops), int(kernel or 0)
+
+
+def _collect(summary: RunSummary, config: RunConfig, sources, feeds, graph, outputs) -> None:
+    for name, source in sources.items():
+        stats = source.capture.stats if config.live else source.stats
+        path = f"interface {dict(config.interfaces)[name]}" if config.live else source.path
+        s = LinkSummary(name, str(path))
+        # what reached the low level (a stopped replay may have read a little further)
+        s.packets, s.bytes = feeds[name].packets, feeds[name].bytes
+        s.malformed, s.reasons = int(stats.malformed), dict(stats.reasons)
+        s.problems = list(stats.problems)
+        if not config.live and source.problem and source.problem not in s.problems:
+            s.problems.append(source.problem)
+        s.punctuations = feeds[name].timer.count
+        s.ring_drops, s.kernel_drops = _drops(source)
+        summary.links[name] = s
+    for f in feeds.values():
+        for q, c in f.counters():
+            q.evictions += c.get("evictions", 0)
+            q.flushed += c.get("flushed", 0)
+            q.forced_full_flushes += c.get("forced_full_flushes", 0)
+            q.late_packets += c.get("late", 0)
+    for name, q in summary.queries.items():
+        q.rows = outputs[name].rows
+        q.late_partial_rows = graph.late_rows(name)
+        summary.results[name] = outputs[name].table()

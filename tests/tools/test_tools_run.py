@@ -126,7 +126,7 @@ CASES = [
     ("q8_1", "q8_1", [], {}),
     ("top_talkers", "top_talkers", ["--param", "min_bytes=200000"], {"min_bytes": "200000"}),
     ("dns_volume", "dns_volume", [], {}),
-    ("netflow", "netflow_tcp", [], {}),
+    ("netflow", "netflow", [], {}),
     ("sliding_count", "sliding_count", [], {}),
     ("port_scan", "port_scan", ["--param", "min_ports=2"], {"min_ports": "2"}),
 ]
@@ -175,16 +175,39 @@ def test_query_file_with_avg_and_tiny_table(capture, batches, spark_session, tmp
     assert_same_rows(out, want, plan.query("avg_len"))
 
 
-def test_every_query_of_a_file_in_one_run(capture, batches, spark_session, tmp_path, capsys):
-    """netflow.gsql: four queries, their Spark stages side by side, one CSV each."""
-    names = ["netflow_tcp", "netflow_udp", "netflow_icmp", "netflow_other"]
+TWO_QUERIES = """
+DEFINE { query_name tcp_flows; }
+SELECT tb, srcIP, destIP, srcPort, destPort, COUNT(*) AS packets, SUM(ip_len) AS bytes,
+       OR_AGGR(flags) AS tcp_flags
+FROM main.TCP
+GROUP BY time/60 AS tb, srcIP, destIP, srcPort, destPort;
+
+DEFINE { query_name udp_flows; }
+SELECT tb, srcIP, destIP, srcPort, destPort, COUNT(*) AS packets, SUM(ip_len) AS bytes
+FROM main.UDP
+GROUP BY time/60 AS tb, srcIP, destIP, srcPort, destPort;
+"""
+
+
+@pytest.fixture(scope="session")
+def two_queries(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("twoq") / "flows.gsql"
+    path.write_text(TWO_QUERIES)
+    return path
+
+
+def test_every_query_of_a_file_in_one_run(two_queries, capture, batches, spark_session,
+                                          tmp_path, capsys):
+    """Two queries, their Spark stages side by side, one CSV each."""
+    names = ["tcp_flows", "udp_flows"]
     outputs = [x for n in names for x in ("--output", f"{n}={tmp_path / n}.csv")]
-    code, _, err = run_cli(["run", "netflow", "--link", f"main={capture}", *outputs], capsys)
+    code, _, err = run_cli(["run", str(two_queries), "--link", f"main={capture}", *outputs],
+                           capsys)
     assert code == 0, err
-    plan, want = reference("netflow", batches)
+    plan, want = reference(str(two_queries), batches)
     for n in names:
+        assert len(want[n]) > 0
         assert_same_rows(tmp_path / f"{n}.csv", want[n], plan.query(n))
-    assert sum(len(want[n]) for n in names) > len(want["netflow_tcp"]) > 0
 
 
 FLUSH_CASES = [["--set", "flush=oop_lazy"], ["--set", "flush=oop_slow"],
@@ -193,17 +216,18 @@ FLUSH_CASES = [["--set", "flush=oop_lazy"], ["--set", "flush=oop_slow"],
 
 
 @pytest.mark.parametrize("settings", FLUSH_CASES, ids=[s[1] for s in FLUSH_CASES])
-def test_flush_policy_and_table_size_do_not_change_results(settings, capture, batches,
-                                                            spark_session, tmp_path, capsys):
-    out = tmp_path / "netflow_tcp.csv"
-    code, _, err = run_cli(["run", "netflow", "--link", f"main={capture}", *settings,
-                            "--output", f"netflow_tcp={out}", "--format", "csv"], capsys)
+def test_flush_policy_and_table_size_do_not_change_results(settings, two_queries, capture,
+                                                            batches, spark_session, tmp_path,
+                                                            capsys):
+    out = tmp_path / "tcp_flows.csv"
+    code, _, err = run_cli(["run", str(two_queries), "--link", f"main={capture}", *settings,
+                            "--output", f"tcp_flows={out}", "--format", "csv"], capsys)
     assert code == 0, err
-    plan, want = reference("netflow", batches)
-    assert_same_rows(out, want["netflow_tcp"], plan.query("netflow_tcp"))
-    line = next(x for x in err.splitlines() if x.startswith("query netflow_tcp:"))
+    plan, want = reference(str(two_queries), batches)
+    assert_same_rows(out, want["tcp_flows"], plan.query("tcp_flows"))
+    line = next(x for x in err.splitlines() if x.startswith("query tcp_flows:"))
     evictions = int(line.split(" evictions")[0].rsplit(" ", 1)[1])
-    tcp_packets = int(want["netflow_tcp"]["packets"].sum())
+    tcp_packets = int(want["tcp_flows"]["packets"].sum())
     if settings[1] == "aggregate_slots=4":
         # thousands of flows in 4 slots: nearly every packet evicts a resident group
         assert evictions > tcp_packets // 2

@@ -1,0 +1,379 @@
+"""Live capture on Linux: an AF_PACKET socket with a memory-mapped TPACKET_V3 ring, read as `PacketBatch`es.
+
+    with open_interface("eth0", link="uplink", block_size=1 << 22, block_count=64) as cap:
+        while running:
+            batch = cap.poll(0.5)          # None when nothing arrived within 0.5 s (a lull)
+            if batch is not None:
+                feed(batch)
+        print(cap.stats.packets, cap.stats.kernel_drops)
+
+The kernel writes packets into `block_count` blocks of `block_size` bytes and hands a block
+over when it is full or `frame_timeout_ms` after its first packet (the latency bound of a
+quiet link). `poll` walks the handed-over blocks with a Numba kernel (`capture.tpacket`) that
+fills the framing columns of `capture.decode.make_columns`, decodes them with the file
+reader's `decode_rows`, and only then gives the blocks back: batches never alias the ring.
+Like `capture.reader.CaptureReader`, a batch is a VIEW into output columns reused by the next
+`poll`: a consumer that keeps one must `batch.copy()` it.
+
+Choices a user may need to know:
+- Both directions are captured (what tcpdump does); the snap length is applied in the kernel
+  by a one-instruction BPF program, so a short snap length also saves ring space.
+- A VLAN tag the NIC or the receive path moved into packet metadata is put back into the frame
+  (as libpcap does), so `vlan` and the lengths are those of the frame on the wire.
+- Drops: the kernel counts packets it could not store because every block was still ours
+  (PACKET_STATISTICS, read and accumulated: each read resets the kernel's counters);
+  `stats.freezes` counts how often that happened, `stats.losing_blocks` blocks the kernel
+  marked as having lost packets before them.
+- An interface that goes down is reported once in `stats.problems` and capture resumes when
+  it comes back; one that is removed ends the capture (`ended`, iteration stops).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import mmap
+import os
+import select
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from .batch import PacketBatch
+from .decode import LINK_ETHERNET, LINK_RAW, DecodeColumns, decode_rows, make_columns
+from .errors import ConfigError, InterfaceError
+from .reader import ReaderStats
+from .schema import COLUMNS
+from .tpacket import (
+    ETH_P_ALL, MAX_SNAPLEN, PACKET_RX_RING, SOL_PACKET, W_WRAPPED, add_promiscuous, attach_snaplen_filter, block_ready,
+    frame_size_for, map_ring, read_statistics, release_blocks, ring_request, ring_views, set_version_v3,
+    walk_blocks,
+)
+
+log = logging.getLogger(__name__)
+
+#: ARPHRD_* device types -> the pcap link type of what a SOCK_RAW packet socket reads from them
+_ARPHRD_LINKS = {
+    1: LINK_ETHERNET,       # ARPHRD_ETHER (veth, bridges, bonds, most NICs)
+    6: LINK_ETHERNET,       # ARPHRD_IEEE802
+    772: LINK_ETHERNET,     # ARPHRD_LOOPBACK: Linux gives loopback frames an Ethernet header
+    512: LINK_RAW,          # ARPHRD_PPP: no link header through a packet socket
+    519: LINK_RAW,          # ARPHRD_RAWIP
+    768: LINK_RAW,          # ARPHRD_TUNNEL (ipip)
+    769: LINK_RAW,          # ARPHRD_TUNNEL6
+    776: LINK_RAW,          # ARPHRD_SIT
+    0xFFFE: LINK_RAW,       # ARPHRD_NONE (tun, wireguard)
+}
+_PAGE = mmap.PAGESIZE
+
+
+def _max_ring() -> int:
+    """The largest ring accepted: half the physical memory (ring pages are pinned kernel memory)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    except (ValueError, OSError):
+        return 1 << 34
+
+
+@dataclass
+class LiveStats(ReaderStats):
+    """What a live capture has seen: the reader's counters plus the kernel's and the ring's."""
+
+    kernel_packets: int = 0     # packets the kernel passed to the socket (captured + dropped)
+    kernel_drops: int = 0       # packets dropped because the ring was full
+    freezes: int = 0            # times the kernel found the next block still ours (queue frozen)
+    losing_blocks: int = 0      # blocks handed over with TP_STATUS_LOSING (drops happened before them)
+    timeout_blocks: int = 0     # blocks handed over by the frame timeout rather than full
+    bad_headers: int = 0        # packets skipped because their ring header was inconsistent
+    blocks: int = 0             # blocks read
+
+    def count(self, cols: dict[str, np.ndarray]) -> None:
+        self.packets += len(cols["len"])
+        self.bytes += int(cols["len"].sum(dtype=np.int64))
+        self.captured_bytes += int(cols["caplen"].sum(dtype=np.int64))
+        self.reason_counts += np.bincount(cols["reason"], minlength=256)
+
+
+def interfaces() -> list[str]:
+    """Names of the network interfaces of this namespace, sorted."""
+    try:
+        return sorted(name for _, name in socket.if_nameindex())
+    except OSError:
+        net = Path("/sys/class/net")
+        return sorted(p.name for p in net.iterdir()) if net.is_dir() else []
+
+
+def _interface_index(interface: str) -> int:
+    try:
+        return socket.if_nametoindex(interface)
+    except (OSError, ValueError):
+        names = ", ".join(interfaces()) or "none"
+        raise InterfaceError(f"interface {interface!r} does not exist (interfaces here: {names})") from None
+
+
+def _link_type(interface: str) -> int:
+    try:
+        hatype = int(Path(f"/sys/class/net/{interface}/type").read_text().strip())
+    except (OSError, ValueError):
+        return LINK_ETHERNET  # no sysfs (an unusual container): the common case
+    link = _ARPHRD_LINKS.get(hatype)
+    if link is None:
+        raise InterfaceError(f"interface {interface!r} has device type ARPHRD {hatype}, whose frames oopscope "
+                             f"does not decode (Ethernet, loopback and raw-IP devices are supported)")
+    return link
+
+
+def _check_options(snaplen: int, block_size: int, block_count: int, frame_timeout_ms: int, batch_size: int) -> None:
+    def bad(option: str, value, allowed: str):
+        raise ConfigError(f"live capture option {option}={value!r} is not valid: {allowed}")
+
+    if not 1 <= snaplen <= MAX_SNAPLEN:
+        bad("snaplen", snaplen, f"between 1 and {MAX_SNAPLEN} bytes")
+    if block_size < _PAGE or block_size % _PAGE:
+        bad("block_size", block_size, f"a positive multiple of the page size ({_PAGE} bytes)")
+    if block_size >= 1 << 31:
+        bad("block_size", block_size, "below 2 GiB")
+    if block_count < 1:
+        bad("block_count", block_count, "at least 1")
+    if block_size * block_count > _max_ring():
+        bad("block_count", block_count, f"the ring (block_size * block_count) must stay within half the "
+            f"memory ({_max_ring() >> 20} MiB): the kernel pins it")
+    if not 0 <= frame_timeout_ms < 1 << 31:
+        bad("frame_timeout_ms", frame_timeout_ms, "0 (the kernel's default) or a positive number of ms")
+    if batch_size < 1:
+        bad("batch_size", batch_size, "at least 1")
+
+
+class LiveCapture:
+    """Packets of one interface as `PacketBatch`es, from a TPACKET_V3 ring (see the module doc).
+
+    `poll(timeout_s)` gives the next batch or None after `timeout_s` of nothing; iterating
+    gives batches (no empty ones) until `close()`. Use as a context manager.
+    """
+
+    def __init__(self, interface: str, link: str | None = None, *, snaplen: int = MAX_SNAPLEN,
+                 promiscuous: bool = False, block_size: int = 1 << 22, block_count: int = 64,
+                 frame_timeout_ms: int = 100, batch_size: int = 65536):
+        self.interface = str(interface)
+        self.link = link if link is not None else self.interface
+        snaplen, block_size, block_count = int(snaplen), int(block_size), int(block_count)
+        frame_timeout_ms, batch_size = int(frame_timeout_ms), int(batch_size)
+        _check_options(snaplen, block_size, block_count, frame_timeout_ms, batch_size)
+        self.snaplen = snaplen
+        self.block_size = block_size
+        self.block_count = block_count
+        self.batch_size = batch_size
+        self.ended = False
+        self._stats = LiveStats()
+        self._sock: socket.socket | None = None
+        self._mm: mmap.mmap | None = None
+        self._ifindex = _interface_index(self.interface)
+        self._link_type = _link_type(self.interface)
+        try:
+            self._open(promiscuous, frame_timeout_ms)
+        except BaseException:
+            self.close()
+            raise
+        self._out: DecodeColumns = make_columns(batch_size)
+        self._cursor = np.zeros(3, np.int64)
+        self._done = np.zeros(block_count, np.int64)
+        self._counters = np.zeros(3, np.int64)
+        self._poller = select.poll()
+        self._poller.register(self._sock.fileno(), select.POLLIN | select.POLLERR)
+        self._down = False
+        self._warm()
+
+    # --- setup -----------------------------------------------------------------------------
+    def _open(self, promiscuous: bool, timeout_ms: int) -> None:
+        name = self.interface
+        try:
+            # protocol 0 at creation: the socket sees nothing until bind() names the interface
+            # and ETH_P_ALL, so no other interface's packets slip into the ring in between
+            self._sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+        except PermissionError:
+            raise InterfaceError(f"capturing on interface {name!r} needs root or the CAP_NET_RAW capability "
+                                 f"(opening a packet socket was refused)") from None
+        except OSError as exc:
+            raise InterfaceError(f"cannot open a packet socket for interface {name!r}: "
+                                 f"{exc.strerror or exc}") from None
+        sock = self._sock
+        frame = frame_size_for(self.snaplen, self.block_size)
+        try:
+            set_version_v3(sock)
+            attach_snaplen_filter(sock, self.snaplen)
+        except OSError as exc:
+            raise InterfaceError(f"interface {name!r}: the kernel refused TPACKET_V3 ({exc.strerror or exc}); "
+                                 f"Linux 3.2 or later is needed") from None
+        try:
+            sock.setsockopt(SOL_PACKET, PACKET_RX_RING, ring_request(self.block_size, self.block_count, frame, timeout_ms))
+        except OSError as exc:
+            size = self.block_size * self.block_count
+            if exc.errno == errno.ENOMEM:
+                raise ConfigError(f"live capture ring of {self.block_count} blocks of {self.block_size} bytes "
+                                  f"({size >> 20} MiB) could not be allocated: lower block_count or "
+                                  f"block_size") from None
+            raise ConfigError(f"the kernel refused the live capture ring for {name!r} (block_size="
+                              f"{self.block_size}, block_count={self.block_count}, frame_timeout_ms={timeout_ms}):"
+                              f" {exc.strerror or exc}") from None
+        self._mm = map_ring(sock, self.block_size * self.block_count)
+        self._r8, self._r16, self._r32 = ring_views(self._mm)
+        try:
+            sock.bind((name, ETH_P_ALL))
+            if promiscuous:
+                add_promiscuous(sock, self._ifindex)
+        except OSError as exc:
+            if exc.errno == errno.ENODEV:
+                _interface_index(name)  # gone since we looked: the "does not exist" message
+            raise InterfaceError(f"cannot capture on interface {name!r}: {exc.strerror or exc}") from None
+        log.info("capturing on %s (link %s): %d blocks of %d KiB, snaplen %d%s", name, self.link,
+                 self.block_count, self.block_size >> 10, self.snaplen, ", promiscuous" if promiscuous else "")
+
+    def _warm(self) -> None:
+        """Load (or compile) the kernels now, with calls that touch nothing: a first poll takes
+        about a second otherwise, which would break its timeout."""
+        walk_blocks(self._r32, self._r16, self._r8, self.block_size, self.block_count, self._cursor,
+                    self._link_type, self.snaplen, True, self._out, 0, 0, self._done, self._counters)
+        decode_rows(self._r8, self._out, 0, 0)
+        release_blocks(self._r32, self.block_size, self._done, 0)
+        block_ready(self._r32, self.block_size, 0)
+
+    # --- context manager -------------------------------------------------------------------
+    def __enter__(self) -> "LiveCapture":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop capturing (idempotent). The kernel counters are read one last time first."""
+        if self._sock is not None:
+            self._read_kernel_stats()
+        # the numpy views pin the mapping: drop them before unmapping
+        self._r8 = self._r16 = self._r32 = None
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    @property
+    def closed(self) -> bool:
+        return self._sock is None
+
+    def fileno(self) -> int:
+        """The socket's descriptor (readable when a block is handed over), for a caller's own poll."""
+        if self._sock is None:
+            raise ValueError("live capture is closed")
+        return self._sock.fileno()
+
+    # --- statistics ------------------------------------------------------------------------
+    @property
+    def stats(self) -> LiveStats:
+        """Counters so far (reads and accumulates the kernel's, which reset on every read)."""
+        if self._sock is not None:
+            self._read_kernel_stats()
+        return self._stats
+
+    def _read_kernel_stats(self) -> None:
+        try:
+            packets, drops, freezes = read_statistics(self._sock)
+        except OSError as exc:  # not expected on a live socket; never fatal
+            log.debug("PACKET_STATISTICS failed on %s: %s", self.interface, exc)
+            return
+        st = self._stats
+        st.kernel_packets += packets
+        st.kernel_drops += drops
+        st.freezes += freezes
+
+    # --- reading ---------------------------------------------------------------------------
+    def ready(self) -> bool:
+        """True when a handed-over block waits to be read (poll(0) would return a batch)."""
+        if self._sock is None:
+            return False
+        return bool(block_ready(self._r32, self.block_size, self._cursor[0]))
+
+    def poll(self, timeout_s: float) -> PacketBatch | None:
+        """The packets of the blocks handed over so far (up to `batch_size`), waiting up to
+        `timeout_s` seconds for one; None when nothing came (or the capture is closed/ended)."""
+        if self._sock is None or self.ended:
+            return None
+        deadline = time.monotonic() + max(0.0, float(timeout_s))
+        while True:
+            batch = self._read()
+            if batch is not None:
+                self._down = False
+                return batch
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            events = self._poller.poll(max(1, int(left * 1000 + 0.999)))
+            if any(ev & select.POLLERR for _, ev in events):
+                self._socket_error()
+                if self.ended:
+                    return None
+                time.sleep(min(left, 0.05))  # the interface is down: do not spin on POLLERR
+
+    def __iter__(self) -> Iterator[PacketBatch]:
+        """Batches until close() (or until the interface is removed); lulls are skipped."""
+        while self._sock is not None and not self.ended:
+            batch = self.poll(0.1)
+            if batch is not None:
+                yield batch
+
+    def _read(self) -> PacketBatch | None:
+        out = self._out
+        row = 0
+        while row < self.batch_size:
+            first = row
+            row, status, ndone = walk_blocks(
+                self._r32, self._r16, self._r8, self.block_size, self.block_count, self._cursor,
+                self._link_type, self.snaplen, self._link_type == LINK_ETHERNET, out, row, self.batch_size,
+                self._done, self._counters)
+            # decode while the frames are still ours; only then give their blocks back
+            decode_rows(self._r8, out, first, row)
+            if ndone:
+                release_blocks(self._r32, self.block_size, self._done, ndone)
+                self._stats.blocks += ndone
+            if status != W_WRAPPED:
+                break
+        c = self._counters
+        st = self._stats
+        st.losing_blocks, st.timeout_blocks, st.bad_headers = int(c[0]), int(c[1]), int(c[2])
+        if row == 0:
+            return None
+        cols = {col.name: getattr(out, col.name)[:row] for col in COLUMNS}
+        st.count(cols)
+        return PacketBatch(self.link, cols)
+
+    def _socket_error(self) -> None:
+        """POLLERR: the interface went down (resumes when it comes back up) or was removed (ends)."""
+        err = self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)  # reading clears it
+        try:
+            index = socket.if_nametoindex(self.interface)
+        except OSError:
+            index = 0
+        if index != self._ifindex:
+            msg = f"interface {self.interface!r} was removed; capture on link {self.link!r} ended"
+            self.ended = True
+        elif not self._down:
+            msg = f"interface {self.interface!r} went down ({os.strerror(err) if err else 'error'}); waiting for it"
+            self._down = True
+        else:
+            return
+        self._stats.problems.append(msg)
+        log.warning("%s", msg)
+
+
+def open_interface(interface: str, link: str | None = None, **options) -> LiveCapture:
+    """Open a live capture on `interface` (the link is named after it unless `link` is given).
+
+    Options: snaplen, promiscuous, block_size, block_count, frame_timeout_ms, batch_size (see
+    LiveCapture). Raises InterfaceError (missing interface, no permission, undecodable device
+    type) and ConfigError (invalid ring options), both with a one-line message.
+    """
+    return LiveCapture(interface, link, **options)

@@ -1,0 +1,244 @@
+"""The stage graph of a run: one Spark stage per query (and per join/MERGE side over links).
+
+`StageGraph(plan, queries, spool, checkpoint, sinks=...)` builds the stages of the asked
+queries and of every query they read, transitively, in file order (a query only reads earlier
+ones, so file order is a topological order). Edges are spools: an upstream stage's closed rows
+and output punctuation go through a `SpoolSink` into the reader's spool directory (link name =
+the upstream query, or the FROM alias for join and MERGE inputs), in the same atomic
+Parquet + marker-row format the low level writes, so every stage reads one directory as one
+stream and melds its inputs' punctuation the same way.
+
+Stages by plan kind:
+- aggregate over links: `Stage` (combine partials, Meld/Merge, close windows);
+- aggregate over a query: `Stage` whose micro-batches first run the row plan in Spark
+  (`highlevel.rowplans`), then combine/close as for links (1-minute -> 5-minute rollups);
+- select: `SelectStage` (rows pass through, Meld punctuation);
+- join: `JoinStage` (OA-Join); a side over links gets a `SelectStage` named `<query>@<alias>`
+  that unions its links into the join's spool;
+- merge: `MergeStage`; sources over links get a side stage as for joins.
+`low_plans()` lists what the low level must run: for join/MERGE sides the plan's `query` is
+the side stage's name `<query>@<alias>` (the spool directory to write), and
+`query_of(plan)` gives the user query it belongs to.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+from highlevel.errors import StageConfigError
+from highlevel.sinks import Sink, SpoolSink
+from highlevel.stage import DEFAULT_TRIGGER, Stage
+
+log = logging.getLogger(__name__)
+
+
+def _gsql(t: str) -> str:
+    t = t.lower()
+    return "ip" if t in ("ip", "ipv6") else t
+
+
+def output_columns_of(qp) -> list[tuple[str, str]]:
+    """(name, GSQL type) of a query's result rows, as readers see them."""
+    return [(o.name, _gsql(o.type)) for o in qp.high.outputs]
+
+
+class StageGraph:
+    """Every Spark stage a set of queries needs, wired by spools (see the module docstring)."""
+
+    def __init__(self, plan, queries: list[str], spool, checkpoint, *,
+                 sinks: dict[str, list[Sink]], spark=None, master=None,
+                 trigger: str = DEFAULT_TRIGGER):
+        from highlevel.session import get_session
+
+        self.plan = plan
+        self.spool, self.checkpoint = Path(spool), Path(checkpoint)
+        self.spark = spark or get_session(master)
+        self.trigger = trigger
+        self.user_sinks = {q: list(v) for q, v in (sinks or {}).items()}
+        for q in queries:
+            try:
+                plan.query(q)
+            except KeyError:
+                raise StageConfigError(f"query {q!r} is not in the file; its queries are "
+                                       f"{', '.join(plan.names)}") from None
+        self.queries = self._closure(list(queries))
+        # sinks each query's stage writes to: user sinks plus spool sinks of its readers
+        self.sinks: dict[str, list[Sink]] = {q: list(self.user_sinks.get(q, ()))
+                                             for q in self.queries}
+        self._low: list = []
+        self._query_of: dict[str, str] = {}
+        self.stages: list[tuple[str, Stage]] = []     # (stage name, stage), upstream first
+        self.stage_of: dict[str, Stage] = {}
+        built: dict[str, object] = {}
+        for qp in plan.queries:
+            if qp.name in self.queries:
+                built[qp.name] = self._build(qp)
+        for name, make in built.items():
+            # side stages were appended by _build; the query's own stage now has all its sinks
+            stage = make()
+            self.stages.append((name, stage))
+            self.stage_of[name] = stage
+        order = {q: i for i, q in enumerate(plan.names)}
+        self.stages.sort(key=lambda s: (order[s[0].split("@")[0]], "@" not in s[0]))
+
+    # --- building ----------------------------------------------------------------------------
+    def _inputs(self, qp) -> list[str]:
+        h = qp.high
+        if h.kind == "join":
+            return [s.input for s in (h.join.left, h.join.right) if s.kind == "query"]
+        if h.kind == "merge":
+            return [s.query for s in qp.analysed.sources if s.kind == "query"]
+        return list(h.inputs) if h.input_kind == "queries" else []
+
+    def _closure(self, queries: list[str]) -> list[str]:
+        seen: set[str] = set()
+        todo = list(queries)
+        while todo:
+            q = todo.pop()
+            if q in seen:
+                continue
+            seen.add(q)
+            todo += self._inputs(self.plan.query(q))
+        return [q for q in self.plan.names if q in seen]
+
+    def _ck(self, name: str) -> Path:
+        return self.checkpoint / name
+
+    def _feed(self, upstream: str, reader: str, link: str, prefix: str = "") -> None:
+        self.sinks[upstream].append(SpoolSink(self.spool, reader, link, prefix))
+
+    def _kw(self):
+        return dict(spark=self.spark, trigger=self.trigger)
+
+    def _side_stage(self, qp, alias: str, link_column: str | None, prefix: str):
+        """The selection stage unioning one join/MERGE side's links into the query's spool."""
+        from highlevel.rowstage import SelectStage
+        from queries import expressions as E
+
+        name = f"{qp.name}@{alias}"
+        plans = [lp for lp in qp.low if lp.side == alias]
+        if not plans:
+            raise StageConfigError(f"query {qp.name!r}: no low-level plans for side {alias!r}")
+        proj = [(k.name, _gsql(k.type)) for k in plans[0].projections]
+        low_cols = [c for c in proj if c[0] != link_column]
+        for lp in plans:
+            keep = tuple(k for k in lp.projections if k.name != link_column)
+            self._low.append(replace(lp, query=name, projections=keep))
+            self._query_of[name] = qp.name
+        outputs = [(n, E.Field(name=n, type=t), t) for n, t in proj]
+        stage = SelectStage(name, tuple(lp.link for lp in plans), low_cols, outputs,
+                            self.spool, self._ck(name),
+                            [SpoolSink(self.spool, qp.name, alias, prefix)],
+                            link_column=link_column, **self._kw())
+        self.stages.append((name, stage))
+        self.stage_of[name] = stage
+        return proj
+
+    def _build(self, qp):
+        from highlevel.join import JoinStage
+        from highlevel.rowplans import prepare_function
+        from highlevel.rowstage import MergeStage, SelectStage
+        from highlevel.rows import raw_schema
+        from highlevel.spec import from_high_level
+
+        h, name = qp.high, qp.name
+        outputs = [(o.name, o.expr, _gsql(o.type)) for o in h.outputs]
+        if h.kind == "aggregate":
+            if h.window is None:
+                raise StageConfigError(f"query {name!r}: an aggregation without a window "
+                                       f"is not supported by the Spark stage")
+            if h.input_kind == "links":
+                self._add_low(qp)
+                spec = from_high_level(h)
+                return lambda: Stage(spec, self.spool, self._ck(name), self.sinks[name],
+                                     **self._kw())
+            (up,) = h.inputs
+            (rp,) = h.row_plans
+            cols = output_columns_of(self.plan.query(up))
+            self._feed(up, name, up)
+            spec = from_high_level(replace(h, input_kind="links"))
+            return lambda: Stage(spec, self.spool, self._ck(name), self.sinks[name],
+                                 input_schema=raw_schema(cols),
+                                 prepare=prepare_function(rp, cols, spec), **self._kw())
+        if h.kind == "select":
+            if h.input_kind == "links":
+                self._add_low(qp)
+                cols = [(k.name, _gsql(k.type)) for k in qp.low[0].projections]
+                return lambda: SelectStage(name, h.inputs, cols, outputs, self.spool,
+                                           self._ck(name), self.sinks[name], **self._kw())
+            (up,) = h.inputs
+            cols = output_columns_of(self.plan.query(up))
+            self._feed(up, name, up)
+            return lambda: SelectStage(name, h.inputs, cols, outputs, self.spool,
+                                       self._ck(name), self.sinks[name], predicate=h.predicate,
+                                       **self._kw())
+        if h.kind == "join":
+            columns = {}
+            for side in (h.join.left, h.join.right):
+                prefix = f"{side.alias}__"
+                if side.kind == "query":
+                    columns[side.alias] = output_columns_of(self.plan.query(side.input))
+                    self._feed(side.input, name, side.alias, prefix)
+                else:
+                    columns[side.alias] = self._side_stage(qp, side.alias, None, prefix)
+            return lambda: JoinStage(name, h.join, columns, outputs, self.spool, self._ck(name),
+                                     self.sinks[name], **self._kw())
+        if h.kind == "merge":
+            aliases = [f.table for f in h.merge_fields]
+            cols = [(o.name, _gsql(o.type)) for o in h.outputs]
+            for alias, source in zip(aliases, qp.analysed.sources):
+                if source.kind == "query":
+                    self._feed(source.query, name, alias)
+                else:
+                    link_col = "link" if any(c == "link" for c, _ in cols) else None
+                    self._side_stage(qp, alias, link_col, "")
+            return lambda: MergeStage(name, aliases, cols, h.merge_fields, cols, self.spool,
+                                      self._ck(name), self.sinks[name], **self._kw())
+        raise StageConfigError(f"query {name!r}: plan kind {h.kind!r} is not supported")
+
+    def _add_low(self, qp) -> None:
+        for lp in qp.low:
+            self._low.append(lp)
+            self._query_of[lp.query] = qp.name
+
+    # --- the API the pipeline calls ----------------------------------------------------------
+    def low_plans(self) -> list:
+        """Every low-level plan the graph needs; write each one's partials with
+        `SpoolWriter(spool, plan.query, plan.link)` (for a join/MERGE side `plan.query` is
+        the side stage `<query>@<alias>`)."""
+        return list(self._low)
+
+    def query_of(self, low_plan) -> str:
+        """The user query a low-level plan of `low_plans()` belongs to."""
+        return self._query_of.get(low_plan.query, low_plan.query)
+
+    def run_available(self) -> None:
+        """Process all spool input, upstream before downstream. One pass in file order is a
+        fixpoint: a stage only writes to the spools of later stages."""
+        for _, stage in self.stages:
+            stage.run_available()
+
+    def start(self) -> None:
+        for _, stage in self.stages:
+            stage.start()
+
+    def stop(self) -> None:
+        """Stop the continuous queries, then process what is left in the spools."""
+        for _, stage in self.stages:
+            stage.stop()
+        self.run_available()
+
+    def stage(self, query: str) -> Stage:
+        return self.stage_of[query]
+
+    def late_rows(self, query: str) -> int:
+        return self.stage_of[query].state.late_rows
+
+    def closed_rows(self, query: str) -> int:
+        return self.stage_of[query].state.closed_rows
+
+    def punctuation(self, query: str) -> int | None:
+        """The query's output punctuation (ns) so far."""
+        return self.stage_of[query].state.punctuation

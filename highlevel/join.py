@@ -1,0 +1,261 @@
+"""OA-Join (SEMANTICS.md section 7) on Spark: tumbling-window and band equi-joins of two inputs.
+
+The join's spool holds the rows of both sides (files whose link is the side's alias, columns
+prefixed `alias__`), written by the side's upstream stage (a query, or the selection stage
+that unions the side's links). Per micro-batch:
+
+1. each side's punctuation (in file order) gives its bound b_i, mapped to the side's temporal
+   value (the tumbling attribute or the band's WA) with the column's TimeForm;
+2. new rows of each side are evaluated in Spark (`mapInArrow`: side filter, equality keys,
+   temporal value) and joined with the other side's stored rows and new rows (new x stored,
+   stored x new, new x new: every pair exactly once); the residual condition and the SELECT
+   list are evaluated over the joined rows;
+3. the stored sets are updated (matched flags for preserved sides of outer joins) and purged
+   with the new bounds: a left row is kept only while a future right row can still match it
+   (tumbling: its window >= win(b_R); band: l.ts >= b_R - RANGE_L), symmetrically on the right;
+   an unmatched purged row of a preserved side is emitted once, the other side null;
+4. the output punctuation (ns) is the earliest time a future result can carry:
+   min(b_L, b_R) for a tumbling join, min(b_L, b_R - RANGE_L) / min(b_R, b_L - RANGE_R) on
+   the two timestamps for a band join (the individual punctuation of section 7), mapped back
+   to ns.
+Band joins: `l` joins `r` iff `l.wa - RANGE_R <= r.wa < l.wa + RANGE_L` (JoinPlan's convention).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute.coalesce)
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from highlevel import rows as R
+from highlevel.errors import StageConfigError
+from highlevel.rowstage import INT64_MAX, RowSpec, RowStage, form_value
+from highlevel.spool import LINK
+from queries import expressions as E
+from queries.inference import type_of
+
+
+def _inverse(form, v: int) -> int:
+    """The first time (ns) whose temporal value is >= v."""
+    k = -((-(v - form.shift)) // form.scale)
+    return max(min(k * form.pane_ns - form.offset_ns, INT64_MAX), -INT64_MAX)
+
+
+def _key_kind(le, re_) -> str:
+    lt, rt = type_of(le), type_of(re_)
+    if "ip" in (lt, rt):
+        return "ip"
+    if "float" in (lt, rt):
+        return "float"
+    if lt in ("string", "str") or rt in ("string", "str"):
+        return "string"
+    return "llong"
+
+
+class JoinStage(RowStage):
+    """One join query: `join` is the planner's JoinPlan, `columns` maps each alias to the
+    (name, GSQL type) raw columns of its rows, `outputs` (name, expression, GSQL type)."""
+
+    def __init__(self, query: str, join, columns: dict, outputs, spool, checkpoint, sinks,
+                 **kw):
+        self.join = join
+        self.sides = (join.left, join.right)
+        self.columns = columns
+        self.outputs = [(n, t) for n, _, t in outputs]
+        self.out_exprs = list(outputs)
+        if join.temporal is not None:
+            self.band = False
+            self.forms = tuple(e.form for e in join.temporal)
+            self.vexprs = tuple(join.temporal)
+        elif join.left.range is not None and join.right.range is not None:
+            self.band = True
+            self.forms = (join.left.wa.form, join.right.wa.form)
+            self.vexprs = (join.left.wa, join.right.wa)
+        else:
+            raise StageConfigError(f"query {query!r}: a join needs equal temporal attributes "
+                                   f"or a band (RANGE on both sides)")
+        if any(f is None for f in self.forms):
+            raise StageConfigError(f"query {query!r}: the join's temporal attributes must be "
+                                   f"increasing (a TimeForm on both sides)")
+        self.kinds = [_key_kind(le, re_) for le, re_ in join.keys]
+        fields = R.meta_fields()
+        for s in self.sides:
+            fields += R.raw_fields(columns[s.alias], prefix=f"{s.alias}__")
+        super().__init__(RowSpec(query, (join.left.alias, join.right.alias),
+                                 T.StructType(fields)), spool, checkpoint, sinks, **kw)
+        self.side_schema = [self._side_schema(i) for i in (0, 1)]
+        self.out_schema = T.StructType([T.StructField("window", T.LongType())]
+                                       + [T.StructField(f"__{t}{c}", T.LongType())
+                                          for t in "LR" for c in ("rb", "ri")]
+                                       + R.raw_fields(self.outputs))
+
+    # --- schemas and row functions -----------------------------------------------------------
+    def _side_schema(self, i: int) -> T.StructType:
+        t = "LR"[i]
+        s = self.sides[i]
+        fields = [T.StructField(f"__{t}w", T.LongType()), T.StructField(f"__{t}v", T.LongType())]
+        for j, kind in enumerate(self.kinds):
+            fields += R.raw_fields([(f"__{t}k{j}", kind)])
+        fields += [T.StructField(f"__{t}rb", T.LongType()), T.StructField(f"__{t}ri", T.LongType()),
+                   T.StructField(f"__{t}m", T.BooleanType())]
+        return T.StructType(fields + R.raw_fields(self.columns[s.alias], prefix=f"{s.alias}__"))
+
+    def _side_function(self, i: int, batch_id: int):
+        t, s = "LR"[i], self.sides[i]
+        cols, prefix, schema = self.columns[s.alias], f"{s.alias}__", self.side_schema[i]
+        keys = [pair[i] for pair in self.join.keys]
+        kinds, vexpr, pred = self.kinds, self.vexprs[i], s.predicate
+
+        def fn(batches):
+            for b in batches:
+                n = b.num_rows
+                values = R.to_values(b, cols, prefix, alias=s.alias)
+                keep = R.keep_mask(pred, values, n)
+                if not keep.all():
+                    idx = np.flatnonzero(keep)
+                    values, b, n = R.take_values(values, idx), b.take(pa.array(idx)), len(idx)
+                out = {c: b.column(c) for c in b.schema.names if c.startswith(prefix)}
+                out[f"__{t}w"] = b.column("window")
+                v = np.broadcast_to(R.evaluate(vexpr, values, n), (n,))
+                out[f"__{t}v"] = pa.array(np.asarray(v).astype(np.int64))
+                for j, (expr, kind) in enumerate(zip(keys, kinds)):
+                    for c, a in R.from_value(R.evaluate(expr, values, n), kind, n,
+                                             f"__{t}k{j}"):
+                        out[c] = a
+                out[f"__{t}rb"] = pa.array(np.full(n, batch_id, np.int64))
+                out[f"__{t}m"] = pa.array(np.zeros(n, bool))
+                yield R.batch_table(b, schema, out)
+
+        return fn
+
+    def _output_function(self, mode: str):
+        """Outputs over joined rows (mode "LR"), or over one side's unmatched rows ("L"/"R")."""
+        sides = [s for t, s in zip("LR", self.sides) if t in mode]
+        columns, exprs, schema = self.columns, self.out_exprs, self.out_schema
+        residual = self.join.residual if mode == "LR" else None
+
+        def fn(batches):
+            for b in batches:
+                n = b.num_rows
+                values = {}
+                for s in sides:
+                    values.update(R.to_values(b, columns[s.alias], f"{s.alias}__", s.alias))
+                keep = R.keep_mask(residual, values, n)
+                if not keep.all():
+                    idx = np.flatnonzero(keep)
+                    values, b, n = R.take_values(values, idx), b.take(pa.array(idx)), len(idx)
+                names = set(b.schema.names)
+                out = {c: b.column(c) for c in
+                       ("__Lrb", "__Lri", "__Rrb", "__Rri") if c in names}
+                w = [b.column(f"__{t}w") for t in "LR" if f"__{t}w" in names]
+                out["window"] = w[0] if len(w) == 1 else pa.compute.coalesce(*w)
+                aliases = {s.alias for s in sides}
+                for name, expr, gsql in exprs:
+                    used = {f.table for f in expr.find_all(E.Field)}
+                    if used <= aliases:
+                        for c, a in R.from_value(R.evaluate(expr, values, n), gsql, n, name):
+                            out[c] = a
+                yield R.batch_table(b, schema, out)
+
+        return fn
+
+    # --- one micro-batch ---------------------------------------------------------------------
+    def _condition(self, lf, rf):
+        cond = F.lit(True)
+        for j, kind in enumerate(self.kinds):
+            for c in R.raw_names(f"k{j}", kind):
+                cond = cond & (lf[f"__L{c}"] == rf[f"__R{c}"])
+        lv, rv = lf["__Lv"], rf["__Rv"]
+        if self.band:
+            cond = cond & (lv - F.lit(self.sides[1].range) <= rv) & \
+                (rv < lv + F.lit(self.sides[0].range))
+        else:
+            cond = cond & (lv == rv)
+        return cond
+
+    def _step(self, state, data, rows, bounds, batch_id):
+        spark = self.spark
+        new, old = [None, None], [None, None]
+        for i, s in enumerate(self.sides):
+            if data is not None:
+                side = data.where(F.col(LINK) == F.lit(s.alias))
+                new[i] = (side.mapInArrow(self._side_function(i, batch_id), self.side_schema[i])
+                          .withColumn(f"__{'LR'[i]}ri", F.monotonically_increasing_id())
+                          .persist())
+            d = state.extra.get(f"{'lr'[i]}_dir")
+            if d:
+                old[i] = spark.read.schema(self.side_schema[i]).parquet(str(self.state_root / d))
+        pairs = []
+        if new[0] is not None and (old[1] is not None or new[1] is not None):
+            other = new[1] if old[1] is None else (old[1] if new[1] is None
+                                                   else old[1].unionByName(new[1]))
+            pairs.append((new[0], other))
+        if old[0] is not None and new[1] is not None:
+            pairs.append((old[0], new[1]))
+        results = None
+        for lf, rf in pairs:
+            j = lf.join(rf, self._condition(lf, rf), "inner")
+            res = j.mapInArrow(self._output_function("LR"), self.out_schema)
+            results = res if results is None else results.unionByName(res)
+        tables = []
+        if results is not None:
+            results = results.persist()
+            tables.append(results.toArrow())
+        b = [None if bounds.get(s.alias) is None else form_value(f, bounds[s.alias])
+             for s, f in zip(self.sides, self.forms)]
+        preserved = {"inner": (), "left": (0,), "right": (1,), "outer": (0, 1)}[self.join.type]
+        for i in (0, 1):
+            t = "LR"[i]
+            parts = [p for p in (old[i], new[i]) if p is not None]
+            if not parts:
+                continue
+            allrows = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+            if i in preserved and results is not None:
+                hits = (results.select(f"__{t}rb", f"__{t}ri").where(F.col(f"__{t}rb").isNotNull())
+                        .distinct().withColumn("__hit", F.lit(True)))
+                allrows = (allrows.join(hits, [f"__{t}rb", f"__{t}ri"], "left")
+                           .withColumn(f"__{t}m", F.col(f"__{t}m") | F.coalesce("__hit", F.lit(False)))
+                           .drop("__hit"))
+            other = b[1 - i]
+            if other is None:
+                keep = F.lit(True)
+            elif self.band:
+                keep = F.col(f"__{t}v") >= F.lit(other - self.sides[i].range)
+            else:
+                keep = F.col(f"__{t}v") >= F.lit(other)
+            allrows = allrows.persist()
+            if i in preserved:
+                lonely = allrows.where(~keep & ~F.col(f"__{t}m"))
+                tables.append(lonely.mapInArrow(self._output_function(t), self.out_schema)
+                              .toArrow())
+            d = f"buf-{'lr'[i]}-{batch_id:010d}"
+            allrows.where(keep).write.mode("overwrite").parquet(str(self.state_root / d))
+            allrows.unpersist()
+            state.extra[f"{'lr'[i]}_dir"] = d
+        for f in new:
+            if f is not None:
+                f.unpersist()
+        if results is not None:
+            results.unpersist()
+        state.extra["bounds"] = b
+        tables = [x for x in tables if x.num_rows]
+        if not tables:
+            return None
+        raw = pa.concat_tables(tables)
+        return raw.select(["window"] + [c for c in raw.column_names
+                                        if c != "window" and not c.startswith("__")])
+
+    def _output_punctuation(self, state, meld_out, bounds):
+        p = [bounds.get(s.alias) for s in self.sides]
+        if any(x is None for x in p):
+            return None
+        if all(x == INT64_MAX for x in p):
+            return INT64_MAX
+        b = [form_value(f, x) for f, x in zip(self.forms, p)]
+        if not self.band:
+            return min(_inverse(self.forms[0], min(b)), _inverse(self.forms[1], min(b)))
+        rl, rr = self.sides[0].range, self.sides[1].range
+        return min(_inverse(self.forms[0], min(b[0], b[1] - rl)),
+                   _inverse(self.forms[1], min(b[1], b[0] - rr)))

@@ -1,0 +1,107 @@
+"""StageGraph end to end: low level -> spool -> Spark stages -> sinks, equal to the reference.
+
+Every query kind the planner ships runs through the graph on generated packets with bounded
+disorder: aggregations over links (one link, two skewed links), query-on-query (a 1-minute ->
+5-minute rollup with WHERE and HAVING), selections over a link and over a query, the syn_flood
+join, a Q8-3-style reverse-direction flow join, a band join and MERGE.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from highlevel.errors import StageConfigError
+from highlevel.graph import StageGraph, output_columns_of
+from highlevel.sinks import Sink
+from highlevel.testing import ListSink, canonical_rows, feed_spool
+from queries.library import __file__ as library_init
+from queries.planner import plan_text
+from queries.reference import evaluate_file
+from queries.samples import random_batch
+
+HERE = Path(__file__).parent / "queries"
+LIBRARY = Path(library_init).parent
+SECOND = 10**9
+
+
+def _run(spark, tmp_path, text, batches, *, pieces, disorder_s, files_per_batch=None):
+    fp = plan_text(text, list(batches))
+    wanted = [q.name for q in fp.queries if not q.read_by]
+    sinks = {q: [ListSink()] for q in fp.names}
+    graph = StageGraph(fp, wanted, tmp_path / "spool", tmp_path / "ck", sinks=sinks, spark=spark)
+    feed_spool(graph.low_plans(), batches, tmp_path / "spool", pieces=pieces,
+               disorder_ns=disorder_s * SECOND, seed=pieces)
+    if files_per_batch:
+        for _, stage in graph.stages:
+            stage.max_files_per_trigger = files_per_batch
+    graph.run_available()
+    expected = evaluate_file(fp, batches)
+    for q in fp.names:
+        cols = output_columns_of(fp.query(q))
+        table = sinks[q][0].table()
+        got = canonical_rows(table.to_pandas(), cols) if table is not None else []
+        want = canonical_rows(expected[q], cols)
+        assert len(want) > 0, q
+        assert got == want, q
+        assert len(set(got)) == len(got) or len(set(want)) < len(want), q   # written once
+        assert graph.late_rows(q) == 0
+        assert graph.closed_rows(q) == len(got)
+    return graph, sinks, fp
+
+
+def test_rollup_selections_and_syn_flood_equal_the_reference(spark, tmp_path):
+    text = (HERE / "rollup.gsql").read_text() + ";\n" + (LIBRARY / "syn_flood.gsql").read_text()
+    batches = {"main": random_batch(2500, seed=3, span_s=420, hosts=6, sort=False)}
+    graph, sinks, fp = _run(spark, tmp_path, text, batches, pieces=4, disorder_s=3)
+    # the intermediate queries feed their readers through spools and also reached their sinks
+    assert [n for n, _ in graph.stages] == fp.names
+    lows = {(lp.query, lp.link) for lp in graph.low_plans()}
+    assert lows == {("m1", "main"), ("big", "main"), ("syns", "main"), ("synacks", "main")}
+    # the left outer join kept destinations without SYN-ACKs (null synacks) when there are any
+    ref = evaluate_file(fp, batches)["syn_flood"]
+    nulls = int(ref["synacks"].isna().sum())
+    got = sinks["syn_flood"][0].table().column("synacks")
+    assert got.null_count == nulls
+
+
+def test_two_skewed_links_joins_and_merge_equal_the_reference(spark, tmp_path):
+    q8_2 = (LIBRARY / "q8_2.gsql").read_text().replace("link1", "main").replace("link2", "other")
+    text = q8_2 + ";\n" + (HERE / "flow_join.gsql").read_text() + ";\n" + \
+        (HERE / "merge.gsql").read_text()
+    # the second link lags 40 s behind and covers another span: arrival skew between links
+    batches = {"main": random_batch(1500, seed=5, span_s=300, hosts=5),
+               "other": random_batch(1500, seed=6, link="other", span_s=300, hosts=5,
+                                     start_ns=1_700_000_040 * SECOND)}
+    graph, sinks, _ = _run(spark, tmp_path, text, batches, pieces=3, disorder_s=1,
+                           files_per_batch=3)
+    merged = sinks["merged"][0].table().column("time").to_pylist()
+    assert merged == sorted(merged)                         # MERGE output is ordered
+    assert graph.stage("merged").state.extra["buffered_rows"] == 0
+    # several micro-batches ran, so OA-Join state carried rows between batches
+    assert graph.stage("flows").state.batch >= 1
+
+
+def test_unsupported_combinations_name_the_query(spark, tmp_path):
+    text = "DEFINE { query_name q; } SELECT srcIP, count(*) FROM main.IP GROUP BY srcIP"
+    try:
+        fp = plan_text(text, ["main"])
+    except Exception:     # the planner refuses it already: nothing left to check here
+        fp = None
+    if fp is not None:
+        with pytest.raises(StageConfigError, match="'q'"):
+            StageGraph(fp, ["q"], tmp_path / "s", tmp_path / "c", sinks={}, spark=spark)
+    fp = plan_text((LIBRARY / "q8_1.gsql").read_text(), ["main"])
+    with pytest.raises(StageConfigError, match="'nope'.*q8_1"):
+        StageGraph(fp, ["nope"], tmp_path / "s", tmp_path / "c", sinks={}, spark=spark)
+
+
+def test_sink_protocol_extension_is_additive():
+    class Old(Sink):
+        def write(self, batch_id, table):
+            return True
+
+    s = Old()
+    assert s.raw is False and s.end_batch(0, 5) is None and s.write(0, None)

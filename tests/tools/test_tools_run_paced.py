@@ -1,0 +1,182 @@
+"""`oopscope run` in time: paced replay, timer punctuation during a lull, --duration, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.tools.test_tools_run import assert_same_rows, run_cli
+
+NS = 1_000_000_000
+
+UNION_QUERY = """
+DEFINE { query_name per5s; }
+SELECT tb, protocol, COUNT(*) AS packets, SUM(ip_len) AS bytes
+FROM [busy, quiet].IP
+GROUP BY time/5 AS tb, protocol;
+"""
+
+ONE_LINK_QUERY = """
+DEFINE { query_name per5s; }
+SELECT tb, protocol, COUNT(*) AS packets, SUM(ip_len) AS bytes
+FROM main.IP
+GROUP BY time/5 AS tb, protocol;
+"""
+
+
+@pytest.fixture(scope="session")
+def spark_session():
+    from highlevel.session import get_session
+
+    return get_session()
+
+
+@pytest.fixture(scope="session")
+def lull(tmp_path_factory):
+    """Two links over 60 s: `busy` all along, `quiet` silent for 40 s of it."""
+    from tools.traffic import TrafficConfig, generate
+
+    root = tmp_path_factory.mktemp("lull")
+    cfg = TrafficConfig(packets=20_000, duration_ns=60 * NS, groups=500, links=2,
+                        quiet_links=(1,), quiet_rate=200.0, lulls=1, lull_ns=40 * NS,
+                        seed=21)
+    paths = generate(cfg.validate(), root / "lull.pcap")
+    manifest = json.loads((root / "lull.pcap.manifest.json").read_text())
+    query = root / "per5s.gsql"
+    query.write_text(UNION_QUERY)
+    return {"busy": paths["l0"], "quiet": paths["l1"], "manifest": manifest, "query": query}
+
+
+@pytest.fixture(scope="session")
+def one_link(tmp_path_factory):
+    from tools.traffic import TrafficConfig, generate
+
+    root = tmp_path_factory.mktemp("one")
+    cfg = TrafficConfig(packets=30_000, duration_ns=120 * NS, groups=800, seed=22)
+    path = generate(cfg.validate(), root / "one.pcap")["l0"]
+    query = root / "per5s.gsql"
+    query.write_text(ONE_LINK_QUERY)
+    return {"pcap": path, "query": query}
+
+
+def _reference(query: Path, batches: dict):
+    from queries.planner import plan_text
+    from queries.reference import evaluate_file
+
+    plan = plan_text(query.read_text(), list(batches), {}, path=str(query))
+    return plan, evaluate_file(plan, batches, {})
+
+
+class TimingSink:
+    """Records when each window's rows reached the outputs (wall clock)."""
+
+    def __init__(self):
+        self.seen: dict[int, float] = {}
+
+    def write(self, batch_id, table) -> bool:
+        now = time.time()
+        for tb in table.column("tb").to_pylist():
+            self.seen.setdefault(int(tb), now)
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+def test_paced_run_closes_windows_during_a_lull(lull, spark_session, tmp_path):
+    """The quiet link's lull does not hold the busy link's windows back (timer punctuation:
+    clock - slack), and its packets after the lull are still counted."""
+    from capture.reader import read_all
+    from tools.pipeline import RunConfig, run
+
+    speed = 1.5
+    out = tmp_path / "per5s.csv"
+    timing = TimingSink()
+    config = RunConfig(str(lull["query"]),
+                       links=(("busy", str(lull["busy"])), ("quiet", str(lull["quiet"]))),
+                       outputs=(("per5s", str(out)),), speed=speed,
+                       extra_sinks=(("per5s", timing),))
+    summary = run(config)
+    assert summary.ended == "end of input"
+    batches = {n: read_all(lull[n], n) for n in ("busy", "quiet")}
+    plan, want = _reference(lull["query"], batches)
+    assert_same_rows(out, want["per5s"], plan.query("per5s"))
+    assert summary.links["quiet"].packets == len(batches["quiet"]) > 0
+
+    # windows whose end falls inside the lull appear a few seconds after the clock passes
+    # their end, not when the quiet link speaks again
+    wall0, t0 = summary.clock_origin
+    quiet = next(x for x in lull["manifest"]["links"] if x["quiet"])
+    (lull_start, lull_end), = quiet["lulls_ns"]
+    resumed = wall0 + (lull_end - t0) / NS / speed
+    inside = [tb for tb in timing.seen if lull_start + 10 * NS <= (tb + 1) * 5 * NS <= lull_end - 10 * NS]
+    assert inside, "no window ends inside the lull"
+    late_by = []
+    for tb in inside:
+        due = wall0 + ((tb + 1) * 5 * NS + NS - t0) / NS / speed   # end + 1 s lull slack
+        if due < wall0 + 8:    # the first seconds: the stages may still be starting
+            continue
+        late_by.append(timing.seen[tb] - due)
+        assert timing.seen[tb] < resumed, f"window {tb} waited for the quiet link"
+    assert late_by and max(late_by) < 8.0, late_by
+
+
+def test_duration_stops_the_replay_at_that_capture_time(one_link, spark_session, tmp_path):
+    from capture.reader import read_all
+    from tools.pipeline import RunConfig, run
+
+    out = tmp_path / "per5s.csv"
+    summary = run(RunConfig(str(one_link["query"]), links=(("main", str(one_link["pcap"])),),
+                            outputs=(("per5s", str(out)),), duration_ns=30 * NS))
+    assert summary.ended == "duration"
+    full = read_all(one_link["pcap"], "main")
+    ts = full["timestamp"]
+    keep = int(np.searchsorted(np.maximum.accumulate(ts), ts[0] + 30 * NS))
+    assert summary.links["main"].packets == keep < len(full)
+    plan, want = _reference(one_link["query"], {"main": full.slice(0, keep)})
+    assert_same_rows(out, want["per5s"], plan.query("per5s"))
+
+
+def test_sigterm_closes_every_window_and_exits_0(one_link, tmp_path):
+    """A paced run stopped by SIGTERM writes the windows of every packet it read, exit 0."""
+    from capture.reader import read_all
+    from tests.tools.test_tools_run import expected_rows
+
+    out = tmp_path / "per5s.csv"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "run", str(one_link["query"]),
+                             "--link", f"main={one_link['pcap']}", "--speed", "5",
+                             "--output", f"per5s={out}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            cwd=Path(__file__).resolve().parents[2])
+    time.sleep(6)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    err = err.decode()
+    assert proc.returncode == 0, err
+    assert "run ended: stopped" in err
+    packets = int(err.split("link main: ")[1].split(" packets")[0])
+    full = read_all(one_link["pcap"], "main")
+    assert 0 < packets < len(full)
+    plan, want = _reference(one_link["query"], {"main": full.slice(0, packets)})
+    assert_same_rows(out, want["per5s"], plan.query("per5s"))
+    assert expected_rows(want["per5s"], plan.query("per5s"))
+
+
+def test_speed_and_sources_are_checked(one_link, capsys):
+    code, _, err = run_cli(["run", str(one_link["query"]), "--link",
+                            f"main={one_link['pcap']}", "--speed", "fast"], capsys)
+    assert code == 2 and "--speed" in err
+    code, _, err = run_cli(["run", str(one_link["query"]), "--link",
+                            f"main={one_link['pcap']}", "--interface", "lo"], capsys)
+    assert code == 1 and "not both" in err
+    code, _, err = run_cli(["run", str(one_link["query"])], capsys)
+    assert code == 2 and "--interface" in err

@@ -1,0 +1,180 @@
+"""Benchmark of NetFlow metering: `oopscope run netflow` end to end beside softflowd and nfpcapd.
+
+    python -m tools.bench_netflow [--packets 5M] [--flows 500k] [--dir /tmp/oopscope-bench-nf]
+                                  [--timeout 900] [--json bench_netflow.json]
+
+One generated capture (`oopscope gen`, many flows, kept in --dir and reused) is metered by:
+- oopscope: `oopscope run netflow --link main=FILE --output netflow=OUT.csv` (a fresh process:
+  Python, Numba and Spark start-up included, as a user runs it);
+- softflowd: `softflowd -r FILE -a -v 9 -n 127.0.0.1:PORT -d` into a running nfcapd (the time
+  is softflowd's own run; nfcapd is stopped afterwards and its flow count read);
+- nfpcapd: `nfpcapd -r FILE -w DIR`.
+Each runs once (the machine is shared; --repeat N for medians); a tool that fails or times out
+is reported with its status and the last line of its error output. Prints a table of seconds
+and packets/s, and writes the JSON. Not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parents[1]
+_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
+
+
+def count(text: str) -> int:
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([kKmMgG]?)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count like 5M or 500k")
+    return int(float(m.group(1)) * _SUFFIX[m.group(2).lower()])
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tools.cli", *args]
+
+
+def make_capture(path: Path, packets: int, flows: int) -> Path:
+    """The capture (generated once; reused while its parameters match)."""
+    stamp = path.with_name(path.name + ".params")
+    params = f"{packets} {flows}"
+    if path.exists() and stamp.exists() and stamp.read_text() == params:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    groups = max(1, min(flows, max(flows // 8, 1000)))
+    cmd = _cli("gen", str(path), "-n", str(packets), "--duration", "10min", "--groups",
+               str(groups), "--flows", str(flows), "--tcp", "0.7", "--udp", "0.28", "--icmp",
+               "0.02", "--snaplen", "96", "--ipv6", "0.1", "--seed", "7")
+    log.info("generating: %s", " ".join(cmd))
+    subprocess.run(cmd, check=True, cwd=REPO)
+    stamp.write_text(params)
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _timed(cmd: list[str], timeout: float, cwd=None) -> dict:
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    except subprocess.TimeoutExpired:
+        return {"status": f"timeout after {timeout:.0f} s", "seconds": None}
+    except FileNotFoundError as exc:
+        return {"status": f"not installed: {exc.filename}", "seconds": None}
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
+        return {"status": f"exit {proc.returncode}: {tail[0][:160]}", "seconds": seconds}
+    return {"status": "ok", "seconds": seconds, "stderr": proc.stderr[-2000:]}
+
+
+def run_oopscope(capture: Path, work: Path, timeout: float) -> dict:
+    out = work / "netflow.csv"
+    out.unlink(missing_ok=True)
+    res = _timed(_cli("run", "netflow", "--link", f"main={capture}", "--output",
+                      f"netflow={out}"), timeout, cwd=REPO)
+    if res["status"] == "ok" and out.exists():
+        res["flows"] = max(0, sum(1 for _ in open(out)) - 1)
+    return res
+
+
+def run_softflowd(capture: Path, work: Path, timeout: float) -> dict:
+    if not (shutil.which("softflowd") and shutil.which("nfcapd")):
+        return {"status": "softflowd or nfcapd not installed", "seconds": None}
+    flowdir = Path(tempfile.mkdtemp(dir=work, prefix="softflowd-"))
+    port = _free_port()
+    collector = subprocess.Popen(["nfcapd", "-B", "33554432", "-b", "127.0.0.1", "-p", str(port),
+                                  "-w", str(flowdir)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT)
+    time.sleep(0.5)
+    try:
+        res = _timed(["softflowd", "-r", str(capture), "-a", "-v", "9", "-d", "-6",
+                      "-n", f"127.0.0.1:{port}", "-p", str(flowdir / "softflowd.pid"),
+                      "-c", str(flowdir / "softflowd.ctl")], timeout)
+    finally:
+        time.sleep(0.5)
+        collector.send_signal(signal.SIGTERM)
+        text, _ = collector.communicate(timeout=60)
+    m = re.search(r"Flows: (\d+)", text.decode(errors="replace"))
+    if m:
+        res["flows"] = int(m.group(1))
+    return res
+
+
+def run_nfpcapd(capture: Path, work: Path, timeout: float) -> dict:
+    if not shutil.which("nfpcapd"):
+        return {"status": "nfpcapd not installed", "seconds": None}
+    flowdir = Path(tempfile.mkdtemp(dir=work, prefix="nfpcapd-"))
+    res = _timed(["nfpcapd", "-r", str(capture), "-w", str(flowdir)], timeout)
+    if res["status"] == "ok" and shutil.which("nfdump"):
+        info = subprocess.run(["nfdump", "-R", str(flowdir), "-I"], capture_output=True,
+                              text=True, timeout=120).stdout
+        m = re.search(r"^Flows: (\d+)", info, re.M)
+        if m:
+            res["flows"] = int(m.group(1))
+    return res
+
+
+TOOLS = {"oopscope": run_oopscope, "softflowd": run_softflowd, "nfpcapd": run_nfpcapd}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--packets", type=count, default=count("5M"))
+    ap.add_argument("--flows", type=count, default=count("500k"))
+    ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "oopscope-bench-nf")
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per tool run")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--tools", default=",".join(TOOLS), help="comma-separated subset")
+    ap.add_argument("--json", type=Path, default=Path("bench_netflow.json"))
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="bench_netflow: %(message)s", stream=sys.stderr)
+
+    capture = make_capture(args.dir / f"netflow-{args.packets}.pcap", args.packets, args.flows)
+    results = {}
+    for name in args.tools.split(","):
+        runs = []
+        for _ in range(max(1, args.repeat)):
+            log.info("running %s", name)
+            runs.append(TOOLS[name](capture, args.dir, args.timeout))
+        ok = [r["seconds"] for r in runs if r["status"] == "ok"]
+        best = dict(runs[-1])
+        best.pop("stderr", None)
+        best["seconds"] = statistics.median(ok) if ok else best.get("seconds")
+        best["pkts_per_s"] = args.packets / best["seconds"] if ok else None
+        results[name] = best
+
+    print(f"{'tool':<10} {'seconds':>9} {'pkts/s':>12} {'flows':>9}  status")
+    for name, r in results.items():
+        secs = f"{r['seconds']:.1f}" if r.get("seconds") else "-"
+        rate = f"{r['pkts_per_s']:,.0f}" if r.get("pkts_per_s") else "-"
+        print(f"{name:<10} {secs:>9} {rate:>12} {r.get('flows', '-'):>9}  {r['status']}")
+    if results.get("oopscope", {}).get("pkts_per_s"):
+        for other in ("softflowd", "nfpcapd"):
+            if results.get(other, {}).get("pkts_per_s"):
+                ratio = results["oopscope"]["pkts_per_s"] / results[other]["pkts_per_s"]
+                print(f"oopscope vs {other}: {ratio:.2f}x")
+    args.json.write_text(json.dumps({"packets": args.packets, "flows": args.flows,
+                                     "capture": str(capture), "results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
