@@ -50,11 +50,9 @@ class StageGraph:
     def __init__(self, plan, queries: list[str], spool, checkpoint, *,
                  sinks: dict[str, list[Sink]], spark=None, master=None,
                  trigger: str = DEFAULT_TRIGGER):
-        from highlevel.session import get_session
-
         self.plan = plan
         self.spool, self.checkpoint = Path(spool), Path(checkpoint)
-        self.spark = spark or get_session(master)
+        self._spark, self._master = spark, master
         self.trigger = trigger
         self.user_sinks = {q: list(v) for q, v in (sinks or {}).items()}
         for q in queries:
@@ -69,19 +67,43 @@ class StageGraph:
                                              for q in self.queries}
         self._low: list = []
         self._query_of: dict[str, str] = {}
-        self.stages: list[tuple[str, Stage]] = []     # (stage name, stage), upstream first
-        self.stage_of: dict[str, Stage] = {}
-        built: dict[str, object] = {}
+        # the stages are made when first needed (they need the Spark session): the low-level
+        # plans are known at once, so packets can flow while the JVM starts
+        self._makers: list[tuple[str, object]] = []     # side stages first, as _build finds them
+        own: list[tuple[str, object]] = []
         for qp in plan.queries:
             if qp.name in self.queries:
-                built[qp.name] = self._build(qp)
-        for name, make in built.items():
-            # side stages were appended by _build; the query's own stage now has all its sinks
-            stage = make()
-            self.stages.append((name, stage))
-            self.stage_of[name] = stage
-        order = {q: i for i, q in enumerate(plan.names)}
-        self.stages.sort(key=lambda s: (order[s[0].split("@")[0]], "@" not in s[0]))
+                own.append((qp.name, self._build(qp)))
+        self._makers += own
+        self._stages: list[tuple[str, Stage]] | None = None
+        self.stage_of: dict[str, Stage] = {}
+
+    def bind(self, spark) -> None:
+        """Use this Spark session (started elsewhere, e.g. while the low level ran)."""
+        if self._stages is None:
+            self._spark = spark
+
+    @property
+    def spark(self):
+        if self._spark is None:
+            from highlevel.session import get_session
+
+            self._spark = get_session(self._master)
+        return self._spark
+
+    @property
+    def stages(self) -> list[tuple[str, Stage]]:
+        """(stage name, stage), upstream first; made on first use."""
+        if self._stages is None:
+            stages = []
+            for name, make in self._makers:
+                stage = make()
+                stages.append((name, stage))
+                self.stage_of[name] = stage
+            order = {q: i for i, q in enumerate(self.plan.names)}
+            stages.sort(key=lambda s: (order[s[0].split("@")[0]], "@" not in s[0]))
+            self._stages = stages
+        return self._stages
 
     # --- building ----------------------------------------------------------------------------
     def _inputs(self, qp) -> list[str]:
@@ -128,12 +150,11 @@ class StageGraph:
             self._low.append(replace(lp, query=name, projections=keep))
             self._query_of[name] = qp.name
         outputs = [(n, E.Field(name=n, type=t), t) for n, t in proj]
-        stage = SelectStage(name, tuple(lp.link for lp in plans), low_cols, outputs,
-                            self.spool, self._ck(name),
-                            [SpoolSink(self.spool, qp.name, alias, prefix)],
-                            link_column=link_column, **self._kw())
-        self.stages.append((name, stage))
-        self.stage_of[name] = stage
+        links = tuple(lp.link for lp in plans)
+        self._makers.append((name, lambda: SelectStage(
+            name, links, low_cols, outputs, self.spool, self._ck(name),
+            [SpoolSink(self.spool, qp.name, alias, prefix)], link_column=link_column,
+            **self._kw())))
         return proj
 
     def _build(self, qp):
@@ -231,14 +252,15 @@ class StageGraph:
         self.run_available()
 
     def stage(self, query: str) -> Stage:
+        self.stages
         return self.stage_of[query]
 
     def late_rows(self, query: str) -> int:
-        return self.stage_of[query].state.late_rows
+        return self.stage(query).state.late_rows
 
     def closed_rows(self, query: str) -> int:
-        return self.stage_of[query].state.closed_rows
+        return self.stage(query).state.closed_rows
 
     def punctuation(self, query: str) -> int | None:
         """The query's output punctuation (ns) so far."""
-        return self.stage_of[query].state.punctuation
+        return self.stage(query).state.punctuation

@@ -32,8 +32,10 @@ overhead is not modelled).
 from __future__ import annotations
 
 import logging
+import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -124,9 +126,6 @@ def run_union(cfg: UnionConfig) -> list[dict]:
 
     from tools.bench_iop_oop import q81_plan
     from tools.traffic import TrafficConfig, generate
-
-    import tempfile
-    from pathlib import Path
 
     packets = cfg.per_group * cfg.groups * cfg.windows
     tc = TrafficConfig(packets=packets, duration_ns=cfg.windows * MINUTE, groups=cfg.groups,

@@ -36,6 +36,18 @@ def output_format(given: str | None, out: str) -> str:
     return "table" if out == "-" else _SUFFIX_FORMAT.get(Path(out).suffix.lower(), "csv")
 
 
+def arrow_schema(query: str, outputs):
+    """The Arrow schema of a query's result rows (as the Spark stages hand them over)."""
+    import pyarrow as pa
+
+    from highlevel.spec import output_type
+
+    types = {"int64": pa.int64(), "uint64": pa.uint64(), "float64": pa.float64(),
+             "string": pa.string(), "bool": pa.bool_(), "ip": pa.string()}
+    return pa.schema([pa.field(o.name, types[output_type(o.type)]) for o in outputs],
+                     metadata={b"oopscope.query": query.encode()})
+
+
 def display_table(table, outputs):
     """The rows as written: `ipv4` columns (by the query's output types) as dotted quads."""
     import numpy as np

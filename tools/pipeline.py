@@ -187,20 +187,6 @@ def load_plan(config: RunConfig):
     return plan_file(tree, names, dict(config.params), dict(config.overrides), source=text)
 
 
-def unsupported_reason(qp) -> str | None:
-    """Why the offline run cannot run query plan `qp` yet (None when it can)."""
-    h = qp.high
-    if h.kind == "join":
-        return "joins are not supported by `oopscope run` yet"
-    if h.kind == "merge":
-        return "MERGE is not supported by `oopscope run` yet"
-    if h.input_kind != "links" or any(lp.source_kind != "link" for lp in qp.low):
-        return "queries over other queries' results are not supported by `oopscope run` yet"
-    if h.kind != "aggregate" or h.window is None:
-        return "selections without aggregation are not supported by `oopscope run` yet"
-    return None
-
-
 def choose_queries(plan, config: RunConfig) -> list[tuple[object, str]]:
     """(query plan, output) pairs to run: `--output` ones, else every query nobody reads."""
     if config.outputs:
@@ -213,14 +199,6 @@ def choose_queries(plan, config: RunConfig) -> list[tuple[object, str]]:
                                      f"its queries are {', '.join(plan.names)}") from None
     else:
         chosen = [(qp, "-") for qp in plan.queries if not qp.read_by]
-    for qp, _ in chosen:
-        why = unsupported_reason(qp)
-        if why:
-            others = [q.name for q in plan.queries if unsupported_reason(q) is None]
-            hint = (f"; run the others with --output, e.g. --output {others[0]}=-"
-                    if others else "")
-            raise UnsupportedQueryError(f"query {qp.name!r} ({qp.high.kind}): {why} "
-                                        f"(supported: windowed aggregations over links){hint}")
     return chosen
 
 
@@ -252,81 +230,30 @@ class _SessionStarter(threading.Thread):
         return self.session
 
 
-class _SimpleGraph:
-    """The stages of windowed aggregations over links, one per query (StageGraph's API)."""
-
-    def __init__(self, plan, queries, spool, checkpoint, *, sinks, spark, trigger,
-                 parallel: int = 4):
-        from highlevel.spec import from_high_level
-        from highlevel.stage import Stage
-
-        self.plan = plan
-        self.names = list(queries)
-        self.parallel = parallel
-        self.stages = {q: Stage(from_high_level(plan.query(q).high), spool,
-                                Path(checkpoint) / q, sinks.get(q, []), spark=spark,
-                                trigger=trigger)
-                       for q in self.names}
-
-    def run_available(self) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        stages = list(self.stages.values())
-        if len(stages) == 1 or self.parallel <= 1:
-            for s in stages:
-                s.run_available()
-            return
-        # a stage's time is mostly small Spark jobs and driver round trips: they overlap
-        with ThreadPoolExecutor(min(len(stages), self.parallel),
-                                thread_name_prefix="oopscope-stage") as pool:
-            list(pool.map(lambda s: s.run_available(), stages))
-
-    def start(self) -> None:
-        for s in self.stages.values():
-            s.start()
-
-    def stop(self) -> None:
-        for s in self.stages.values():
-            if s.query is not None:
-                s.query.processAllAvailable()
-            s.stop()
-
-    def late_rows(self, query: str) -> int:
-        return self.stages[query].state.late_rows
-
-
-def _build_graph(plan, chosen, spool, checkpoint, sinks, spark, config: RunConfig):
-    return _SimpleGraph(plan, [qp.name for qp, _ in chosen], spool, checkpoint, sinks=sinks,
-                        spark=spark, trigger="200 milliseconds",
-                        parallel=config.parallel_stages)
-
-
 class _Continuous(threading.Thread):
     """Paced and live runs: starts the stages as soon as Spark is up, stops them at the end
     after they have processed everything in the spool."""
 
-    def __init__(self, starter: _SessionStarter, build):
+    def __init__(self, starter: _SessionStarter, graph):
         super().__init__(name="oopscope-highlevel", daemon=True)
-        self.starter, self.build = starter, build
-        self.graph = None
+        self.starter, self.graph = starter, graph
         self.error: BaseException | None = None
         self.ready = threading.Event()
 
     def run(self) -> None:
         try:
-            self.graph = self.build(self.starter.result())
+            self.graph.bind(self.starter.result())
             self.graph.start()
         except BaseException as exc:
             self.error = exc
         finally:
             self.ready.set()
 
-    def finish(self):
+    def finish(self) -> None:
         self.ready.wait()
         if self.error is not None:
             raise self.error
         self.graph.stop()
-        return self.graph
 
 
 # --- the run ------------------------------------------------------------------------------------
@@ -380,17 +307,14 @@ def _check_sources(config: RunConfig) -> None:
         raise RunConfigError("--punctuate-every must be positive")
 
 
-def _workdir(given, prefix, option, chosen, temps) -> Path:
+def _workdir(given, prefix, option, temps) -> Path:
     if given is not None:
         root = Path(given)
-        for qp, _ in chosen:
-            # a re-run over an old spool or checkpoint would count the old partial rows
-            # again or skip new files of the same names: a run starts empty
-            used = root / qp.name
-            if used.is_dir() and any(used.iterdir()):
-                raise RunConfigError(f"{option} {root}: already holds data of query "
-                                     f"{qp.name!r} from an earlier run; give an empty "
-                                     f"directory")
+        # a re-run over an old spool or checkpoint would count the old partial rows again or
+        # skip new files of the same names: a run starts empty
+        if root.is_dir() and any(root.iterdir()):
+            raise RunConfigError(f"{option} {root}: not empty (it holds an earlier run's "
+                                 f"data); give an empty or new directory")
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -403,8 +327,6 @@ def _workdir(given, prefix, option, chosen, temps) -> Path:
 
 def run(config: RunConfig) -> RunSummary:
     """Run the queries of `config.query_file` over its links; results to the outputs."""
-    from highlevel.spec import from_high_level
-
     started = time.perf_counter()
     _check_sources(config)
     plan = load_plan(config)
@@ -418,13 +340,17 @@ def run(config: RunConfig) -> RunSummary:
     if len(stdout) > 1 and config.format == "parquet":
         raise RunConfigError(f"parquet on stdout takes one query, not {', '.join(stdout)}: "
                              f"name files with --output QUERY=PATH")
-    specs = {qp.name: from_high_level(qp.high) for qp, _ in chosen}   # fails early
+    names = {qp.name for qp, _ in chosen}
+    for query, _ in config.extra_sinks:
+        if query not in names:
+            raise RunConfigError(f"query {query!r} does not run (the queries that run are "
+                                 f"{', '.join(sorted(names))})")
     temps: list[Path] = []
     try:
-        spool = _workdir(config.spool, "oopscope-spool-", "--spool", chosen, temps)
-        checkpoint = _workdir(config.checkpoint, "oopscope-ck-", "--checkpoint", chosen, temps)
+        spool = _workdir(config.spool, "oopscope-spool-", "--spool", temps)
+        checkpoint = _workdir(config.checkpoint, "oopscope-ck-", "--checkpoint", temps)
         with _StopRequest() as stop:
-            return _run(config, plan, chosen, specs, spool, checkpoint, started, stop)
+            return _run(config, plan, chosen, spool, checkpoint, started, stop)
     finally:
         for d in temps:
             shutil.rmtree(d, ignore_errors=True)
@@ -434,37 +360,45 @@ def run(config: RunConfig) -> RunSummary:
 run_offline = run
 
 
-def _run(config, plan, chosen, specs, spool, checkpoint, started, stop) -> RunSummary:
+def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
+    from highlevel.errors import StageConfigError
+    from highlevel.graph import StageGraph
     from tools.feeds import LinkFeeds, OperatorFeed
+    from tools.outputs import arrow_schema
 
-    starter = _SessionStarter(config.master)
-    starter.start()
-    queries = {qp.name: QuerySummary(qp.name, out, output_format(config, out))
-               for qp, out in chosen}
     several = sum(1 for _, out in chosen if out == "-") > 1
-    outputs = {qp.name: QueryOutput(qp.name, qp.high.outputs, queries[qp.name].format, out,
-                                    specs[qp.name].output_arrow_schema(),
+    formats = {qp.name: output_format(config, out) for qp, out in chosen}
+    outputs = {qp.name: QueryOutput(qp.name, qp.high.outputs, formats[qp.name], out,
+                                    arrow_schema(qp.name, qp.high.outputs),
                                     buffered=not config.streaming and (
-                                        queries[qp.name].format == "table"
+                                        formats[qp.name] == "table"
                                         or (several and out == "-")),
                                     title=qp.name if several and out == "-" else None)
                for qp, out in chosen}
     sinks = {name: [o] for name, o in outputs.items()}
     for name, sink in config.extra_sinks:
-        sinks.setdefault(name, []).append(sink)
+        sinks[name].append(sink)
+    try:
+        # every stage is planned now, before any packet is read; made once Spark is up
+        graph = StageGraph(plan, [qp.name for qp, _ in chosen], spool, checkpoint,
+                           sinks=sinks, master=config.master)
+    except StageConfigError as exc:
+        raise UnsupportedQueryError(str(exc)) from None
+    starter = _SessionStarter(config.master)
+    starter.start()
+    readers = {q: [r.name for r in plan.queries if q in _reads(r)] for q in graph.queries}
+    queries = {q: QuerySummary(q, outputs[q].out if q in outputs else
+                               f"(read by {', '.join(readers[q]) or 'no query'})",
+                               formats.get(q, "spool"))
+               for q in graph.queries}
     per_link: dict[str, list] = {name: [] for name in config.link_names}
-    for qp, _ in chosen:
-        for lp in qp.low:
-            per_link[lp.link].append(OperatorFeed(lp, spool, queries[qp.name]))
+    for lp in graph.low_plans():
+        per_link[lp.link].append(OperatorFeed(lp, spool, queries[graph.query_of(lp)]))
     feeds = {name: LinkFeeds(name, fs, config.lull_slack_ns) for name, fs in per_link.items()}
     summary = RunSummary(links={}, queries=queries)
-
-    def build(spark):
-        return _build_graph(plan, chosen, spool, checkpoint, sinks, spark, config)
-
     continuous = None
     if config.streaming:
-        continuous = _Continuous(starter, build)
+        continuous = _Continuous(starter, graph)
         continuous.start()
     sources = _open_sources(config, feeds, summary)
     progress = _progress(config, feeds, sources, outputs)
@@ -475,13 +409,12 @@ def _run(config, plan, chosen, specs, spool, checkpoint, started, stop) -> RunSu
         low_done = time.perf_counter()
         summary.lowlevel_seconds = low_done - started
         if continuous is not None:
-            graph = continuous.finish()
+            continuous.finish()
             summary.highlevel_seconds = time.perf_counter() - low_done
         else:
-            spark = starter.result()
+            graph.bind(starter.result())
             summary.spark_wait_seconds = time.perf_counter() - low_done
             high_started = time.perf_counter()
-            graph = build(spark)
             graph.run_available()
             summary.highlevel_seconds = time.perf_counter() - high_started
     finally:
@@ -494,6 +427,16 @@ def _run(config, plan, chosen, specs, spool, checkpoint, started, stop) -> RunSu
     _collect(summary, config, sources, feeds, graph, outputs)
     summary.total_seconds = time.perf_counter() - started
     return summary
+
+
+def _reads(qp) -> set[str]:
+    """The queries whose results `qp` reads."""
+    h = qp.high
+    if h.kind == "join":
+        return {s.input for s in (h.join.left, h.join.right) if s.kind == "query"}
+    if h.kind == "merge":
+        return {s.query for s in qp.analysed.sources if s.kind == "query"}
+    return set(h.inputs) if h.input_kind == "queries" else set()
 
 
 def _open_sources(config: RunConfig, feeds: dict, summary: RunSummary) -> dict:
@@ -576,6 +519,9 @@ def _collect(summary: RunSummary, config: RunConfig, sources, feeds, graph, outp
             q.forced_full_flushes += c.get("forced_full_flushes", 0)
             q.late_packets += c.get("late", 0)
     for name, q in summary.queries.items():
-        q.rows = outputs[name].rows
         q.late_partial_rows = graph.late_rows(name)
-        summary.results[name] = outputs[name].table()
+        if name in outputs:
+            q.rows = outputs[name].rows
+            summary.results[name] = outputs[name].table()
+        else:
+            q.rows = graph.closed_rows(name)

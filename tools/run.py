@@ -105,9 +105,21 @@ def _speed(text: str) -> float | None:
 @click.option("--ring-timeout", "ring_timeout", type=Duration(), default="100ms",
               show_default=True, help="Live capture: a partly filled block is handed over "
                                       "after this long.")
+@click.option("--netflow", "netflow", default=None, metavar="HOST:PORT",
+              help="Also export the flow records as NetFlow/IPFIX over UDP to this collector "
+                   "while the query runs (a collector that is down stops nothing: failed "
+                   "sends are counted).")
+@click.option("--netflow-version", "netflow_version", type=click.Choice(["5", "9", "10"]),
+              default="9", show_default=True, help="NetFlow v5, v9 or IPFIX (10).")
+@click.option("--netflow-query", "netflow_query", default="netflow", show_default=True,
+              help="The query whose rows are the flow records.")
+@click.option("--netflow-pace", "netflow_pace", type=click.IntRange(0), default=2000,
+              show_default=True, help="Datagrams per second at most (0: no pacing; a local "
+                                      "nfcapd drops when flooded).")
 def run(query_file: str, links, interfaces, outputs, fmt, speed, duration, sets, params,
         master, spool, checkpoint, punctuate_every: int, lull_slack: int, progress,
-        promiscuous, snaplen, ring_blocks, ring_block_size, ring_timeout) -> None:
+        promiscuous, snaplen, ring_blocks, ring_block_size, ring_timeout, netflow,
+        netflow_version, netflow_query, netflow_pace) -> None:
     """Run QUERY_FILE (a path or a shipped query name such as q8_1) over capture files or
     live interfaces.
 
@@ -139,6 +151,13 @@ def run(query_file: str, links, interfaces, outputs, fmt, speed, duration, sets,
     capture_options = (("promiscuous", promiscuous), ("snaplen", snaplen),
                        ("block_count", ring_blocks), ("block_size", ring_block_size),
                        ("frame_timeout_ms", max(1, ring_timeout // 1_000_000)))
+    extra = ()
+    exporter = None
+    if netflow is not None:
+        from tools.netflow.sink import NetflowSink
+
+        exporter = NetflowSink(netflow, int(netflow_version), pace=netflow_pace)
+        extra = ((netflow_query, exporter),)
     config = RunConfig(query_file=query_file, links=_links(links),
                        interfaces=_interfaces(interfaces),
                        outputs=_pairs(outputs, "--output"), format=fmt,
@@ -146,10 +165,12 @@ def run(query_file: str, links, interfaces, outputs, fmt, speed, duration, sets,
                        master=master, spool=spool, checkpoint=checkpoint,
                        punctuate_every_ns=punctuate_every, speed=_speed(speed),
                        duration_ns=duration, lull_slack_ns=lull_slack, progress=progress,
-                       capture_options=capture_options)
+                       capture_options=capture_options, extra_sinks=extra)
     summary = run_pipeline(config)
     # the summary is the run's report, not a diagnostic: always shown, on stderr
     click.echo(summary.format(), err=True)
+    if exporter is not None:
+        click.echo(exporter.summary(), err=True)
     logging.getLogger(__name__).debug("run finished in %.2f s", summary.total_seconds)
     if summary.problems:
         raise RunError(f"{len(summary.problems)} input problem(s), see above; the results of "

@@ -36,7 +36,12 @@ def test_quick_report_has_every_configuration(quick_report):
         assert slots & (slots - 1) == 0 and slots >= r["groups"] * r["table_factor"]
         assert r["max_rate"] > 0, r
         assert 0 < r["cpu_use"] <= 1.5, r            # process time / wall of one process
-        assert r["offline_pkts_per_s"] > 0
+        assert r["offline_pkts_per_s"] > 0 and r["cpu_pkts_per_s"] > 0
+        assert r["surge_cpu_ms"] > 0
+        # the model is the smaller of the CPU-bound rate and the ring room over the surge
+        room = QUICK.ring_rows - QUICK.take_rows
+        assert r["model_rate"] == pytest.approx(min(r["cpu_pkts_per_s"],
+                                                    room / (r["surge_cpu_ms"] / 1e3)))
         # the reported rate is a probe that dropped nothing; a probe above it dropped
         passing = [p for p in r["probes"] if p["ok"]]
         assert max(p["rate"] for p in passing) == r["max_rate"]
@@ -48,7 +53,8 @@ def test_quick_report_has_every_configuration(quick_report):
         assert label in proc.stdout
     for g in QUICK.groups:
         assert f"{g // 1000}K groups" in proc.stdout
-    assert set(report["ratios"]) == {str(g) for g in QUICK.groups}
+    assert set(report["ratios"]) == set(report["model_ratios"]) == {str(g) for g in QUICK.groups}
+    assert all(v > 0 for v in report["model_ratios"].values())
 
 
 def test_quick_report_memory_curves(quick_report):
