@@ -106,7 +106,8 @@ class StageGraph:
         return self._stages
 
     # --- building ----------------------------------------------------------------------------
-    def _inputs(self, qp) -> list[str]:
+    def inputs_of(self, qp) -> list[str]:
+        """The queries whose results query plan `qp` reads."""
         h = qp.high
         if h.kind == "join":
             return [s.input for s in (h.join.left, h.join.right) if s.kind == "query"]
@@ -122,7 +123,7 @@ class StageGraph:
             if q in seen:
                 continue
             seen.add(q)
-            todo += self._inputs(self.plan.query(q))
+            todo += self.inputs_of(self.plan.query(q))
         return [q for q in self.plan.names if q in seen]
 
     def _ck(self, name: str) -> Path:

@@ -6,7 +6,7 @@
 One generated capture (`oopscope gen`, many flows, kept in --dir and reused) is metered by:
 - oopscope: `oopscope run netflow --link main=FILE --output netflow=OUT.csv` (a fresh process:
   Python, Numba and Spark start-up included, as a user runs it);
-- softflowd: `softflowd -r FILE -a -v 9 -n 127.0.0.1:PORT -d` into a running nfcapd (the time
+- softflowd: `softflowd -r FILE -a -v 9 -d -6 -n 127.0.0.1:PORT` into a running nfcapd (the time
   is softflowd's own run; nfcapd is stopped afterwards and its flow count read);
 - nfpcapd: `nfpcapd -r FILE -w DIR`.
 Each runs once (the machine is shared; --repeat N for medians); a tool that fails or times out
@@ -33,14 +33,15 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[1]
-_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
 
 
 def count(text: str) -> int:
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([kKmMgG]?)\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count like 5M or 500k")
-    return int(float(m.group(1)) * _SUFFIX[m.group(2).lower()])
+    from tools.params import parse_count
+
+    try:
+        return parse_count(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _cli(*args: str) -> list[str]:
@@ -105,9 +106,9 @@ def run_softflowd(capture: Path, work: Path, timeout: float) -> dict:
                                  stderr=subprocess.STDOUT)
     time.sleep(0.5)
     try:
+        # without -c/-p: with a control socket softflowd does not exit at the end of the file
         res = _timed(["softflowd", "-r", str(capture), "-a", "-v", "9", "-d", "-6",
-                      "-n", f"127.0.0.1:{port}", "-p", str(flowdir / "softflowd.pid"),
-                      "-c", str(flowdir / "softflowd.ctl")], timeout)
+                      "-n", f"127.0.0.1:{port}"], timeout)
     finally:
         time.sleep(0.5)
         collector.send_signal(signal.SIGTERM)

@@ -384,9 +384,8 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
                            sinks=sinks, master=config.master)
     except StageConfigError as exc:
         raise UnsupportedQueryError(str(exc)) from None
-    starter = _SessionStarter(config.master)
-    starter.start()
-    readers = {q: [r.name for r in plan.queries if q in _reads(r)] for q in graph.queries}
+    readers = {q: [r.name for r in plan.queries if q in graph.inputs_of(r)]
+               for q in graph.queries}
     queries = {q: QuerySummary(q, outputs[q].out if q in outputs else
                                f"(read by {', '.join(readers[q]) or 'no query'})",
                                formats.get(q, "spool"))
@@ -396,11 +395,14 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
         per_link[lp.link].append(OperatorFeed(lp, spool, queries[graph.query_of(lp)]))
     feeds = {name: LinkFeeds(name, fs, config.lull_slack_ns) for name, fs in per_link.items()}
     summary = RunSummary(links={}, queries=queries)
+    # sources first: a missing interface or capture right fails before the JVM starts
+    sources = _open_sources(config, feeds, summary)
+    starter = _SessionStarter(config.master)
+    starter.start()
     continuous = None
     if config.streaming:
         continuous = _Continuous(starter, graph)
         continuous.start()
-    sources = _open_sources(config, feeds, summary)
     progress = _progress(config, feeds, sources, outputs)
     try:
         info: dict = {}
@@ -427,16 +429,6 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
     _collect(summary, config, sources, feeds, graph, outputs)
     summary.total_seconds = time.perf_counter() - started
     return summary
-
-
-def _reads(qp) -> set[str]:
-    """The queries whose results `qp` reads."""
-    h = qp.high
-    if h.kind == "join":
-        return {s.input for s in (h.join.left, h.join.right) if s.kind == "query"}
-    if h.kind == "merge":
-        return {s.query for s in qp.analysed.sources if s.kind == "query"}
-    return set(h.inputs) if h.input_kind == "queries" else set()
 
 
 def _open_sources(config: RunConfig, feeds: dict, summary: RunSummary) -> dict:

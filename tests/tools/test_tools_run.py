@@ -128,7 +128,9 @@ CASES = [
     ("q8_1", "q8_1", [], {}),
     ("top_talkers", "top_talkers", ["--param", "min_bytes=200000"], {"min_bytes": "200000"}),
     ("dns_volume", "dns_volume", [], {}),
-    ("netflow", "netflow", [], {}),
+    # a flow evicted on a collision ends there (reason 5), which the reference does not
+    # model: a table with room for every flow
+    ("netflow", "netflow", ["--set", "aggregate_slots=4194304"], {}),
     ("sliding_count", "sliding_count", [], {}),
     ("port_scan", "port_scan", ["--param", "min_ports=2"], {"min_ports": "2"}),
 ]
@@ -339,7 +341,7 @@ def test_kept_spool_must_start_empty(capture, spark_session, tmp_path, capsys):
     assert list((spool / "q8_1" / "partials").glob("main-*.parquet"))
     code, _, err = run_cli(argv, capsys)
     msg = _one_line_error(code, err, 1)
-    assert "already holds data of query 'q8_1'" in msg
+    assert "not empty" in msg
 
 
 @pytest.mark.skipif(not (PCAPS / "skype.pcap").is_file(),
