@@ -531,3 +531,240 @@ def decode_rows(buf, out, start, stop):
         c_payload_len[i] = r[23]
         c_icmp_type[i] = r[24]
         c_icmp_code[i] = r[25]
+
+
+#: a reason code no frame gets: marks rows left for `decode_frame` in `decode_rows_fast`
+_PENDING = 255
+
+#: the columns `decode_rows` writes from `decode_frame`'s result, in the result's order
+DECODED_COLUMNS = ("layers", "reason", "eth_type", "vlan", "srcMAC", "destMAC", "ipversion",
+                   "srcIP_hi", "srcIP_lo", "destIP_hi", "destIP_lo", "protocol", "ttl", "tos",
+                   "ip_len", "is_fragment", "frag_offset", "srcPort", "destPort", "flags", "seq",
+                   "ack", "win", "payload_len", "icmp_type", "icmp_code")
+
+
+def column_mask(columns) -> np.ndarray:
+    """The `want` mask of `decode_rows_masked` for a set of column names (None: all).
+
+    `layers` and `reason` are always decoded: protocol selection and the malformed counts
+    need them."""
+    if columns is None:
+        return np.ones(len(DECODED_COLUMNS), np.bool_)
+    names = set(columns) | {"layers", "reason"}
+    return np.array([c in names for c in DECODED_COLUMNS], np.bool_)
+
+
+
+@ngjit
+def decode_rows_fast(buf, out, start, stop, want):
+    """`decode_rows` with a fast path and a column mask: the same rows, fewer stores.
+
+    The common frame (Ethernet, IPv4 of 20-byte header, not a fragment, lengths consistent,
+    TCP/UDP/ICMP header complete and valid, or another protocol) is decoded by straight-line
+    code here (~10 ns instead of ~70 ns: `decode_frame`'s generality costs far more than its
+    loads); every other frame goes through `decode_frame`, so each row gets exactly the
+    values `decode_rows` gives it. Only the columns with `want[k]` set (k in
+    `DECODED_COLUMNS` order; see `column_mask`) are stored: the others keep what they hold.
+    """
+    c_len = out.len
+    c_caplen = out.caplen
+    c_layers = out.layers
+    c_reason = out.reason
+    c_eth_type = out.eth_type
+    c_vlan = out.vlan
+    c_src_mac = out.srcMAC
+    c_dest_mac = out.destMAC
+    c_ipversion = out.ipversion
+    c_src_hi = out.srcIP_hi
+    c_src_lo = out.srcIP_lo
+    c_dest_hi = out.destIP_hi
+    c_dest_lo = out.destIP_lo
+    c_protocol = out.protocol
+    c_ttl = out.ttl
+    c_tos = out.tos
+    c_ip_len = out.ip_len
+    c_is_fragment = out.is_fragment
+    c_frag_offset = out.frag_offset
+    c_src_port = out.srcPort
+    c_dest_port = out.destPort
+    c_flags = out.flags
+    c_seq = out.seq
+    c_ack = out.ack
+    c_win = out.win
+    c_payload_len = out.payload_len
+    c_icmp_type = out.icmp_type
+    c_icmp_code = out.icmp_code
+    c_data = out.data_offset
+    c_link = out.link_type
+    c_bad = out.bad_record
+    w2, w3, w4, w5, w6 = want[2], want[3], want[4], want[5], want[6]
+    w7, w8, w9, w10, w11 = want[7], want[8], want[9], want[10], want[11]
+    w12, w13, w14, w15, w16 = want[12], want[13], want[14], want[15], want[16]
+    w17, w18, w19, w20, w21 = want[17], want[18], want[19], want[20], want[21]
+    w22, w23, w24, w25 = want[22], want[23], want[24], want[25]
+    pending = 0
+    for i in range(start, stop):
+        off = c_data[i]
+        caplen = np.int64(c_caplen[i])
+        wirelen = np.int64(c_len[i])
+        fast = False
+        if (c_link[i] == LINK_ETHERNET and caplen >= 34 and not c_bad[i]
+                and buf[off + 12] == 0x08 and buf[off + 13] == 0x00 and buf[off + 14] == 0x45):
+            ip_len = be16(buf, off + 16)
+            ff = be16(buf, off + 20)
+            # not a fragment, no TSO zero length, the length within the wire length
+            if (ff & 0x3FFF) == 0 and ip_len >= 20 and ip_len <= wirelen - 14:
+                proto = np.int64(buf[off + 23])
+                tl = ip_len - 20   # transport header + payload
+                t = off + 34
+                end = off + caplen
+                layers = L_ETH | L_IPV4
+                sport = 0
+                dport = 0
+                flags = 0
+                seq = 0
+                ack = 0
+                win = 0
+                payload = 0
+                itype = 0
+                icode = 0
+                if proto == 6:
+                    if t + 20 <= end:
+                        doff = (np.int64(buf[t + 12]) >> 4) * 4
+                        if doff >= 20 and doff <= tl:
+                            fast = True
+                            layers |= L_TCP
+                            sport = be16(buf, t)
+                            dport = be16(buf, t + 2)
+                            seq = be32(buf, t + 4)
+                            ack = be32(buf, t + 8)
+                            flags = buf[t + 13]
+                            win = be16(buf, t + 14)
+                            payload = tl - doff
+                elif proto == 17:
+                    if t + 8 <= end and tl >= 8:
+                        fast = True
+                        layers |= L_UDP
+                        sport = be16(buf, t)
+                        dport = be16(buf, t + 2)
+                        payload = tl - 8
+                elif proto == 1:
+                    if t + 2 <= end:
+                        fast = True
+                        layers |= L_ICMP
+                        itype = buf[t]
+                        icode = buf[t + 1]
+                else:
+                    fast = True
+                if fast:
+                    c_layers[i] = layers
+                    c_reason[i] = R_OK
+                    if w2:
+                        c_eth_type[i] = ETH_IPV4
+                    if w3:
+                        c_vlan[i] = 0
+                    if w4:
+                        c_src_mac[i] = be48(buf, off + 6)
+                    if w5:
+                        c_dest_mac[i] = be48(buf, off)
+                    if w6:
+                        c_ipversion[i] = 4
+                    if w7:
+                        c_src_hi[i] = 0
+                    if w8:
+                        c_src_lo[i] = _MAPPED | np.uint64(be32(buf, off + 26))
+                    if w9:
+                        c_dest_hi[i] = 0
+                    if w10:
+                        c_dest_lo[i] = _MAPPED | np.uint64(be32(buf, off + 30))
+                    if w11:
+                        c_protocol[i] = proto
+                    if w12:
+                        c_ttl[i] = buf[off + 22]
+                    if w13:
+                        c_tos[i] = buf[off + 15]
+                    if w14:
+                        c_ip_len[i] = ip_len
+                    if w15:
+                        c_is_fragment[i] = 0
+                    if w16:
+                        c_frag_offset[i] = 0
+                    if w17:
+                        c_src_port[i] = sport
+                    if w18:
+                        c_dest_port[i] = dport
+                    if w19:
+                        c_flags[i] = flags
+                    if w20:
+                        c_seq[i] = seq
+                    if w21:
+                        c_ack[i] = ack
+                    if w22:
+                        c_win[i] = win
+                    if w23:
+                        c_payload_len[i] = payload
+                    if w24:
+                        c_icmp_type[i] = itype
+                    if w25:
+                        c_icmp_code[i] = icode
+        if not fast:
+            c_reason[i] = _PENDING
+            pending += 1
+    if pending == 0:
+        return 0
+    # the rest in a second loop: decode_frame inlined into the loop above made it 3x slower
+    for i in range(start, stop):
+        if c_reason[i] != _PENDING:
+            continue
+        r = decode_frame(buf, c_data[i], np.int64(c_caplen[i]), np.int64(c_len[i]), c_link[i])
+        c_layers[i] = r[0]
+        c_reason[i] = R_RECORD if c_bad[i] and r[1] != R_UNSUPPORTED else r[1]
+        if w2:
+            c_eth_type[i] = r[2]
+        if w3:
+            c_vlan[i] = r[3]
+        if w4:
+            c_src_mac[i] = r[4]
+        if w5:
+            c_dest_mac[i] = r[5]
+        if w6:
+            c_ipversion[i] = r[6]
+        if w7:
+            c_src_hi[i] = r[7]
+        if w8:
+            c_src_lo[i] = r[8]
+        if w9:
+            c_dest_hi[i] = r[9]
+        if w10:
+            c_dest_lo[i] = r[10]
+        if w11:
+            c_protocol[i] = r[11]
+        if w12:
+            c_ttl[i] = r[12]
+        if w13:
+            c_tos[i] = r[13]
+        if w14:
+            c_ip_len[i] = r[14]
+        if w15:
+            c_is_fragment[i] = r[15]
+        if w16:
+            c_frag_offset[i] = r[16]
+        if w17:
+            c_src_port[i] = r[17]
+        if w18:
+            c_dest_port[i] = r[18]
+        if w19:
+            c_flags[i] = r[19]
+        if w20:
+            c_seq[i] = r[20]
+        if w21:
+            c_ack[i] = r[21]
+        if w22:
+            c_win[i] = r[22]
+        if w23:
+            c_payload_len[i] = r[23]
+        if w24:
+            c_icmp_type[i] = r[24]
+        if w25:
+            c_icmp_code[i] = r[25]
+    return pending

@@ -26,7 +26,7 @@ from typing import Iterator
 import numpy as np
 
 from .batch import PacketBatch
-from .decode import LINK_NAMES, DecodeColumns, decode_rows, make_columns
+from .decode import LINK_NAMES, DecodeColumns, column_mask, decode_rows_fast, make_columns
 from .errors import CaptureError, CaptureFormatError, TruncatedCaptureError
 from .pcapfile import (
     PCAP_HEADER_LEN, PCAP_MAGIC_NS, PCAP_MAGIC_US, PCAPNG_SHB, ST_BAD_RECORD, ST_BATCH_FULL, ST_NEED_DATA,
@@ -68,10 +68,16 @@ class CaptureReader:
     """Iterate over a pcap or pcapng file as `PacketBatch`es of up to `batch_size` packets.
 
     Use as a context manager; iterate once. Batches are views into reused buffers.
+
+    `columns` (names of `capture.schema.COLUMNS`, default all): the columns the consumer
+    reads; the others are not decoded and hold zeros (`layers`, `reason`, `timestamp`, `len`
+    and `caplen` are always filled). `prefetch` (default 0): decode up to that many batches
+    ahead in a thread (`capture.prefetch`), overlapping the consumer's work on another core.
     """
 
     def __init__(self, path: str | os.PathLike, link: str | None = None, batch_size: int = 65536,
-                 *, chunk_size: int = DEFAULT_CHUNK, strict: bool = False):
+                 *, chunk_size: int = DEFAULT_CHUNK, strict: bool = False,
+                 columns=None, prefetch: int = 0):
         self.path = str(path)
         self.link = link if link is not None else Path(path).stem
         if batch_size < 1:
@@ -79,6 +85,15 @@ class CaptureReader:
         self.batch_size = int(batch_size)
         self.strict = strict
         self.stats = ReaderStats()
+        if columns is not None:
+            unknown = sorted(set(columns) - {c.name for c in COLUMNS})
+            if unknown:
+                raise ValueError(f"unknown packet columns {unknown}")
+        self._want = column_mask(columns)
+        if prefetch < 0:
+            raise ValueError("prefetch must be >= 0")
+        self.prefetch = int(prefetch)
+        self._ahead = None
         try:
             self._file = open(self.path, "rb", buffering=0)
             size = os.fstat(self._file.fileno()).st_size
@@ -111,6 +126,8 @@ class CaptureReader:
         self.close()
 
     def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead.close()
         self._file.close()
 
     # --- buffer management ---------------------------------------------------------------
@@ -175,10 +192,19 @@ class CaptureReader:
         if self._started:
             raise CaptureError(f"{self.path}: a capture reader can be iterated only once")
         self._started = True
-        return self._batches()
+        if self.prefetch == 0:
+            return (batch for batch, _ in self._batches(lambda: self._out))
+        from .prefetch import ReadAhead
 
-    def _batches(self) -> Iterator[PacketBatch]:
-        out = self._out
+        pool = [self._out] + [make_columns(self.batch_size) for _ in range(self.prefetch)]
+        self._ahead = ReadAhead(self._batches, pool, name=f"read-ahead {self.link}")
+        return iter(self._ahead)
+
+    def _batches(self, take_buffer) -> Iterator[tuple[PacketBatch, DecodeColumns]]:
+        """(batch, the column buffer it views) pairs; `take_buffer()` gives the buffer of
+        each next batch."""
+        out = self._out = take_buffer()
+        want = self._want
         max_rows = self.batch_size
         row = 0
         while True:
@@ -194,28 +220,29 @@ class CaptureReader:
                     self._buf, self._pos, self._fill, self._big, fi.link, fi.mode, fi.scale, fi.offset,
                     fi.snaplen, fi.n, self._last_ts, self._base, out, row, max_rows)
             # decode the located frames now, before the buffer is refilled
-            decode_rows(self._buf, out, first, row)
+            decode_rows_fast(self._buf, out, first, row, want)
             self._pos = pos
             if status == ST_BATCH_FULL:
-                yield self._emit(row)
+                yield self._emit(row), out
+                out = self._out = take_buffer()
                 row = 0
             elif status == ST_NEED_DATA:
                 if self._eof:
                     if row:
-                        yield self._emit(row)
+                        yield self._emit(row), out
                     self._finish_truncated()
                     return
                 self._read_more()
             elif status == ST_SPECIAL_BLOCK:
                 if not self._special_block():
                     if row:
-                        yield self._emit(row)
+                        yield self._emit(row), out
                     self._finish_truncated()
                     return
             else:
                 assert status == ST_BAD_RECORD
                 if row:
-                    yield self._emit(row)
+                    yield self._emit(row), out
                 what = "pcapng block" if self.format == "pcapng" else "pcap record"
                 raise CaptureFormatError(self.path, self._offset(), f"broken {what}: impossible length", found)
 
@@ -280,7 +307,8 @@ def open_capture(path: str | os.PathLike, link: str | None = None, batch_size: i
     """Open a pcap or pcapng file for batch iteration (`link` defaults to the file stem).
 
     Options: `chunk_size` (bytes read at a time, default 16 MiB), `strict` (raise
-    TruncatedCaptureError at the end when the file ends inside a record).
+    TruncatedCaptureError at the end when the file ends inside a record), `columns` (decode
+    only these columns; the others are zeros), `prefetch` (batches decoded ahead in a thread).
     """
     return CaptureReader(path, link, batch_size, **options)
 

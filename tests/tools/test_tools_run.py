@@ -387,27 +387,21 @@ def test_join_and_its_inputs_in_one_run(capture, batches, spark_session, tmp_pat
         assert_same_rows(p, want[n], plan.query(n))
 
 
-def test_intermediate_queries_run_without_output(capture, batches, spark_session, tmp_path,
-                                                 capsys):
-    """Only the join is asked for: its inputs run too, reported as read by it."""
-    out = tmp_path / "flood.csv"
+@pytest.mark.parametrize("asked,reads", [("syn_flood", "syns"), ("syns", None)])
+def test_only_the_asked_query_and_what_it_reads_run(asked, reads, capture, batches,
+                                                    spark_session, tmp_path, capsys):
+    """--output names one query of a file: it runs, with the queries it reads (reported as
+    read by it), and nothing else."""
+    out = tmp_path / f"{asked}.csv"
     code, _, err = run_cli(["run", "syn_flood", "--link", f"main={capture}",
-                            "--output", f"syn_flood={out}"], capsys)
+                            "--output", f"{asked}={out}"], capsys)
     assert code == 0, err
     plan, want = reference("syn_flood", batches)
-    assert_same_rows(out, want["syn_flood"], plan.query("syn_flood"))
-    assert "query syns: " in err and "(read by syn_flood)" in err
-
-
-def test_unsupported_query_left_out_with_output(capture, batches, spark_session, tmp_path,
-                                                capsys):
-    """--output names one query of a file: only it (and what it reads) runs."""
-    out = tmp_path / "syns.csv"
-    code, _, err = run_cli(["run", "syn_flood", "--link", f"main={capture}",
-                            "--output", f"syns={out}"], capsys)
-    assert code == 0, err
-    plan, want = reference("syn_flood", batches)
-    assert_same_rows(out, want["syns"], plan.query("syns"))
+    assert_same_rows(out, want[asked], plan.query(asked))
+    if reads:
+        assert f"query {reads}: " in err and f"(read by {asked})" in err
+    else:
+        assert "query synacks:" not in err and "query syn_flood:" not in err
 
 
 @pytest.mark.parametrize("argv,codes,words", [
