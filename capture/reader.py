@@ -1,9 +1,12 @@
 """Public capture-file API: `open_capture` (batches of decoded packets from a pcap/pcapng file) and `read_all`.
 
 Reading is chunked: the file is read with `readinto` into one large reused byte buffer; the
-Numba kernels of `capture.pcapfile` locate the records in it and `capture.decode.decode_rows`
-decodes them; a record that spans the end of the buffer is moved to its front before the
-next read. Output columns are preallocated once
+Numba kernels of `capture.pcapfile` locate the records in it and `capture.fastdecode` decodes them
+(`decode_rows_fast`: the general decoder's values with a fast path for plain Ethernet/IPv4;
+`decode_rows_flow` when only address/port/protocol columns are asked for with `columns=`);
+a record that spans the end of the buffer is moved to its front before the next read.
+With `prefetch=k` a thread does all that up to k batches ahead (`capture.prefetch`); `stats`
+then counts what the thread has decoded, which may be ahead of what was consumed. Output columns are preallocated once
 per reader and reused for every batch, so a `PacketBatch` yielded by the iterator is a VIEW
 that the next batch overwrites: a consumer that keeps one must `batch.copy()` it.
 
@@ -26,7 +29,8 @@ from typing import Iterator
 import numpy as np
 
 from .batch import PacketBatch
-from .decode import LINK_NAMES, DecodeColumns, column_mask, decode_rows_fast, make_columns
+from .decode import LINK_NAMES, DecodeColumns, make_columns
+from .fastdecode import FLOW_COLUMNS, column_mask, decode_rows_fast, decode_rows_flow
 from .errors import CaptureError, CaptureFormatError, TruncatedCaptureError
 from .pcapfile import (
     PCAP_HEADER_LEN, PCAP_MAGIC_NS, PCAP_MAGIC_US, PCAPNG_SHB, ST_BAD_RECORD, ST_BATCH_FULL, ST_NEED_DATA,
@@ -40,6 +44,7 @@ log = logging.getLogger(__name__)
 DEFAULT_CHUNK = 16 << 20
 _MIN_CHUNK = 64  # bytes; tests use tiny chunks to put records across chunk ends
 _PCAP_MAGICS = {m.to_bytes(4, order) for m in (PCAP_MAGIC_US, PCAP_MAGIC_NS) for order in ("little", "big")}
+_FRAMED = frozenset(("timestamp", "len", "caplen"))
 _SHB_BYTES = PCAPNG_SHB.to_bytes(4, "little")  # a palindrome: the same in both byte orders
 
 
@@ -90,6 +95,8 @@ class CaptureReader:
             if unknown:
                 raise ValueError(f"unknown packet columns {unknown}")
         self._want = column_mask(columns)
+        # the framing kernels fill these; a consumer of flow columns only gets the lean decoder
+        self._flow_only = columns is not None and set(columns) <= FLOW_COLUMNS | _FRAMED
         if prefetch < 0:
             raise ValueError("prefetch must be >= 0")
         self.prefetch = int(prefetch)
@@ -220,7 +227,10 @@ class CaptureReader:
                     self._buf, self._pos, self._fill, self._big, fi.link, fi.mode, fi.scale, fi.offset,
                     fi.snaplen, fi.n, self._last_ts, self._base, out, row, max_rows)
             # decode the located frames now, before the buffer is refilled
-            decode_rows_fast(self._buf, out, first, row, want)
+            if self._flow_only:
+                decode_rows_flow(self._buf, out, first, row)
+            else:
+                decode_rows_fast(self._buf, out, first, row, want)
             self._pos = pos
             if status == ST_BATCH_FULL:
                 yield self._emit(row), out

@@ -8,7 +8,6 @@ halves; as output they are text (dotted quad for IPv4-mapped addresses, RFC 5952
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 
 import numpy as np
@@ -195,7 +194,7 @@ def output_columns(spec, window_id: Column | None = None) -> list[Column]:
     compiler = Compiler(spec, window_id)
     cols = []
     for out in spec.outputs:
-        value = compiler.compile(_unwrap_ip_str(out.expr))
+        value = compiler.compile(unwrap_ip_str(out.expr))
         if out.type == "ip" and isinstance(value, IpValue):
             cols += [value.hi.alias(f"{out.name}__hi"), value.lo.alias(f"{out.name}__lo")]
             continue
@@ -206,7 +205,7 @@ def output_columns(spec, window_id: Column | None = None) -> list[Column]:
     return cols
 
 
-def _unwrap_ip_str(node):
+def unwrap_ip_str(node):
     if isinstance(node, E.Func) and node.name.lower() == "ip_str":
         return node.args["args"][0]
     return node
@@ -219,16 +218,67 @@ def having_column(spec, window_id: Column | None = None) -> Column | None:
 
 
 def ip_text_arrow(hi: pa.Array, lo: pa.Array) -> pa.Array:
-    """Text of addresses given as int64 bit patterns of the uint64 halves (vectorised for
-    IPv4-mapped addresses; IPv6 ones go through `ipaddress`, which is RFC 5952)."""
+    """Text of addresses given as int64 bit patterns of the uint64 halves: a.b.c.d when
+    IPv4-mapped, otherwise RFC 5952 (lower-case hex, the first longest run of two or more zero
+    groups as `::`), as `ipaddress` writes them.
+
+    Vectorised: each address is 8 pieces (a group with its leading `:`, an octet with its
+    leading `.`, or the empty/`:`/`::` filler of a compressed run) looked up in one table of
+    strings and joined column-wise by Arrow; no Python object per address (800K flow records
+    took 1.2 s per column through `ipaddress`).
+    """
     h = np.asarray(hi.fill_null(0)).view(np.uint64)
     l = np.asarray(lo.fill_null(0)).view(np.uint64)
+    n = len(h)
+    index = [np.full(n, _EMPTY, np.int64) for _ in range(8)]
     mapped = (h == 0) & ((l >> np.uint64(32)) == np.uint64(0xFFFF))
-    octets = [pa.array(((l >> np.uint64(s)) & np.uint64(255)).astype(np.int64)).cast(pa.string())
-              for s in (24, 16, 8, 0)]
-    v4 = pc.binary_join_element_wise(*octets, ".")
-    text = np.asarray(v4.to_numpy(zero_copy_only=False), dtype=object)
-    for i in np.flatnonzero(~mapped):
-        text[i] = str(ipaddress.IPv6Address((int(h[i]) << 64) | int(l[i])))
+    if mapped.any():
+        v4 = l[mapped]
+        for j, shift in enumerate((24, 16, 8, 0)):
+            octet = ((v4 >> np.uint64(shift)) & np.uint64(255)).astype(np.int64)
+            index[j][mapped] = (_OCTET if j == 0 else _DOT_OCTET) + octet
+    other = np.flatnonzero(~mapped)
+    if other.size:
+        hv, lv = h[other], l[other]
+        groups = [((half >> np.uint64(48 - 16 * i)) & np.uint64(0xFFFF)).astype(np.int64)
+                  for half in (hv, lv) for i in range(4)]
+        # zero groups starting at each j; the first longest run of >= 2 is compressed
+        run = np.zeros(other.size, np.int64)
+        start = np.zeros(other.size, np.int64)
+        length = np.ones(other.size, np.int64)       # runs of 1 are not compressed
+        for j in range(7, -1, -1):
+            run = np.where(groups[j] == 0, run + 1, 0)
+            longer = run >= length                    # >=: scanning right to left, the
+            start = np.where(longer, j, start)        # leftmost of equal runs wins
+            length = np.where(longer, run, length)
+        compressed = length >= 2
+        end = np.where(compressed, start + length, -1)
+        filler = np.where(end <= 7, _COLON, _DOUBLE_COLON)
+        for j in range(8):
+            piece = groups[j] if j == 0 else _COLON_HEX + groups[j]
+            piece = np.where((j >= start) & (j < end), _EMPTY, piece)
+            index[j][other] = np.where(compressed & (start == j), filler, piece)
+    table = _piece_table()
+    pieces = [table.take(pa.array(column)) for column in index]
+    text = pc.binary_join_element_wise(*pieces, "")
     nulls = np.asarray(hi.is_null()) | np.asarray(lo.is_null())
-    return pa.array(text, pa.string(), mask=nulls)
+    if nulls.any():
+        text = pc.if_else(pa.array(nulls), pa.nulls(n, pa.string()), text)
+    return text
+
+
+# the piece table of ip_text_arrow: hex groups, ':'+hex groups, octets, '.'+octets, fillers
+_COLON_HEX = 1 << 16
+_OCTET = 2 << 16
+_DOT_OCTET = _OCTET + 256
+_EMPTY, _COLON, _DOUBLE_COLON = _DOT_OCTET + 256, _DOT_OCTET + 257, _DOT_OCTET + 258
+_PIECES: list = []
+
+
+def _piece_table() -> pa.Array:
+    if not _PIECES:
+        hexes = [format(g, "x") for g in range(1 << 16)]
+        octets = [str(o) for o in range(256)]
+        _PIECES.append(pa.array(hexes + [":" + x for x in hexes] + octets
+                                + ["." + o for o in octets] + ["", ":", "::"], pa.string()))
+    return _PIECES[0]

@@ -173,7 +173,7 @@ class StageGraph:
                                        f"is not supported by the Spark stage")
             if h.input_kind == "links":
                 self._add_low(qp)
-                spec = from_high_level(h)
+                spec = from_high_level(h, qp.low)
                 return lambda: Stage(spec, self.spool, self._ck(name), self.sinks[name],
                                      **self._kw())
             (up,) = h.inputs

@@ -58,6 +58,10 @@ DEFAULTS = {
     "spark.sql.streaming.metricsEnabled": "false",
     "spark.sql.debug.maxToStringFields": "1000",   # wide partial rows: no truncation warning
     "spark.sql.parquet.compression.codec": "snappy",
+    # Closed rows reach the driver as Arrow, one task result per input split held in the
+    # driver heap: smaller splits bound that memory (4M flow records in 2 splits of 128 MB
+    # ran a 1 GB heap out of memory)
+    "spark.sql.files.maxPartitionBytes": "32m",
     # The file stream source keeps its own compacted log; keep few to bound start-up.
     "spark.sql.streaming.minBatchesToRetain": "20",
     "spark.driver.bindAddress": "127.0.0.1",
@@ -76,7 +80,7 @@ def log4j2_config() -> Path:
 
 
 def get_session(master: str | None = None, *, app_name: str = "oopscope",
-                driver_memory: str = "1g", shuffle_partitions: int | None = None,
+                driver_memory: str = "3g", shuffle_partitions: int | None = None,
                 conf: dict[str, str] | None = None):
     """The process-wide SparkSession, created on first call and reused afterwards.
 

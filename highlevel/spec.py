@@ -136,14 +136,16 @@ class StageSpec:
                    union=union, distinct_registers=plan.distinct_registers)
 
 
-def from_high_level(plan) -> StageSpec:
+def from_high_level(plan, low_plans=()) -> StageSpec:
     """The stage of a `queries.plan.HighLevelPlan` of kind "aggregate" over links.
 
     HighLevelPlan -> StageSpec: inputs -> links; window -> window; keys (KeyColumn, GSQL type)
     -> KeySpec; superaggs (name, sub_kind, dtype) -> states (SubAggregate(name, sub_kind));
     finals (name, expr over state Fields) -> finals; outputs (name, GSQL type, expr over keys,
     the window column and finals) -> outputs; having -> having; union None/"meld"/"merge";
-    distinct_registers.
+    distinct_registers. `low_plans` (the query's `LowLevelPlan`s): a flow query's partial rows
+    are whole flow records keyed by their flow id (`extras["flow"]`), unique per (window, keys),
+    which the stage marks as `extras["unique_rows"]` and then combines by the identity.
     """
     if plan.kind != "aggregate" or plan.input_kind != "links" or plan.window is None:
         raise StageConfigError(f"query {plan.query!r}: the Spark stage runs windowed "
@@ -155,7 +157,17 @@ def from_high_level(plan) -> StageSpec:
     return StageSpec(query=plan.query, links=tuple(plan.inputs), window=plan.window, keys=keys,
                      states=states, outputs=outputs, having=plan.having,
                      union=plan.union or "meld", distinct_registers=plan.distinct_registers,
-                     finals=tuple((f.name, f.expr) for f in plan.finals))
+                     finals=tuple((f.name, f.expr) for f in plan.finals),
+                     extras={"unique_rows": unique_rows(plan, low_plans)})
+
+
+def unique_rows(plan, low_plans) -> bool:
+    """True when no two partial rows of the query share (window, keys): every low plan is a
+    flow table whose flow-id key (unique per flow across links: link tag << 40 | serial,
+    `lowlevel.flowtable`) is one of the high level's keys."""
+    keys = {k.name for k in plan.keys}
+    flows = [(lp.extras or {}).get("flow") for lp in low_plans]
+    return bool(flows) and all(f is not None and f.get("key") in keys for f in flows)
 
 
 def output_type(gsql: str) -> str:

@@ -38,6 +38,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -54,6 +55,7 @@ from highlevel.windows import window_config
 log = logging.getLogger(__name__)
 
 DEFAULT_TRIGGER = "200 milliseconds"
+INT64_MAX = (1 << 63) - 1
 
 
 @dataclass
@@ -85,6 +87,8 @@ class StageState:
 class Stage:
     """The high level of one query on Spark."""
 
+    cache_input = True     # subclasses (row stages) read their micro-batch several times
+
     def __init__(self, spec: StageSpec, spool: str | os.PathLike, checkpoint: str | os.PathLike,
                  sinks: Sequence[Sink], *, spark=None, master: str | None = None,
                  trigger: str = DEFAULT_TRIGGER, keep_versions: int = 3,
@@ -113,6 +117,14 @@ class Stage:
         self._outputs = output_columns(spec)
         self._having = having_column(spec)
         self._combine = Combiner(spec.states, spec.distinct_registers)
+        self._order, self._hidden = order_columns(spec)
+        # rows unique per (window, keys), e.g. flow records keyed by their flow id: combining
+        # is the identity, so no groupBy (and no shuffle) at all
+        self.unique_rows = bool(spec.extras.get("unique_rows"))
+        # A spool micro-batch is read twice (markers, then rows), each time only the columns
+        # it needs (Parquet column pruning): cheaper than caching every column of it. A
+        # prepared frame (a row plan over another query's rows) is computed once and cached.
+        self.cache_input = prepare is not None
         self.query = None
         partials_dir(self.spool, spec.query).mkdir(parents=True, exist_ok=True)
 
@@ -181,6 +193,7 @@ class Stage:
         """Process every file in the spool now, then return (for finite runs and tests)."""
         from pyspark.errors import StreamingQueryException
 
+        self._run_started = self.clock()
         query = self._writer().trigger(availableNow=True).start()
         try:
             query.awaitTermination()
@@ -198,16 +211,24 @@ class Stage:
     # --- one micro-batch ---------------------------------------------------------------------
     def process_batch(self, df: DataFrame, batch_id: int) -> None:
         started = self.clock()
+        if getattr(self, "_run_started", None) is not None:
+            # Structured Streaming's own start (checkpoint, listing, planning) before batch 1
+            log.debug("query %s: stream start to first batch %.3f s", self.spec.query,
+                      started - self._run_started)
+            self._run_started = None
         if self._version_dir(batch_id).exists() or batch_id <= self.state.batch:
             log.info("query %s: batch %d already committed; skipped", self.spec.query, batch_id)
             return
         if self.prepare is not None:
             df = self.prepare(df)
-        df = df.persist()
-        try:
+        if not self.cache_input:
             self._process(df, batch_id)
-        finally:
-            df.unpersist()
+        else:
+            df = df.persist()
+            try:
+                self._process(df, batch_id)
+            finally:
+                df.unpersist()
         self.batch_seconds.append(self.clock() - started)
 
     def _process(self, df: DataFrame, batch_id: int) -> None:
@@ -216,7 +237,7 @@ class Stage:
         late = is_row & (win.pane_end_col(F.col("window")) <= F.lit(prev.punctuation)) \
             if prev.punctuation is not None else F.lit(False)
         tick = self._tick = _Ticker(self.clock)
-        files = (df.groupBy(LINK, SEQ)
+        files = (df.select(LINK, SEQ, PUNCT, "window").groupBy(LINK, SEQ)
                  .agg(F.max(PUNCT).alias("p"), F.sum(is_row.cast("long")).alias("rows"),
                       F.sum(late.cast("long")).alias("late"))
                  .collect())
@@ -244,10 +265,21 @@ class Stage:
             parts = old if parts is None else parts.unionByName(old)
         if parts is None:
             state.punctuation = punctuation if advanced else prev.punctuation
+            state.open_dir = None
             self._commit(state)
             return
-        group = ["window"] + spec.key_columns()
-        combined = self._combine(parts, group).persist()
+        # at the end of input (P = the largest int64) every window closes: nothing stays open
+        closes_all = advanced and punctuation >= INT64_MAX
+        if self.unique_rows:
+            combined = parts
+        else:
+            combined = self._combine(parts, ["window"] + spec.key_columns())
+        # persisted only when two jobs read it (the closed and the open rows); with unique
+        # rows each job reads its own rows from the Parquet files again, which costs less
+        # than caching them
+        cached = not self.unique_rows and advanced and not closes_all
+        if cached:
+            combined = combined.persist()
         try:
             if advanced:
                 state.closed_rows += self._close(combined, batch_id, prev.punctuation,
@@ -256,15 +288,19 @@ class Stage:
                 combined_open = combined.where(win.retained_col(F.col("window"), punctuation))
             else:
                 combined_open = combined
-            open_dir = f"open-{batch_id:010d}"
-            combined_open.write.mode("overwrite").parquet(str(self.state_root / open_dir))
-            tick("write state")
-            state.open_dir = open_dir
+            if closes_all:
+                state.open_dir = None
+            else:
+                open_dir = f"open-{batch_id:010d}"
+                combined_open.write.mode("overwrite").parquet(str(self.state_root / open_dir))
+                tick("write state")
+                state.open_dir = open_dir
             self._commit(state)
             tick("commit")
             log.debug("query %s: batch %d timings %s", spec.query, batch_id, tick.laps)
         finally:
-            combined.unpersist()
+            if cached:
+                combined.unpersist()
 
     def _meld(self, state: StageState, files) -> int | None:
         """Apply each link's punctuation in file order; the combined punctuation after it."""
@@ -303,22 +339,31 @@ class Stage:
             exploded = exploded.where(end <= F.lit(upto))
             if before is not None:
                 exploded = exploded.where(end > F.lit(before))
-            closed = self._combine(exploded, ["window"] + spec.key_columns())
+            # unique pane rows stay unique per window: a row's keys include its pane's identity
+            closed = exploded if self.unique_rows else \
+                self._combine(exploded, ["window"] + spec.key_columns())
         if self._having is not None:
             closed = closed.where(self._having)
-        ends = win.pane_end_col(F.col("window")) if win.tumbling else \
-            win.window_end_col(F.col("window"))
         # sort on the driver: results are small, and a Spark orderBy costs a sampling job
-        order = ["window"] + spec.key_columns()
-        hidden = [F.col(c).alias(f"__order{i}") for i, c in enumerate(order)]
-        result = closed.select(*self._outputs, *hidden, ends.alias("__time")).toArrow()
-        result = result.sort_by([(f"__order{i}", "ascending") for i in range(len(order))])
+        result = closed.select(*self._outputs, *self._hidden).toArrow()
+        self._tick("combine+collect")
+        if result.num_rows > 1:
+            # one chunk per column first: sorting and taking across many Arrow batches of
+            # 10K rows costs twice as much
+            result = result.combine_chunks()
+            result = result.take(pc.sort_indices(
+                result, sort_keys=[(c, "ascending") for c in self._order]))
         table = to_output_table(result, spec)
-        self._tick("combine+close")
+        self._tick("sort+format")
         raw = None
         for sink in self.sinks:
             if getattr(sink, "raw", False):
-                raw = raw if raw is not None else raw_output_table(result, spec)
+                if raw is None:
+                    window = np.asarray(result.column("__window").combine_chunks()
+                                        .fill_null(0))
+                    ends = win.pane_end(window) if win.tumbling else win.window_end(window)
+                    raw = raw_output_table(result.append_column("__time", pa.array(ends)),
+                                           spec)
                 sink.write(batch_id, raw)
             else:
                 sink.write(batch_id, table)
@@ -326,6 +371,41 @@ class Stage:
         log.info("query %s: batch %d closed windows up to P=%d: %d rows", spec.query, batch_id,
                  upto, table.num_rows)
         return table.num_rows
+
+
+def order_columns(spec: StageSpec) -> tuple[list[str], list]:
+    """(result columns to sort by, hidden Spark columns to select besides the outputs).
+
+    Rows are sorted by (window, keys). A key that an output already holds unchanged (the
+    output is the bare key, of the same Spark type) is sorted by through that output rather
+    than fetched twice: with flow records every key but the flow id is an output, and the
+    Arrow transfer to the driver costs per column. The window id is always fetched, as
+    `__window` (the raw layout's window end is computed from it)."""
+    from queries import expressions as E
+
+    from highlevel.finalize import unwrap_ip_str
+
+    spark_type = {"int64": "long", "uint64": "long", "float64": "double", "string": "string",
+                  "bool": "boolean", "ip": "ip"}
+    shown: dict[str, str] = {}          # key name -> output name holding it unchanged
+    for o in spec.outputs:
+        expr = unwrap_ip_str(o.expr)
+        if isinstance(expr, (E.Column, getattr(E, "Field", E.Column))) and \
+                expr.name != spec.window.column:
+            shown.setdefault(expr.name, (o.name, o.type))
+    order, hidden = ["__window"], [F.col("window").alias("__window")]
+    for k in spec.keys:
+        held = shown.get(k.name)
+        same = held is not None and spark_type[held[1]] == spark_type[k.type]
+        for c in k.columns():
+            suffix = c[len(k.name):]          # "" or "__hi"/"__lo"
+            if same:
+                order.append(held[0] + suffix)
+            else:
+                name = f"__order{len(hidden)}"
+                hidden.append(F.col(c).alias(name))
+                order.append(name)
+    return order, hidden
 
 
 class _Ticker:
@@ -371,3 +451,20 @@ def to_output_table(table: pa.Table, spec: StageSpec) -> pa.Table:
             col = pa.array(values, pa.uint64(), mask=np.asarray(col.is_null()))
         arrays.append(col.cast(f.type))
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def warm_up(spark, work: str | os.PathLike) -> float:
+    """Run a tiny stage end to end in `work` (an empty directory): streaming start, Parquet
+    scan, markers, combine, close, Arrow to the driver. A fresh JVM loads and compiles these
+    paths on first use (seconds); done while the low level runs, the real stage finds them
+    ready. Returns the seconds it took."""
+    from highlevel.spool import SpoolWriter
+    from highlevel.testing import ListSink, demo_spec, random_partials
+
+    started = time.perf_counter()
+    work = Path(work)
+    spec = demo_spec(query="warmup", links=("a",), registers=4)
+    rows = random_partials(np.random.default_rng(0), [1, 2], 64, registers=4, query="warmup")
+    SpoolWriter(work / "spool", "warmup", "a", fsync=False).write([rows], INT64_MAX)
+    Stage(spec, work / "spool", work / "ck", [ListSink()], spark=spark).run_available()
+    return time.perf_counter() - started

@@ -26,7 +26,7 @@ import numpy as np
 from .aggregates import StateLayout
 from .flush import (
     C_CAUSE, C_CUR, C_FORCED, C_RESIDENT, C_WINDOWS, CAUSES, EMPTY, NPARAMS, P_EVERY, P_M,
-    P_MASK, P_POLICY, P_PROBES, P_SHIFT, POLICIES, make_ctl,
+    P_MASK, P_OFFSET, P_PANE, P_POLICY, P_PROBES, P_SHIFT, POLICIES, make_ctl,
 )
 from .hashtable import advance, append, finish, min_resident, round_slots
 
@@ -86,6 +86,8 @@ class HashAggregator:
         self.params[P_M] = max_disorder
         self.params[P_MASK] = self.slots - 1
         self.params[P_SHIFT] = 64 - (self.slots.bit_length() - 1)
+        self.params[P_PANE] = self.pane_ns
+        self.params[P_OFFSET] = self.offset_ns
         self.ctl = make_ctl()
         self.ops, self.ident, self._base = layout.record_ops(nkeys)
         width = len(self.ident)
@@ -113,11 +115,14 @@ class HashAggregator:
         oi, ou, of, oh, cause = self.out
         self.rows_out += n_out
         b, w, nk = self._base, self.layout.width, self.nkeys
-        banks = (oi[:n_out, b["i"]:b["i"] + w["i"]].copy(),
-                 ou[:n_out, b["u"]:b["u"] + w["u"]].copy(),
-                 of[:n_out, b["f"]:b["f"] + w["f"]].copy(), oh[:n_out].copy())
-        return Partials(oi[:n_out, 0].copy(), ou[:n_out, 1:1 + nk].copy(), banks,
-                        cause[:n_out].copy())
+        # one transposing copy of the record words: each key and state column comes out
+        # contiguous (Partials arrays are column-major views of it), so turning them into
+        # Arrow arrays copies nothing more
+        cols = ou[:n_out].T.copy()
+        ci = cols.view(np.int64)
+        banks = (ci[b["i"]:b["i"] + w["i"]].T, cols[b["u"]:b["u"] + w["u"]].T,
+                 cols.view(np.float64)[b["f"]:b["f"] + w["f"]].T, oh[:n_out].copy())
+        return Partials(ci[0], cols[1:1 + nk].T, banks, cause[:n_out].copy())
 
     # --- the pipeline steps ------------------------------------------------------------------
     def append(self, ts: np.ndarray, keys: np.ndarray, args=None,
@@ -129,7 +134,7 @@ class HashAggregator:
         bool [n] (packets to skip are False).
         """
         ts, keys, (ai, au, af, ad), valid = self._prepare(ts, keys, args, valid)
-        panes = self.pane_of(ts)
+        panes = np.empty(len(ts), np.int64)   # the kernel fills panes and homes
         homes = np.empty(len(ts), np.int64)
         chunks = []
         start = 0

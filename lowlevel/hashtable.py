@@ -23,8 +23,8 @@ from .aggregates import update_slot
 from .flush import (
     C_BOUND, C_CUR, C_RESIDENT, C_STALE, C_TICK, C_WALKING, CAUSE_BOUND, CAUSE_EVICT,
     CAUSE_FINISH, EMPTY,
-    P_EVERY, P_MASK, P_M, P_POLICY, P_PROBES, P_SHIFT, POLICY_IOP_SLOW, POLICY_OOP_LAZY,
-    C_ANCIENT, C_RING, PANE_RING, count_pane, emit, flush_below, forced_full_flush, new_window,
+    P_EVERY, P_MASK, P_M, P_OFFSET, P_PANE, P_POLICY, P_PROBES, P_SHIFT, POLICY_IOP_SLOW, POLICY_OOP_LAZY,
+    C_ANCIENT, C_RING, PANE_RING, count_pane, emit_row, flush_below, forced_full_flush, new_window,
     slow_flush_step,
 )
 from .jit import ngjit, ngjit_inline
@@ -84,11 +84,16 @@ def append(table, out, ctl, params, ops, ident, start, panes, ts, keys, ai, au, 
            homes):
     """Fold packets [start, n) into the table (the `append` step); returns (next packet, rows).
 
+    `panes` and `homes` are scratch [n] the call with start == 0 fills (pane of each packet
+    from `ts` and params P_PANE/P_OFFSET, and its home slot); calls resuming at start > 0
+    reuse them.
+
     `valid[i]` false skips packet i (WHERE, protocol, late). Rows written to `out` start at
     row 0; when fewer than `slots + 2` free output rows remain the kernel returns early with the
     index of the first unprocessed packet so that the caller can drain `out` and call again.
     """
     ri, ru, rf, th = table
+    oi, ou, of, oh, ocause = out
     policy = params[P_POLICY]
     probes = params[P_PROBES]
     every = params[P_EVERY]
@@ -96,16 +101,25 @@ def append(table, out, ctl, params, ops, ident, start, panes, ts, keys, ai, au, 
     shift = params[P_SHIFT]
     size = ri.shape[0]
     width = ru.shape[1]
+    nh = th.shape[1]
     cap = out[0].shape[0]
     nk = keys.shape[1]
     n_out = 0
     n = panes.shape[0]
     if start == 0:
+        # panes computed here rather than by numpy in the wrapper: one pass, no temporaries
+        pane_ns = params[P_PANE]
+        offset = params[P_OFFSET]
         for i in range(n):
-            homes[i] = home_slot(panes[i], keys, i, shift)
+            q = (ts[i] + offset) // pane_ns
+            panes[i] = q
+            homes[i] = home_slot(q, keys, i, shift)
     for i in range(start, n):
         if i + PREFETCH_AHEAD < n:
-            prefetch_row(ri, homes[i + PREFETCH_AHEAD])
+            # the probe window may straddle two cache lines: fetch both ends
+            ahead = homes[i + PREFETCH_AHEAD]
+            prefetch_row(ri, ahead)
+            prefetch_row(ri, (ahead + probes - 1) & mask)
         if n_out + size + 2 > cap:
             return i, n_out
         if not valid[i]:
@@ -117,7 +131,7 @@ def append(table, out, ctl, params, ops, ident, start, panes, ts, keys, ai, au, 
             tick = ctl[C_TICK] + 1
             if tick >= every:
                 tick = 0
-                n_out = slow_flush_step(table, out, ctl, n_out)
+                n_out = slow_flush_step(ri, ru, th, ou, oh, ocause, ctl, n_out)
             ctl[C_TICK] = tick
         home = homes[i]
         match = -1
@@ -160,7 +174,7 @@ def append(table, out, ctl, params, ops, ident, start, panes, ts, keys, ai, au, 
                         if ri[s, 0] < vp:
                             victim = s
                             vp = ri[s, 0]
-                n_out = emit(table, out, ctl, victim, n_out, CAUSE_EVICT)
+                n_out = emit_row(ri, ru, th, ou, oh, ocause, ctl, victim, n_out, CAUSE_EVICT)
                 free = victim
             # create: the identity record, then pane and keys
             for k in range(1 + nk, width):
@@ -169,7 +183,7 @@ def append(table, out, ctl, params, ops, ident, start, panes, ts, keys, ai, au, 
             count_pane(ctl, p, 1)
             for k in range(nk):
                 ru[free, 1 + k] = keys[i, k]
-            for k in range(th.shape[1]):
+            for k in range(nh):
                 th[free, k] = 0
             ctl[C_RESIDENT] += 1
             if p < ctl[C_CUR] and policy == POLICY_IOP_SLOW:

@@ -35,12 +35,22 @@ from .aggregates import AggSpec, StateLayout, distinct_hashes
 from .engine import HashAggregator, Partials
 from .errors import LowLevelError
 from .flowtable import FlowAggregator
+from .jit import ngjit
 from .partials import KeySpec, PartialSchema, encode_key, key_width
 
 log = logging.getLogger(__name__)
 
 _SUPPORTED_KEY_TYPES = {"uint", "ullong", "llong", "int", "bool", "ipv4", "ip", "mac", "float"}
 _BENIGN = np.array(sorted(BENIGN_REASONS), dtype=np.uint8)
+_LOW32 = np.uint64(0xFFFF_FFFF)
+_ALL64 = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
+
+
+@ngjit
+def put_key_column(out, j, col, mask):
+    """out[:, j] = col & mask as uint64 (a plain packet-field key, no temporaries)."""
+    for i in range(col.shape[0]):
+        out[i, j] = np.uint64(col[i]) & mask
 
 
 def _default_evaluate():
@@ -107,10 +117,42 @@ class LowLevelOperator:
                     max_disorder=plan.max_disorder, probes=probes)
             except ValueError as exc:
                 raise LowLevelError(f"{where}: {exc}") from None
+        self._direct = self._direct_keys()
         self._in_punct: int | None = None
         self._out_punct: int | None = None
         self._counts = dict(packets_in=0, packets_protocol=0, packets_where=0, malformed=0,
                             late=0, rows_out=0)
+
+    @property
+    def read_columns(self) -> tuple[str, ...] | None:
+        """The physical packet columns this operator reads (for `open_capture(columns=...)`,
+        which then decodes only those), or None when it cannot tell (a callable expression)."""
+        from capture.schema import PROTOCOLS
+
+        fields = {f.name: f for p in PROTOCOLS.values() for f in p.fields}
+        names = {"timestamp", "layers", "reason"}
+        if self._flow is not None and self._flow.get("fin_rst"):
+            names.add("flags")
+        exprs = [self.plan.predicate] + [k.expr for k in (*self.plan.keys,
+                                                           *self.plan.projections)]
+        exprs += [s.arg for s in self.plan.subaggs]
+        for e in exprs:
+            if e is None:
+                continue
+            if not hasattr(e, "walk"):
+                return None
+            for node in e.walk():
+                kind = type(node).__name__
+                if kind == "Field" and node.columns is not None:
+                    names.update(node.columns)
+                elif kind in ("Field", "Column"):
+                    f = fields.get(node.name)
+                    if f is None:
+                        if node.name in ("time", "timestamp_ms", "link"):
+                            continue
+                        return None
+                    names.update(f.columns)
+        return tuple(sorted(names))
 
     # --- expression evaluation ---------------------------------------------------------------
     def _eval(self, expr, batch: PacketBatch):
@@ -120,10 +162,43 @@ class LowLevelOperator:
             self._evaluate_fn = _default_evaluate()
         return self._evaluate_fn(expr, batch)
 
+    def _direct_keys(self) -> list | None:
+        """Per key, the (physical column, mask) pairs it is when it is a plain packet field
+        of unsigned columns (srcIP, ports, ...), else None: such keys are written straight
+        into the key matrix without the evaluator's temporaries."""
+        from capture.schema import COLUMN_BY_NAME
+
+        out = []
+        for spec, k in zip(self._keys[:self._hashed], self.plan.keys if self.plan.window
+                           else self.plan.projections):
+            e = k.expr
+            cols = getattr(e, "columns", None)
+            if (callable(e) and not hasattr(e, "arg_types")) or type(e).__name__ != "Field" \
+                    or getattr(e, "table", None) is not None or not cols:
+                return None
+            if any(c not in COLUMN_BY_NAME or COLUMN_BY_NAME[c].dtype.kind != "u" for c in cols):
+                return None
+            if spec.type == "ip" and e.type == "ip" and len(cols) == 2:
+                out.append([(cols[0], _ALL64), (cols[1], _ALL64)])
+            elif spec.type == "ipv4" and e.type == "ipv4" and len(cols) == 1:
+                out.append([(cols[0], _LOW32)])
+            elif spec.type in ("uint", "ullong") and e.type == spec.type and len(cols) == 1:
+                out.append([(cols[0], _ALL64)])
+            else:
+                return None
+        return out
+
     def _stack_keys(self, batch: PacketBatch) -> np.ndarray:
         n = len(batch)
         specs = self._keys[:self._hashed]
         out = np.empty((n, sum(key_width(s.type) for s in specs)), np.uint64)
+        if self._direct is not None:
+            j = 0
+            for parts in self._direct:
+                for col, mask in parts:
+                    put_key_column(out, j, batch[col], mask)
+                    j += 1
+            return out
         j = 0
         for spec, k in zip(specs, self.plan.keys if self.plan.window else
                            self.plan.projections):

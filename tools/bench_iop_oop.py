@@ -139,7 +139,7 @@ def paced_offer(ring, columns: dict, rate: float, seconds: float, *, push_rows: 
     burst = 4 * push_rows
     next_p = int(orig[0]) if n else 0
     clock = time.perf_counter
-    t0 = clock()
+    t0 = start = clock()
     while sent < total:
         due = min(total, int((clock() - t0) * rate))
         behind = due - sent
@@ -163,7 +163,7 @@ def paced_offer(ring, columns: dict, rate: float, seconds: float, *, push_rows: 
                 next_p = last + punct_every_ns
             if pos == n:
                 pos, lap = 0, lap + 1
-    elapsed = clock() - t0
+    elapsed = clock() - start
     ring.finish()
     return {"offered": sent, "elapsed_s": elapsed, "achieved_rate": sent / elapsed if elapsed else 0.0,
             "lag_max_rows": lag_max, "slipped_s": slipped}

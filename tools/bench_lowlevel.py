@@ -8,9 +8,16 @@ length, 10 minutes of data time, 66K/130K/260K/520K (srcIP, destIP) groups, in t
 For each capture and each hash table of 1/2, 1 and 2 x groups and each flush policy (iop_slow
 with i = 1, oop_lazy, oop_slow with i = 160; m = 2) we time, on a warm JIT and warm page cache:
 
-- `read+agg`: `capture.reader.open_capture` -> `LowLevelOperator.process` (WHERE, keys, the
-  hash-table kernel, Arrow partial rows) with punctuation after every batch, then `finish()`;
+- `read+agg`: `capture.reader.open_capture(columns=op.read_columns)` (only the plan's
+  columns decoded; `--prefetch 2` adds the read-ahead thread, `--plain-reader` decodes every
+  column) -> `LowLevelOperator.process` (WHERE, keys, the hash-table kernel, Arrow partial
+  rows) with punctuation after every batch, then `finish()`: one process, one core;
 - `agg only`: the engine alone over the decoded key columns in memory (the kernel's own rate);
+- `op only`: `LowLevelOperator` (protocol, keys, kernel, Arrow rows) over batches decoded
+  beforehand and held in memory: the consumer side of the read-ahead pipeline;
+- `read only` (once per capture): the reader alone with the plan's columns, no thread: the
+  producer side. With read-ahead on two free cores `read+agg` approaches the smaller of the
+  two; on a loaded machine it falls towards their harmonic sum;
 
 and, once per capture, `tcpdump -r F -w /dev/null`, `softflowd -r F -n 127.0.0.1:9 -v 5
 -m 1000000` and `nfpcapd -r F -w DIR`. Rates are packets per wall-clock second, medians of
@@ -74,6 +81,11 @@ def warm_file(path: Path) -> None:
             pass
 
 
+#: reader options of `time_operator`: decode only the columns the plan reads (the target is
+#: one core, so no read-ahead thread unless --prefetch; `--plain-reader`: every column)
+READER = {"columns": True, "prefetch": 0, "batch_size": 65536}
+
+
 def time_operator(path: Path, plan) -> tuple[float, int, int, dict]:
     """Read + decode + sub-aggregate one capture: (seconds, packets, partial rows, counters)."""
     from capture.reader import open_capture
@@ -82,7 +94,9 @@ def time_operator(path: Path, plan) -> tuple[float, int, int, dict]:
     op = LowLevelOperator(plan)
     rows = packets = 0
     t0 = time.perf_counter()
-    with open_capture(path, link="main", batch_size=65536) as reader:
+    columns = op.read_columns if READER["columns"] else None
+    with open_capture(path, link="main", batch_size=READER["batch_size"], columns=columns,
+                      prefetch=READER["prefetch"]) as reader:
         for batch in reader:
             packets += len(batch)
             rows += sum(b.num_rows for b in op.process(batch))
@@ -107,6 +121,49 @@ def decoded_keys(path: Path):
             src.append(b["srcIP_lo"] & np.uint64(0xFFFF_FFFF))
             dst.append(b["destIP_lo"] & np.uint64(0xFFFF_FFFF))
     return np.concatenate(ts), np.stack([np.concatenate(src), np.concatenate(dst)], axis=1)
+
+
+def decoded_batches(path: Path, columns) -> list:
+    """The capture's batches decoded once, only `columns` copied (the others share one zero
+    array, so 5M packets fit in memory), for the operator-only timing."""
+    import numpy as np
+
+    from capture.batch import PacketBatch
+    from capture.reader import open_capture
+    from capture.schema import COLUMNS
+
+    bs = READER["batch_size"]
+    zeros = {c.name: np.zeros(bs, c.dtype) for c in COLUMNS}
+    out = []
+    with open_capture(path, link="main", batch_size=bs, columns=columns) as reader:
+        for b in reader:
+            n = len(b)
+            out.append(PacketBatch("main", {c.name: (b[c.name].copy() if c.name in columns
+                                                     else zeros[c.name][:n]) for c in COLUMNS}))
+    return out
+
+
+def time_op_only(batches, plan) -> float:
+    from lowlevel.operator import LowLevelOperator
+
+    op = LowLevelOperator(plan)
+    t0 = time.perf_counter()
+    for batch in batches:
+        op.process(batch)
+        op.punctuate(int(batch["timestamp"][-1]))
+    op.finish()
+    return time.perf_counter() - t0
+
+
+def time_read_only(path: Path, columns) -> float:
+    from capture.reader import open_capture
+
+    t0 = time.perf_counter()
+    with open_capture(path, link="main", batch_size=READER["batch_size"],
+                      columns=columns) as reader:
+        for _ in reader:
+            pass
+    return time.perf_counter() - t0
 
 
 def time_engine(ts, keys, plan, batch: int = 65536) -> float:
@@ -231,9 +288,22 @@ def _m(rate: float | None) -> str:
                    "some systems; see time_until_read).")
 @click.option("--groups", "groups_opt", type=str, default=None,
               help="Comma-separated group counts (default 66000,130000,260000,520000).")
+@click.option("--plain-reader", is_flag=True,
+              help="Decode every column, no read-ahead thread (the reader's defaults).")
+@click.option("--prefetch", type=int, default=0, show_default=True,
+              help="Batches a reader thread decodes ahead (0: no thread, one core; on two "
+                   "free cores 2 overlaps decoding with aggregation).")
+@click.option("--batch-size", type=int, default=65536, show_default=True)
+@click.option("--factors", type=str, default=None,
+              help="Comma-separated table factors (default 0.5,1,2).")
+@click.option("--no-tools", is_flag=True, help="Skip tcpdump/nfpcapd/softflowd.")
 def main(quick: bool, packets: int | None, repeat: int | None, directory: Path,
-         json_path: Path, with_softflowd: bool, groups_opt: str | None) -> None:
+         json_path: Path, with_softflowd: bool, groups_opt: str | None, plain_reader: bool,
+         prefetch: int, batch_size: int, factors: str | None, no_tools: bool) -> None:
     """Q8-1 throughput of the low level beside tcpdump, softflowd and nfpcapd."""
+    READER.update(columns=not plain_reader, prefetch=0 if plain_reader else prefetch,
+                  batch_size=batch_size)
+    factor_list = tuple(float(f) for f in factors.split(",")) if factors else FACTORS
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="bench_lowlevel: %(message)s")
     packets = packets or (1_000_000 if quick else 5_000_000)
@@ -248,17 +318,26 @@ def main(quick: bool, packets: int | None, repeat: int | None, directory: Path,
 
     results = []
     header = (f"{'groups':>7} {'table':>6} {'policy':>9} {'read+agg':>9} {'agg only':>9} "
+              f"{'op only':>8} {'read':>6} "
               f"{'rows/pkt':>8} {'forced':>6} | {'tcpdump':>8} {'softflowd':>9} {'nfpcapd':>8}"
               f" {'x sfd':>6} {'x nfp':>6}")
     lines = [f"Q8-1, {packets:,} packets per capture, M packets/s (median of {repeat}), "
-             "warm JIT and page cache", header, "-" * len(header)]
+             f"warm JIT and page cache, reader {READER}", header, "-" * len(header)]
     print(lines[0], file=sys.stderr)
     for groups in groups_list:
         path = make_capture(directory, groups, packets)
         warm_file(path)
-        tools = external_tools(path, repeat, with_softflowd)
+        tools = ({"tcpdump": None, "softflowd": None, "nfpcapd": None} if no_tools
+                 else external_tools(path, repeat, with_softflowd))
         ts, keys = decoded_keys(path)
-        for factor in FACTORS if not quick else (0.5, 1.0, 2.0):
+        from lowlevel.operator import LowLevelOperator
+
+        columns = LowLevelOperator(q81_plan(1024, "oop_lazy")).read_columns
+        batches = decoded_batches(path, columns)
+        read_secs = statistics.median(time_read_only(path, columns) for _ in range(repeat))
+        log.info("%d groups: read only (plan columns, no thread) %.2f M packets/s", groups,
+                 len(ts) / read_secs / 1e6)
+        for factor in factor_list:
             slots = int(groups * factor)
             for policy in POLICIES:
                 plan = q81_plan(slots, policy)
@@ -266,12 +345,15 @@ def main(quick: bool, packets: int | None, repeat: int | None, directory: Path,
                 secs = statistics.median(r[0] for r in runs)
                 _, n, rows, counters = runs[0]
                 agg_secs = statistics.median(time_engine(ts, keys, plan) for _ in range(repeat))
+                op_secs = statistics.median(time_op_only(batches, plan) for _ in range(repeat))
                 rate = _rate(n, secs)
                 row = {
                     "groups": groups, "table_factor": factor, "slots": plan.slots,
                     "table_slots": 1 << (max(2, slots) - 1).bit_length(), "policy": policy,
                     "packets": n, "seconds": secs, "pkts_per_s": rate,
                     "agg_only_pkts_per_s": _rate(n, agg_secs), "partial_rows": rows,
+                    "op_only_pkts_per_s": _rate(n, op_secs),
+                    "read_only_pkts_per_s": _rate(n, read_secs),
                     "counters": counters,
                     "tools_pkts_per_s": {k: _rate(n, v) for k, v in tools.items()},
                 }
@@ -280,15 +362,17 @@ def main(quick: bool, packets: int | None, repeat: int | None, directory: Path,
                 ratio = {k: ("-" if not tr.get(k) else f"{rate / tr[k]:.0f}")
                          for k in ("softflowd", "nfpcapd")}
                 line = (f"{groups:>7} {factor:>6g} {policy:>9} {_m(rate):>9} "
-                        f"{_m(row['agg_only_pkts_per_s']):>9} {rows / max(n, 1):8.3f} "
+                        f"{_m(row['agg_only_pkts_per_s']):>9} {_m(row['op_only_pkts_per_s']):>8} "
+                        f"{_m(row['read_only_pkts_per_s']):>6} {rows / max(n, 1):8.3f} "
                         f"{counters['forced_full_flushes']:>6} | {_m(tr['tcpdump']):>8} "
                         f"{_m(tr['softflowd']):>9} {_m(tr['nfpcapd']):>8} "
                         f"{ratio['softflowd']:>6} {ratio['nfpcapd']:>6}")
                 lines.append(line)
                 print(line, file=sys.stderr)
-        del ts, keys
+        del ts, keys, batches
     print("\n".join(lines))
     json_path.write_text(json.dumps({"query": Q8_1, "packets": packets, "repeat": repeat,
+                                     "reader": dict(READER),
                                      "page_cache": "warm", "jit": "warm",
                                      "results": results}, indent=1))
     log.info("figures written to %s", json_path)
