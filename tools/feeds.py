@@ -82,6 +82,18 @@ class LinkFeeds:
         self.finished = False
         self._lock = threading.Lock()
 
+    @property
+    def read_columns(self) -> tuple[str, ...] | None:
+        """The packet columns this link's operators read (the reader decodes only those), or
+        None (decode all) when one of them cannot tell."""
+        names = {"timestamp", "len"}          # the timer and the byte counter above
+        for f in self.feeds:
+            cols = f.op.read_columns
+            if cols is None:
+                return None
+            names.update(cols)
+        return tuple(sorted(names))
+
     def process(self, batch) -> None:
         n = len(batch)
         if n == 0:

@@ -448,7 +448,8 @@ def _open_sources(config: RunConfig, feeds: dict, summary: RunSummary) -> dict:
         return lives
     from tools.replay import FileLink
 
-    return {name: FileLink(name, path, config.batch_size) for name, path in config.links}
+    return {name: FileLink(name, path, config.batch_size, columns=feeds[name].read_columns)
+            for name, path in config.links}
 
 
 def _drive(config: RunConfig, sources: dict, feeds: dict, stop, info: dict) -> str:

@@ -33,11 +33,13 @@ log = logging.getLogger(__name__)
 class FileLink:
     """One capture file as a link: chunks of packets up to a capture-time bound."""
 
-    def __init__(self, name: str, path: str, batch_size: int = 65536):
+    def __init__(self, name: str, path: str, batch_size: int = 65536,
+                 columns: tuple[str, ...] | None = None):
         from capture.reader import open_capture
 
         self.name, self.path = name, str(path)
-        self.reader = open_capture(path, link=name, batch_size=batch_size)
+        # `columns`: decode only what the link's operators read (None: every column)
+        self.reader = open_capture(path, link=name, batch_size=batch_size, columns=columns)
         self._batches = iter(self.reader)
         self._batch = None
         self._cummax = None      # running max of capture time through the pending batch
