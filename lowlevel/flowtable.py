@@ -136,6 +136,8 @@ def flow_append(table, out, ctl, params, fparams, ops, ident, start, panes, ts, 
         if p > ctl[C_CUR]:
             move_cur(ctl, p)
         home = homes[i]
+        # the probe of hashtable.append, repeated: as a shared inline helper returning
+        # (match, free) both kernels measured ~20% slower
         match = -1
         free = -1
         for j in range(probes):
