@@ -11,14 +11,13 @@ import pytest
 from capture.batch import PacketBatch
 from capture.reader import read_all
 from capture.schema import L_ETH, REASON_CODES
-from lowlevel.aggregates import hll_estimate
 from lowlevel.errors import LowLevelError
 from lowlevel.operator import LowLevelOperator
 from lowlevel.partials import combine_partials
+from lowlevel.testing import finalize
 from queries.parser import parse
 from queries.planner import plan_file
 from queries.reference import evaluate_file
-from queries.vectorized import evaluate_columns
 from tools.traffic import NS, TrafficConfig, generate
 
 Q8_1 = ("SELECT tb, srcIP, destIP, count(*) FROM main.IPV4 "
@@ -74,38 +73,6 @@ def _run(low, batch: PacketBatch, step: int = 2500):
     return op, out, puncts
 
 
-def _finalize(qp, table: pa.Table) -> pd.DataFrame:
-    """What the high level does after combining: finals and outputs (a test-side stand-in)."""
-    hp = qp.high
-    w = hp.window
-    cols: dict = {w.column: table.column("window").to_numpy() * w.scale + w.shift}
-    for k in hp.keys:
-        if k.type == "ip":
-            cols[k.name] = (table.column(k.name + "__hi").to_numpy(),
-                            table.column(k.name + "__lo").to_numpy())
-        else:
-            cols[k.name] = table.column(k.name).to_numpy()
-    states = {}
-    for name in table.column_names:
-        col = table.column(name).combine_chunks()
-        if pa.types.is_fixed_size_binary(col.type):
-            states[name] = np.frombuffer(col.buffers()[1], np.uint8).reshape(len(col), -1)
-        else:
-            states[name] = col.to_numpy()
-    for f in hp.finals:
-        if getattr(f.expr, "name", None) == "hll_estimate":
-            cols[f.name] = hll_estimate(states[f.expr.args["args"][0].name])
-        else:
-            cols[f.name] = evaluate_columns(f.expr, states, table.num_rows)
-    frame = {}
-    for o in hp.outputs:
-        v = evaluate_columns(o.expr, cols, table.num_rows)
-        if isinstance(v, tuple):  # ip: 128-bit ints, as the reference shows them
-            v = [(int(h) << 64) | int(lo) for h, lo in zip(*v)]
-        frame[o.name] = list(v)
-    return pd.DataFrame(frame)
-
-
 def _compare(got: pd.DataFrame, want: pd.DataFrame, keys: list[str]):
     assert list(got.columns) == list(want.columns)
     got = got.sort_values(keys).reset_index(drop=True)
@@ -129,7 +96,7 @@ def test_planned_query_equals_reference(capture_batch, text, keys, flush, slots)
     low = qp.low[0].__class__(**{**qp.low[0].__dict__, "flush": flush, "slots": slots})
     op, batches, puncts = _run(low, capture_batch)
     table = combine_partials(batches, op.schema)
-    got = _finalize(qp, table)
+    got = finalize(qp, table)
     want = evaluate_file(fp, {"main": capture_batch})[qp.name]
     _compare(got, want, keys)
     c = op.counters
