@@ -441,18 +441,23 @@ def throughput_table(results: list[dict], cfg: ThroughputConfig) -> str:
     lines = ["Max loss-free rate, K pkts/s (CPU use of the consumer at that rate)", head,
              "-" * len(head)]
     by = {(r["label"], r["groups"]): r for r in results}
-    for factor in cfg.factors:
-        for policy in cfg.policies:
-            label = f"{LABELS[policy]}-{_frac(factor)}"
-            cells = []
-            for g in groups:
-                r = by.get((label, g))
-                if r is None:
-                    cells.append(f"{'-':>16}")
-                else:
-                    cpu = "-" if r["cpu_use"] is None else f"{100 * r['cpu_use']:.0f}%"
-                    cells.append(f"{r['max_rate'] / 1e3:>9.0f} ({cpu:>4})")
-            lines.append(f"{label:12}" + "".join(cells))
+
+    def grid(cell) -> list[str]:
+        """One line per (table factor, policy), one `cell(result)` per group count."""
+        out = []
+        for factor in cfg.factors:
+            for policy in cfg.policies:
+                label = f"{LABELS[policy]}-{_frac(factor)}"
+                out.append(f"{label:12}" + "".join(
+                    f"{'-':>16}" if by.get((label, g)) is None else cell(by[(label, g)])
+                    for g in groups))
+        return out
+
+    def measured(r) -> str:
+        cpu = "-" if r["cpu_use"] is None else f"{100 * r['cpu_use']:.0f}%"
+        return f"{r['max_rate'] / 1e3:>9.0f} ({cpu:>4})"
+
+    lines += grid(measured)
     probes = [p for r in results for p in r["probes"]]
     slip = sum(p.get("slipped_s", 0.0) for p in probes) / max(1e-9, sum(p["seconds"] for p in probes))
     lines.append(f"(the producer was descheduled and skipped ahead for {100 * slip:.1f}% of the "
@@ -460,15 +465,7 @@ def throughput_table(results: list[dict], cfg: ThroughputConfig) -> str:
     lines += ["", f"Model for an idle machine, K pkts/s: min(rate per CPU second, ring room / "
               f"longest batch) (longest batch, ms CPU); ring {cfg.ring_rows} rows, "
               f"batches <= {cfg.take_rows}", head, "-" * len(head)]
-    for factor in cfg.factors:
-        for policy in cfg.policies:
-            label = f"{LABELS[policy]}-{_frac(factor)}"
-            cells = []
-            for g in groups:
-                r = by.get((label, g))
-                cells.append(f"{'-':>16}" if r is None else
-                             f"{r['model_rate'] / 1e3:>8.0f} ({r['surge_cpu_ms']:>5.1f})")
-            lines.append(f"{label:12}" + "".join(cells))
+    lines += grid(lambda r: f"{r['model_rate'] / 1e3:>8.0f} ({r['surge_cpu_ms']:>5.1f})")
     for key, title in (("max_rate", "measured"), ("model_rate", "model")):
         lines += ["", f"OOP/IOP ratio, {title} (best OOP policy / IOP, same table)"]
         for factor in cfg.factors:
