@@ -11,11 +11,13 @@ per reader and reused for every batch, so a `PacketBatch` yielded by the iterato
 that the next batch overwrites: a consumer that keeps one must `batch.copy()` it.
 
 Bad input: a packet that cannot be decoded is a row with a reason code (counted in
-`stats.reasons`). A bad magic, an unsupported pcap link type or a broken record/block raises
-`CaptureFormatError` (file, byte offset, value found) after every earlier packet has been
-yielded. A file that ends inside its last record is not an error by default: every complete
-packet is yielded, the problem goes to `stats.problems` (and the log); with `strict=True`
-the iterator then raises `TruncatedCaptureError`.
+`stats.reasons`). A bad magic or an unsupported pcap link type raises `CaptureFormatError`
+(file, byte offset, value found). A broken record or block (an impossible length) is skipped:
+the reader finds the next readable record (`capture.resync`) and goes on, and the problem,
+with the bytes skipped, goes to `stats.problems` (and the log). A file that ends inside its
+last record is not an error either: every complete packet is yielded, the problem goes to
+`stats.problems`. With `strict=True` both raise instead (`CaptureFormatError`,
+`TruncatedCaptureError`), after every earlier packet has been yielded.
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ from .decode import LINK_NAMES, DecodeColumns, make_columns
 from .fastdecode import FLOW_COLUMNS, column_mask, decode_rows_fast, decode_rows_flow
 from .errors import CaptureError, CaptureFormatError, TruncatedCaptureError
 from .pcapfile import (
-    PCAP_HEADER_LEN, PCAP_MAGIC_NS, PCAP_MAGIC_US, PCAPNG_SHB, ST_BAD_RECORD, ST_BATCH_FULL, ST_NEED_DATA,
-    ST_SPECIAL_BLOCK, Interfaces, frame_pcap, frame_pcapng, parse_interface, parse_pcap_header,
-    parse_section_header,
+    PCAP_HEADER_LEN, PCAP_MAGIC_NS, PCAP_MAGIC_US, PCAP_MAX_SNAPLEN, PCAPNG_SHB, ST_BAD_RECORD,
+    ST_BATCH_FULL, ST_NEED_DATA, ST_SPECIAL_BLOCK, Interfaces, frame_pcap, frame_pcapng,
+    parse_interface, parse_pcap_header, parse_section_header,
 )
+from .resync import RS_FOUND, TIME_WINDOW_S, resync_pcap, resync_pcapng
 from .schema import COLUMNS, REASONS
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,8 @@ class ReaderStats:
     captured_bytes: int = 0    # sum of captured lengths
     reason_counts: np.ndarray = field(default_factory=lambda: np.zeros(256, np.int64))
     problems: list[str] = field(default_factory=list)
+    skipped_bytes: int = 0     # unreadable bytes stepped over after broken framing
+    resyncs: int = 0           # times the reader found its way back after broken framing
 
     @property
     def reasons(self) -> dict[str, int]:
@@ -119,6 +124,7 @@ class CaptureReader:
         self._eof = False
         self._out: DecodeColumns = make_columns(self.batch_size)
         self._started = False
+        self._last_sec: int | None = None   # seconds of the last packet (resync's time window)
         try:
             self.format = self._sniff()
         except BaseException:
@@ -253,12 +259,60 @@ class CaptureReader:
                 assert status == ST_BAD_RECORD
                 if row:
                     yield self._emit(row), out
-                what = "pcapng block" if self.format == "pcapng" else "pcap record"
-                raise CaptureFormatError(self.path, self._offset(), f"broken {what}: impossible length", found)
+                    out = self._out = take_buffer()
+                    row = 0
+                if not self._resync(found):
+                    return
+
+    def _resync(self, found: int) -> bool:
+        """After broken framing at pos: step to the next readable record (False: none before
+        the end of the file). Raises CaptureFormatError instead when strict."""
+        bad = self._offset()
+        what = "pcapng block" if self.format == "pcapng" else "pcap record"
+        if self.strict:
+            raise CaptureFormatError(self.path, bad, f"broken {what}: impossible length", found)
+        if self.format == "pcap":
+            h = self._pcap
+            window = (0, 0xFFFF_FFFF) if self._last_sec is None else \
+                (max(0, self._last_sec - TIME_WINDOW_S), self._last_sec + TIME_WINDOW_S)
+            search = lambda start: resync_pcap(  # noqa: E731
+                self._buf, start, self._fill, self._eof, h.big_endian,
+                1_000_000_000 if h.nanosecond else 1_000_000, max(h.snaplen, PCAP_MAX_SNAPLEN),
+                *window)
+            start = self._pos + 1
+        else:
+            search = lambda start: resync_pcapng(  # noqa: E731
+                self._buf, start, self._fill, self._eof, self._big)
+            start = self._pos + 4
+        while True:
+            q, status = search(start)
+            if status == RS_FOUND:
+                self._pos = int(q)
+                break
+            if self._eof:
+                self._pos = self._fill
+                break
+            self._pos = int(q)       # keep what may still start a record; read on
+            self._read_more()
+            start = self._pos
+        found_at = self._offset() if status == RS_FOUND else None
+        skipped = self._offset() - bad
+        self.stats.skipped_bytes += skipped
+        head = f"{self.path}: byte {bad}: broken {what}: impossible length (found {found})"
+        if found_at is None:
+            msg = f"{head}; no readable record after it: the last {skipped} bytes were skipped"
+        else:
+            self.stats.resyncs += 1
+            msg = f"{head}; skipped {skipped} bytes to the next readable record at byte {found_at}"
+        self.stats.problems.append(msg)
+        log.info("%s", msg)         # the consumer reports stats.problems
+        return found_at is not None
 
     def _emit(self, n: int) -> PacketBatch:
         out = self._out
         cols = {c.name: getattr(out, c.name)[:n] for c in COLUMNS}
+        if n:
+            self._last_sec = int(cols["timestamp"][n - 1]) // 1_000_000_000
         st = self.stats
         st.packets += n
         st.bytes += int(cols["len"].sum(dtype=np.int64))

@@ -13,9 +13,10 @@ read to the end), and the run's clock is well defined:
   to the oldest first packet) divided by N; the clock is that paced capture time. Timer ticks
   every `period_ns` of wall time.
 
-A file that turns out broken halfway (a record with an impossible length) ends its link there:
-the packets before it were processed, the problem is reported in the link's summary, the
-other links go on.
+Broken framing halfway through a file (a record with an impossible length) is stepped over by
+the reader, which finds the next readable record (`capture.resync`); the problem and the bytes
+skipped are reported in the link's summary. A read error ends the link there: the packets
+before it were processed, the other links go on.
 """
 
 from __future__ import annotations

@@ -174,4 +174,4 @@ def run(query_file: str, links, interfaces, outputs, fmt, speed, duration, sets,
     logging.getLogger(__name__).debug("run finished in %.2f s", summary.total_seconds)
     if summary.problems:
         raise RunError(f"{len(summary.problems)} input problem(s), see above; the results of "
-                       f"every packet before them were written")
+                       f"every readable packet were written")
