@@ -167,21 +167,27 @@ class StageGraph:
 
         h, name = qp.high, qp.name
         outputs = [(o.name, o.expr, _gsql(o.type)) for o in h.outputs]
+        if h.kind == "aggregate" and h.rows is not None:
+            return self._rows_stage(qp)
         if h.kind == "aggregate":
             if h.window is None:
                 raise StageConfigError(f"query {name!r}: an aggregation without a window "
                                        f"is not supported by the Spark stage")
+            # landmark windows keep one running state per group (highlevel.landmark)
+            kind = Stage
+            if h.window.landmark is not None:
+                from highlevel.landmark import LandmarkStage as kind
             if h.input_kind == "links":
                 self._add_low(qp)
                 spec = from_high_level(h, qp.low)
-                return lambda: Stage(spec, self.spool, self._ck(name), self.sinks[name],
-                                     **self._kw())
+                return lambda: kind(spec, self.spool, self._ck(name), self.sinks[name],
+                                    **self._kw())
             (up,) = h.inputs
             (rp,) = h.row_plans
             cols = output_columns_of(self.plan.query(up))
             self._feed(up, name, up)
             spec = from_high_level(replace(h, input_kind="links"))
-            return lambda: Stage(spec, self.spool, self._ck(name), self.sinks[name],
+            return lambda: kind(spec, self.spool, self._ck(name), self.sinks[name],
                                  input_schema=raw_schema(cols),
                                  prepare=prepare_function(rp, cols, spec), **self._kw())
         if h.kind == "select":
@@ -219,6 +225,19 @@ class StageGraph:
             return lambda: MergeStage(name, aliases, cols, h.merge_fields, cols, self.spool,
                                       self._ck(name), self.sinks[name], **self._kw())
         raise StageConfigError(f"query {name!r}: plan kind {h.kind!r} is not supported")
+
+    def _rows_stage(self, qp):
+        """A tuple-count window: the low level selects, `RowsStage` numbers and aggregates."""
+        from highlevel.rowswindow import RowsStage
+        from highlevel.spec import from_high_level
+
+        h, name = qp.high, qp.name
+        (rp,) = h.row_plans
+        self._add_low(qp)
+        cols = [(k.name, _gsql(k.type)) for k in qp.low[0].projections]
+        spec = from_high_level(replace(h, window=rp.window))
+        return lambda: RowsStage(spec, h.rows, cols, rp, self.spool, self._ck(name),
+                                 self.sinks[name], **self._kw())
 
     def _add_low(self, qp) -> None:
         for lp in qp.low:
@@ -258,6 +277,10 @@ class StageGraph:
 
     def late_rows(self, query: str) -> int:
         return self.stage(query).state.late_rows
+
+    def corrected_rows(self, query: str) -> int:
+        """Correction rows written (late 'correct'; 0 for stages without corrections)."""
+        return getattr(self.stage(query).state, "corrected_rows", 0)
 
     def closed_rows(self, query: str) -> int:
         return self.stage(query).state.closed_rows

@@ -19,6 +19,14 @@ that unions the side's links). Per micro-batch:
    the two timestamps for a band join (the individual punctuation of section 7), mapped back
    to ns.
 Band joins: `l` joins `r` iff `l.wa - RANGE_R <= r.wa < l.wa + RANGE_L` (JoinPlan's convention).
+
+Joint punctuation (SEMANTICS.md 7, thesis 7.2, Fig 7-3/7-4): the pair (b_L, b_R) promises that
+no later result has `l.wa < b_L` *and* `r.wa < b_R` (such a pair has both rows arrived, so it
+was produced). It is emitted when the pair lies inside the band (tumbling: same window), as
+`state.extra["joint"]` = [ns_L, ns_R] and `JoinStage.joint_punctuation`. A group of a
+downstream aggregate keyed on both timestamps (windows ending at e_L on l.wa and e_R on r.wa)
+may close when `group_closed(e_L, e_R, individual, joint)` holds: a box (joint) closes it as
+soon as both bounds pass, without waiting for the band-wide slab of individual punctuation.
 """
 
 from __future__ import annotations
@@ -41,6 +49,36 @@ def _inverse(form, v: int) -> int:
     """The first time (ns) whose temporal value is >= v."""
     k = -((-(v - form.shift)) // form.scale)
     return max(min(k * form.pane_ns - form.offset_ns, INT64_MAX), -INT64_MAX)
+
+
+def joint_punctuation(b_l: int | None, b_r: int | None, band: bool, range_l: int = 0,
+                      range_r: int = 0) -> tuple[int, int] | None:
+    """The joint punctuation (b_l, b_r) of the two bounds (temporal values), or None when
+    the pair is outside the band (band: `b_l - range_r <= b_r < b_l + range_l`; tumbling:
+    `b_l == b_r`): only pairs inside the band are result timestamps the join can produce."""
+    if b_l is None or b_r is None:
+        return None
+    inside = (b_l - range_r <= b_r < b_l + range_l) if band else b_l == b_r
+    return (b_l, b_r) if inside else None
+
+
+def individual_punctuation(b_l: int | None, b_r: int | None, band: bool, range_l: int = 0,
+                           range_r: int = 0) -> tuple[int, int] | None:
+    """Individual punctuation (on l.wa, on r.wa) of the bounds (SEMANTICS.md 7)."""
+    if b_l is None or b_r is None:
+        return None
+    if not band:
+        return (min(b_l, b_r), min(b_l, b_r))
+    return (min(b_l, b_r - range_l), min(b_r, b_l - range_r))
+
+
+def group_closed(end_l: int, end_r: int, individual, joints=()) -> bool:
+    """Whether a downstream group of results with `l.wa < end_l` and `r.wa < end_r` (a
+    window on each timestamp) is complete: individual punctuation covers it (a slab), or a
+    joint punctuation (a box) does."""
+    if individual is not None and (end_l <= individual[0] or end_r <= individual[1]):
+        return True
+    return any(end_l <= jl and end_r <= jr for jl, jr in joints)
 
 
 def _key_kind(le, re_) -> str:
@@ -247,10 +285,30 @@ class JoinStage(RowStage):
         return raw.select(["window"] + [c for c in raw.column_names
                                         if c != "window" and not c.startswith("__")])
 
+    @property
+    def joint_punctuation(self) -> tuple[int, int] | None:
+        """The last joint punctuation (ns on l.wa, ns on r.wa), or None."""
+        j = self.state.extra.get("joint")
+        return None if j is None else (int(j[0]), int(j[1]))
+
+    def _joint(self, state, p) -> None:
+        """Record the joint punctuation of the side bounds p (ns) when inside the band and
+        ahead of the last one on both timestamps (joint punctuation is monotone too)."""
+        b = [form_value(f, x) for f, x in zip(self.forms, p)]
+        rl, rr = (self.sides[0].range, self.sides[1].range) if self.band else (0, 0)
+        j = joint_punctuation(b[0], b[1], self.band, rl, rr)
+        if j is None:
+            return
+        ns = [_inverse(f, v) for f, v in zip(self.forms, j)]
+        last = state.extra.get("joint")
+        if last is None or (ns[0] >= last[0] and ns[1] >= last[1] and ns != list(last)):
+            state.extra["joint"] = ns
+
     def _output_punctuation(self, state, meld_out, bounds):
         p = [bounds.get(s.alias) for s in self.sides]
         if any(x is None for x in p):
             return None
+        self._joint(state, p)
         if all(x == INT64_MAX for x in p):
             return INT64_MAX
         b = [form_value(f, x) for f, x in zip(self.forms, p)]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -79,6 +81,69 @@ def log4j2_config() -> Path:
     return path
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def class_data_options() -> str:
+    """JVM options for a class-data sharing archive of Spark's classes (JVM start-up ~1/3
+    faster: the classes come mapped and verified from the archive instead of parsed from
+    the jars). Java 17 makes a dynamic archive with -XX:ArchiveClassesAtExit when the JVM
+    exits, so the first run writes `spark-<key>.<pid>.jsa.tmp` under ~/.cache/oopscope (the
+    key names the JVM and the Spark jars: another version never maps a stale archive); a
+    later run renames a finished one (its JVM is gone) into place and uses it. JVM logging is
+    off: the archive's dump and a mismatch print warnings on stdout, which carries data.
+    OOPSCOPE_SPARK_CDS=0 turns this off."""
+    if os.environ.get("OOPSCOPE_SPARK_CDS", "1") in ("0", "false", "no", ""):
+        return ""
+    try:
+        import hashlib
+
+        import pyspark
+
+        jars = Path(pyspark.__file__).parent / "jars"
+        java_home = os.environ.get("JAVA_HOME", "")
+        ident = f"{pyspark.__version__} {jars} {jars.stat().st_mtime_ns} {java_home}"
+        java = shutil.which("java")
+        if java:
+            ident += f" {os.path.realpath(java)} {os.stat(os.path.realpath(java)).st_mtime_ns}"
+        key = hashlib.sha1(ident.encode()).hexdigest()[:12]
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "oopscope"
+        cache.mkdir(parents=True, exist_ok=True)
+        archive = cache / f"spark-{key}.jsa"
+        if not archive.exists():
+            for tmp in cache.glob(f"spark-{key}.*.jsa.tmp"):
+                pid = int(tmp.name.split(".")[1])
+                # its process is gone and the JVM (which outlives it by the dump's seconds)
+                # has not written to it for a while
+                done = time.time() - tmp.stat().st_mtime > 30
+                if not _alive(pid) and done and tmp.stat().st_size > 0:
+                    os.replace(tmp, archive)      # a finished dump (its JVM has exited)
+                    break
+                if not _alive(pid) and done:
+                    tmp.unlink(missing_ok=True)
+        if archive.exists():
+            for tmp in cache.glob(f"spark-{key}.*.jsa.tmp"):     # dumps no longer needed
+                if not _alive(int(tmp.name.split(".")[1])) and \
+                        time.time() - tmp.stat().st_mtime > 30:
+                    tmp.unlink(missing_ok=True)
+            return f"-XX:SharedArchiveFile={archive} -Xlog:disable -Xlog:all=error:stderr"
+        if any(_alive(int(t.name.split(".")[1])) for t in cache.glob(f"spark-{key}.*.jsa.tmp")):
+            return ""      # another run is writing it
+        # the JVM's pid is unknown yet: our own pid names the dump (one JVM per process)
+        return (f"-XX:ArchiveClassesAtExit={cache}/spark-{key}.{os.getpid()}.jsa.tmp "
+                f"-Xlog:disable -Xlog:all=error:stderr")
+    except (OSError, ValueError) as exc:
+        log.debug("no class-data sharing archive: %s", exc)
+        return ""
+
+
 def get_session(master: str | None = None, *, app_name: str = "oopscope",
                 driver_memory: str = "3g", shuffle_partitions: int | None = None,
                 conf: dict[str, str] | None = None):
@@ -106,9 +171,10 @@ def get_session(master: str | None = None, *, app_name: str = "oopscope",
         from pyspark.sql import SparkSession
 
         java_opts = f"-Dlog4j2.configurationFile=file:{log4j2_config()}"
+        driver_opts = f"{java_opts} {class_data_options()}".strip()
         builder = (SparkSession.builder.master(master).appName(app_name)
                    .config("spark.driver.memory", driver_memory)
-                   .config("spark.driver.extraJavaOptions", java_opts)
+                   .config("spark.driver.extraJavaOptions", driver_opts)
                    .config("spark.executor.extraJavaOptions", java_opts))
         settings = dict(DEFAULTS, **{"spark.sql.shuffle.partitions": str(shuffle_partitions),
                                      "spark.default.parallelism": str(shuffle_partitions)})

@@ -59,6 +59,8 @@ class StageSpec:
     distinct_registers: int = 64            # HLL registers of COUNT_DISTINCT states
     finals: tuple = ()                      # (name, expr over states): names outputs may use
     extras: dict = field(default_factory=dict, hash=False, compare=False)
+    late: str = "drop"                      # drop | correct (SEMANTICS.md 8, highlevel.stage)
+    correction: str | None = None           # late correct: the output marking correction rows
 
     def __post_init__(self):
         if not self.links:
@@ -79,6 +81,12 @@ class StageSpec:
             if o.type not in OUTPUT_TYPES:
                 raise StageConfigError(f"query {self.query!r}: output `{o.name}` has type "
                                        f"{o.type!r}; allowed: {', '.join(OUTPUT_TYPES)}")
+        if self.late not in ("drop", "correct"):
+            raise StageConfigError(f"query {self.query!r}: late {self.late!r}; allowed: drop, "
+                                   f"correct")
+        if self.correction is not None and self.correction not in {o.name for o in self.outputs}:
+            raise StageConfigError(f"query {self.query!r}: correction column "
+                                   f"{self.correction!r} is not an output")
         if self.union not in ("meld", "merge"):
             raise StageConfigError(f"query {self.query!r}: union {self.union!r}; allowed: "
                                    f"meld, merge")
@@ -158,7 +166,9 @@ def from_high_level(plan, low_plans=()) -> StageSpec:
                      states=states, outputs=outputs, having=plan.having,
                      union=plan.union or "meld", distinct_registers=plan.distinct_registers,
                      finals=tuple((f.name, f.expr) for f in plan.finals),
-                     extras={"unique_rows": unique_rows(plan, low_plans)})
+                     extras={"unique_rows": unique_rows(plan, low_plans)},
+                     late=getattr(plan, "late", "drop"),
+                     correction=getattr(plan, "correction", None))
 
 
 def unique_rows(plan, low_plans) -> bool:

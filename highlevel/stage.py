@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from highlevel.combine import Combiner
@@ -70,6 +70,7 @@ class StageState:
     pending: dict = field(default_factory=dict)      # link -> {seq: punctuation or None}
     late_rows: int = 0
     closed_rows: int = 0
+    corrected_rows: int = 0              # late 'correct': correction rows written
     extra: dict = field(default_factory=dict)       # what other stage kinds keep (join, merge)
 
     def to_json(self) -> str:
@@ -116,6 +117,8 @@ class Stage:
         # built once: every py4j call building an expression costs driver time per batch
         self._outputs = output_columns(spec)
         self._having = having_column(spec)
+        self._correct = spec.late == "correct"
+        self._correction_outputs = correction_columns(spec) if self._correct else None
         self._combine = Combiner(spec.states, spec.distinct_registers)
         self._order, self._hidden = order_columns(spec)
         # rows unique per (window, keys), e.g. flow records keyed by their flow id: combining
@@ -234,31 +237,37 @@ class Stage:
     def _process(self, df: DataFrame, batch_id: int) -> None:
         spec, win, prev = self.spec, self.window, self.state
         is_row = F.col("window").isNotNull()
-        late = is_row & (win.pane_end_col(F.col("window")) <= F.lit(prev.punctuation)) \
-            if prev.punctuation is not None else F.lit(False)
+        late, keep = self._late_columns(is_row, prev.punctuation)
         tick = self._tick = _Ticker(self.clock)
         files = (df.select(LINK, SEQ, PUNCT, "window").groupBy(LINK, SEQ)
                  .agg(F.max(PUNCT).alias("p"), F.sum(is_row.cast("long")).alias("rows"),
-                      F.sum(late.cast("long")).alias("late"))
+                      F.sum(late.cast("long")).alias("late"),
+                      F.sum(keep.cast("long")).alias("kept"))
                  .collect())
         tick("markers")
         state = StageState(**{**prev.__dict__, "batch": batch_id,
                               "next_seq": dict(prev.next_seq),
                               "pending": {k: dict(v) for k, v in prev.pending.items()}})
         punctuation = self._meld(state, files)
-        rows = sum(int(f["rows"] or 0) for f in files)
         late_rows = sum(int(f["late"] or 0) for f in files)
+        kept = sum(int(f["kept"] or 0) for f in files)
+        columns = [f.name for f in spec.partial_schema().fields]
+        corrections = None
         if late_rows:
             log.warning("query %s: %d partial rows arrived for windows already closed "
-                        "(P=%s); dropped and counted", spec.query, late_rows, prev.punctuation)
+                        "(P=%s); %s", spec.query, late_rows, prev.punctuation,
+                        "correction rows follow" if self._correct else "dropped and counted")
+            if self._correct:
+                corrections = self._corrections(df.where(late).select(*columns),
+                                                prev.punctuation)
         state.late_rows += late_rows
         advanced = punctuation is not None and (prev.punctuation is None
                                                 or punctuation > prev.punctuation)
-        if rows == late_rows and not advanced:
+        if not kept and not advanced:
+            self._write_corrections(state, batch_id, corrections)
             self._commit(state)
             return
-        columns = [f.name for f in spec.partial_schema().fields]
-        parts = df.where(is_row & ~late).select(*columns) if rows > late_rows else None
+        parts = df.where(keep).select(*columns) if kept else None
         if prev.open_dir is not None:
             old = self.spark.read.schema(spec.partial_schema()).parquet(
                 str(self.state_root / prev.open_dir))
@@ -266,6 +275,7 @@ class Stage:
         if parts is None:
             state.punctuation = punctuation if advanced else prev.punctuation
             state.open_dir = None
+            self._write_corrections(state, batch_id, corrections)
             self._commit(state)
             return
         # at the end of input (P = the largest int64) every window closes: nothing stays open
@@ -283,10 +293,13 @@ class Stage:
         try:
             if advanced:
                 state.closed_rows += self._close(combined, batch_id, prev.punctuation,
-                                                 punctuation)
+                                                 punctuation, corrections)
+                if corrections is not None:
+                    state.corrected_rows += corrections.num_rows
                 state.punctuation = punctuation
                 combined_open = combined.where(win.retained_col(F.col("window"), punctuation))
             else:
+                self._write_corrections(state, batch_id, corrections)
                 combined_open = combined
             if closes_all:
                 state.open_dir = None
@@ -325,8 +338,47 @@ class Stage:
         state.meld = meld.to_state()
         return meld.output
 
-    def _close(self, combined: DataFrame, batch_id: int, before: int | None, upto: int) -> int:
-        """Finalise and write every window with before < end(w) <= upto; rows written."""
+    # --- late 'correct' (SEMANTICS.md 8) ------------------------------------------------------
+    def _late_columns(self, is_row: Column, before: int | None) -> tuple[Column, Column]:
+        """(late, keep) row conditions against the punctuation the windows were closed
+        through. `drop`: a row whose pane ended by then is late and not kept. `correct`: a row
+        with a closed window is late (it goes to the correction rows), and a row that an open
+        window still needs is kept too (a sliding window's pane can be in both)."""
+        win = self.window
+        if before is None:
+            return F.lit(False), is_row
+        pane = F.col("window")
+        if not self._correct:
+            late = is_row & (win.pane_end_col(pane) <= F.lit(before))
+            return late, is_row & ~late
+        late = is_row & (win.window_end_col(win.first_window_col(pane)) <= F.lit(before))
+        return late, is_row & win.retained_col(pane, before)
+
+    def _corrections(self, late: DataFrame, before: int) -> pa.Table:
+        """The correction rows of late partial rows: per closed window and group, the final
+        values over the late rows only (the delta), with the correction column 1. HAVING is
+        not applied (it is a condition on totals, not on deltas). Spark's Arrow result, in the
+        layout `_close` collects."""
+        spec, win = self.spec, self.window
+        combined = self._combine(late, ["window"] + spec.key_columns())
+        if win.tumbling:
+            closed = combined
+        else:
+            exploded = combined.withColumn("window", F.explode(win.windows_col(F.col("window"))))
+            exploded = exploded.where(win.window_end_col(F.col("window")) <= F.lit(before))
+            closed = self._combine(exploded, ["window"] + spec.key_columns())
+        return closed.select(*self._correction_outputs, *self._hidden).toArrow()
+
+    def _write_corrections(self, state: StageState, batch_id: int,
+                           corrections: pa.Table | None) -> None:
+        """Write correction rows in a batch that closes no window."""
+        if corrections is not None and corrections.num_rows:
+            state.corrected_rows += self._emit(corrections, batch_id, state.punctuation)
+
+    def _close(self, combined: DataFrame, batch_id: int, before: int | None, upto: int,
+               corrections: pa.Table | None = None) -> int:
+        """Finalise and write every window with before < end(w) <= upto (and the batch's
+        correction rows, in the same sink write); rows written."""
         spec, win = self.spec, self.window
         if win.tumbling:
             end = win.pane_end_col(F.col("window"))
@@ -347,6 +399,15 @@ class Stage:
         # sort on the driver: results are small, and a Spark orderBy costs a sampling job
         result = closed.select(*self._outputs, *self._hidden).toArrow()
         self._tick("combine+collect")
+        extra = 0
+        if corrections is not None and corrections.num_rows:
+            extra = corrections.num_rows
+            result = pa.concat_tables([corrections, result.cast(corrections.schema)])
+        return self._emit(result, batch_id, upto) - extra
+
+    def _emit(self, result: pa.Table, batch_id: int, upto: int | None) -> int:
+        """Sort Spark's Arrow result, write it to the sinks once; rows written."""
+        spec, win = self.spec, self.window
         if result.num_rows > 1:
             # one chunk per column first: sorting and taking across many Arrow batches of
             # 10K rows costs twice as much
@@ -368,9 +429,24 @@ class Stage:
             else:
                 sink.write(batch_id, table)
         self._tick("sinks")
-        log.info("query %s: batch %d closed windows up to P=%d: %d rows", spec.query, batch_id,
+        log.info("query %s: batch %d closed windows up to P=%s: %d rows", spec.query, batch_id,
                  upto, table.num_rows)
         return table.num_rows
+
+
+def correction_columns(spec: StageSpec) -> list:
+    """The SELECT list of correction rows: the outputs with the correction column = 1."""
+    from dataclasses import replace
+
+    from highlevel.spec import OutputColumn
+    from queries import expressions as E
+
+    if spec.correction is None:
+        raise HighLevelError(f"query {spec.query!r}: late 'correct' needs a correction "
+                             f"output column (the planner adds one)")
+    outputs = tuple(OutputColumn(o.name, E.Literal(value=1, kind="int"), o.type)
+                    if o.name == spec.correction else o for o in spec.outputs)
+    return output_columns(replace(spec, outputs=outputs))
 
 
 def order_columns(spec: StageSpec) -> tuple[list[str], list]:

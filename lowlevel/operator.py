@@ -7,9 +7,18 @@ arguments with `queries.vectorized.evaluate` (vectorised, once per batch), and h
 arrays to the jitted kernel. Partial rows come back as Arrow RecordBatches (`partials.py`
 describes the layout) together with the operator's punctuation.
 
-Late packets (time below the input punctuation already seen) are counted in `late` and
-dropped: they must not reappear in a window the operator has declared complete. (A later
-`correct` policy can route them to a late partition instead; SEMANTICS.md section 8.)
+Late packets (time below the input punctuation already seen) follow the plan's `late` policy
+(SEMANTICS.md section 8). Under `drop` (the default) they are counted in `late` and dropped:
+they must not reappear in a window the operator has declared complete. Under `correct` they go
+to a *late partition*: a second `HashAggregator` of the same plan (oop_lazy: order does not
+matter there), created on the first late packet, progressing on its own data (collisions
+evict), and flushed whole by every advancing input punctuation and by `finish()`. Its partial
+rows carry the same (window, keys) columns; under `correct` every output batch has one more
+column, `__late` (int8: 1 for rows of the late partition, 0 for the main table), the marker
+the spool keeps. The operator's punctuation stays the main table's: late rows may violate it
+by design, and the high level turns those into correction rows (`highlevel.stage`). Counters:
+`late` = late packets dropped, `late_corrected` = late packets routed to the late partition,
+`late_rows_out` = partial rows of the late partition. Flow plans and selections always drop.
 
 A plan without a window (a selection query) passes its `projections` of the accepted rows
 through, one output row per packet, and forwards the input punctuation.
@@ -44,6 +53,8 @@ _SUPPORTED_KEY_TYPES = {"uint", "ullong", "llong", "int", "bool", "ipv4", "ip", 
 _BENIGN = np.array(sorted(BENIGN_REASONS), dtype=np.uint8)
 _LOW32 = np.uint64(0xFFFF_FFFF)
 _ALL64 = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
+#: the marker column of late-partition rows under `late 'correct'` (int8 1, else 0)
+LATE_MARKER = "__late"
 
 
 @ngjit
@@ -118,6 +129,14 @@ class LowLevelOperator:
             except ValueError as exc:
                 raise LowLevelError(f"{where}: {exc}") from None
         self._direct = self._direct_keys()
+        # SEMANTICS.md 8: the late partition (built on the first late packet)
+        self._correct = plan.late == "correct" and self.engine is not None
+        if self._correct and self._flow is not None:
+            log.warning("%s: late 'correct' is not supported by flow tables; late packets are "
+                        "dropped and counted", where)
+            self._correct = False
+        self.late_engine: HashAggregator | None = None
+        self._late_counts = dict(late_corrected=0, late_rows_out=0)
         self._in_punct: int | None = None
         self._out_punct: int | None = None
         self._counts = dict(packets_in=0, packets_protocol=0, packets_where=0, malformed=0,
@@ -261,10 +280,41 @@ class LowLevelOperator:
                 ends = ((batch["layers"] & L_TCP) != 0) & ((batch["flags"] & 0x05) != 0)
             chunks = self.engine.append(batch["timestamp"], self._stack_keys(batch),
                                         self._args(batch), valid, ends)
+        elif self._correct:
+            return self._append_correcting(batch, valid)
         else:
             chunks = self.engine.append(batch["timestamp"], self._stack_keys(batch),
                                         self._args(batch), valid)
         return self._to_arrow(chunks)
+
+    # --- late 'correct': the late partition -----------------------------------------------------
+    def _append_correcting(self, batch: PacketBatch, valid: np.ndarray) -> list[pa.RecordBatch]:
+        ts = batch["timestamp"]
+        keys, args = self._stack_keys(batch), self._args(batch)
+        late = None
+        if self._in_punct is not None:
+            late = valid & (ts < self._in_punct)
+            if not late.any():
+                late = None
+        if late is None:
+            return self._to_arrow(self.engine.append(ts, keys, args, valid))
+        out = self._to_arrow(self.engine.append(ts, keys, args, valid & ~late))
+        if self.late_engine is None:
+            p, w = self.plan, self.plan.window
+            self.late_engine = HashAggregator(
+                self.layout, self.schema.nkeys, p.slots, pane_ns=w.pane_ns,
+                offset_ns=w.offset_ns, flush="oop_lazy", max_disorder=p.max_disorder,
+                probes=self.engine.probes)
+        self._late_counts["late_corrected"] += int(np.count_nonzero(late))
+        return out + self._to_arrow(self.late_engine.append(ts, keys, args, late), late=True)
+
+    def _flush_late(self) -> list[pa.RecordBatch]:
+        """Every entry of the late partition (each advancing punctuation and the end flush it:
+        its rows are for windows the main table has already let go, or soon will)."""
+        if self.late_engine is None or self.late_engine.counters["resident"] == 0:
+            return []
+        chunks, _ = self.late_engine.finish()
+        return self._to_arrow(chunks, late=True)
 
     def _select(self, batch: PacketBatch, valid: np.ndarray) -> list[pa.RecordBatch]:
         ts = batch["timestamp"]
@@ -284,9 +334,16 @@ class LowLevelOperator:
         """Selection queries put the packet timestamp (ns) in the `window` column."""
         return np.asarray(ts, np.int64)
 
-    def _to_arrow(self, chunks: list[Partials]) -> list[pa.RecordBatch]:
+    def _to_arrow(self, chunks: list[Partials], late: bool = False) -> list[pa.RecordBatch]:
         out = [self.schema.record_batch(ch) for ch in chunks if len(ch)]
-        self._counts["rows_out"] += sum(b.num_rows for b in out)
+        n = sum(b.num_rows for b in out)
+        self._counts["rows_out"] += n
+        if self._correct:
+            # the marker column: every batch of a `correct` operator has it (one spool schema)
+            out = [b.append_column(LATE_MARKER, pa.array(np.full(b.num_rows, int(late), np.int8)))
+                   for b in out]
+            if late:
+                self._late_counts["late_rows_out"] += n
         return out
 
     def punctuate(self, p_ns: int) -> tuple[list[pa.RecordBatch], int | None]:
@@ -299,7 +356,10 @@ class LowLevelOperator:
         if self.engine is None:
             return [], self._raise(p_ns)
         chunks, p = self.engine.punctuate(p_ns)
-        return self._to_arrow(chunks), (None if p is None else self._raise(p))
+        rows = self._to_arrow(chunks)
+        if self._correct:
+            rows += self._flush_late()
+        return rows, (None if p is None else self._raise(p))
 
     def _raise(self, p: int) -> int | None:
         if self._out_punct is None or p > self._out_punct:
@@ -315,7 +375,10 @@ class LowLevelOperator:
             return [], self._out_punct
         chunks, p = self.engine.finish()
         self._out_punct = p
-        return self._to_arrow(chunks), p
+        rows = self._to_arrow(chunks)
+        if self._correct:
+            rows += self._flush_late()
+        return rows, p
 
     @property
     def punctuation(self) -> int | None:
@@ -324,12 +387,14 @@ class LowLevelOperator:
 
     @property
     def counters(self) -> dict[str, int]:
-        """packets_in, packets_protocol, packets_where, malformed, late, rows_out, evictions,
-        flushed, forced_full_flushes, windows, resident and rows per cause."""
+        """packets_in, packets_protocol, packets_where, malformed, late (dropped),
+        late_corrected, late_rows_out, rows_out, evictions, flushed, forced_full_flushes,
+        windows, resident and rows per cause (the main table's; `rows_out` counts both)."""
         out = dict(self._counts)
         if self.engine is not None:
             e = self.engine.counters
             out["late"] = e.pop("late")
             e.pop("rows_out")
             out.update(e)
+        out.update(self._late_counts)
         return out

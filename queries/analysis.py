@@ -68,15 +68,24 @@ class ItemInfo:
 
 @dataclass
 class WindowInfo:
-    """A window from an aggregate's spec `[RANGE r, SLIDE s, WA a]` (ns)."""
+    """A window from an aggregate's spec (lengths in ns).
+
+    kind "time": `[RANGE r, SLIDE s, WA a]`; "landmark": `[RANGE ALL, SLIDE s, WA a]` (range_ns
+    = 0: every window starts at the origin; a result every s) or `[RANGE ALL]` (slide_ns = 0:
+    one window, closed at end of input); "rows": `[PARTITION BY a, b ROWS n]` (tumbling count
+    windows of n packets in time order per partition; no time attribute).
+    """
 
     range_ns: int
     slide_ns: int
-    wa: str
-    form: T.TimeForm
+    wa: str | None
+    form: T.TimeForm | None
     node: E.Node
     unit_ns: int = 1                  # nanoseconds per unit of the window attribute
     field: E.Field | None = None      # the window attribute, resolved
+    kind: str = "time"                # time | landmark | rows
+    rows: int | None = None           # ROWS n
+    partition: tuple = ()             # PARTITION BY: resolved Fields
 
 
 @dataclass
@@ -319,6 +328,9 @@ class Analyser:
                 raise self.error(s, f"unknown query or protocol {qname!r} (earlier queries: "
                                  f"{known}; protocols: {', '.join(PROTOCOLS)})")
             src = self.done[qname]
+            if src.window is not None and src.window.kind == "rows":
+                raise self.error(s, f"query {qname!r} has a ROWS window: its rows come in no "
+                                 f"time order, so no query can read them")
             cols = {c.name: c for c in src.outputs}
             return SourceInfo(s, "query", s.alias or qname, query=qname, columns=cols)
         proto = (s.protocol or "").upper()
@@ -385,6 +397,10 @@ class Analyser:
         specs = [(a, a.window) for a in aggs if a.window is not None]
         if specs:
             aq.window = self._window_spec(specs, scope)
+            if aq.window.kind != "time" and aq.defines.get("late") == "correct":
+                raise self.error(specs[0][1], f"late 'correct' is for time windows: a "
+                                 f"{'landmark' if aq.window.kind == 'landmark' else 'ROWS'} "
+                                 f"window drops (and counts) late data")
             if aq.temporal is not None:
                 raise self.error(specs[0][1], f"a window spec and a temporal group item "
                                  f"({aq.temporal.name!r}) cannot be combined: use one")
@@ -402,7 +418,14 @@ class Analyser:
         for it, nm in zip(stmt.items, names):
             expr = grouped.resolve(it.this, "SELECT")
             aq.items.append(ItemInfo(nm, expr, self.type_of(expr), self.form_of(expr), it))
-        if aq.window is not None and aq.temporal is None:
+        if aq.window is not None and aq.window.kind == "rows":
+            # a count window is identified by its index within its partition (0, 1, ...); it
+            # has no time form: count windows close in no time order across partitions
+            rw_name = unique_names([(None, "row_window")] + [(i.name, i.name) for i in aq.items])[0]
+            aq.items.insert(0, ItemInfo(rw_name, E.Field(name=rw_name, type="llong"), "llong",
+                                        None, aq.window.node))
+            aq.window_end = rw_name
+        elif aq.window is not None and aq.temporal is None:
             # the window's end is an output column so every row says which window it is
             # (in the unit of the window attribute, so a reader can window on it like on `time`)
             end_name = unique_names([(None, "window_end")] + [(i.name, i.name) for i in aq.items])[0]
@@ -437,8 +460,10 @@ class Analyser:
         for agg, other in specs[1:]:
             if other != w:
                 raise self.error(other, "every aggregate of a query must have the same window")
-        if w.all or w.rows is not None or w.partition_by:
-            raise self.error(w, "only time windows [RANGE r, SLIDE s, WA attr] are supported")
+        if w.rows is not None or w.partition_by:
+            return self._rows_spec(w, scope)
+        if w.all:
+            return self._landmark_spec(w, scope)
         if w.range is None:
             raise self.error(w, "a window spec needs RANGE")
         r = self._duration(w.range)
@@ -459,6 +484,55 @@ class Analyser:
             raise self.error(w, f"RANGE and SLIDE must be whole multiples of {wa}'s unit "
                              f"({unit} ns)")
         return WindowInfo(r, s, wa, form, w, unit, col)
+
+    def _window_attribute(self, w: E.WindowSpec, scope: "Scope") -> tuple[E.Field, T.TimeForm, int]:
+        wa = w.wa or "time"
+        col = scope.resolve(E.Column(pos=w.pos, name=wa), "window")
+        form = self.form_of(col)
+        if form is None:
+            raise self.error(w, f"window attribute {wa!r} is not increasing")
+        unit = unit_ns(form)
+        if unit is None or not isinstance(col, E.Field):
+            raise self.error(w, f"window attribute {wa!r} is not a plain count of time units "
+                             f"(use time, timestamp, timestamp_ms or a column like time/60)")
+        return col, form, unit
+
+    def _landmark_spec(self, w: E.WindowSpec, scope: "Scope") -> WindowInfo:
+        """`[RANGE ALL, SLIDE s, WA a]`: windows from the origin to every slide end;
+        `[RANGE ALL]`: one window over the whole input, closed at its end."""
+        col, form, unit = self._window_attribute(w, scope)
+        s = 0
+        if w.slide is not None:
+            s = self._duration(w.slide)
+            if s % unit:
+                raise self.error(w.slide, f"SLIDE must be a whole multiple of {col.name}'s "
+                                 f"unit ({unit} ns)")
+        return WindowInfo(0, s, col.name, form, w, unit, col, kind="landmark")
+
+    def _rows_spec(self, w: E.WindowSpec, scope: "Scope") -> WindowInfo:
+        """`[ROWS n]`, `[PARTITION BY a, b ROWS n]`: tumbling windows of n packets."""
+        if w.rows is None:
+            raise self.error(w, "PARTITION BY needs a row count: [PARTITION BY a ROWS n]")
+        for item, name in ((w.range, "RANGE"), (w.all, "RANGE ALL"), (w.slide, "SLIDE"),
+                           (w.wa, "WA")):
+            if item:
+                raise self.error(w, f"a ROWS window takes no {name}: it counts packets in "
+                                 f"timestamp order ([ROWS n] or [PARTITION BY a ROWS n])")
+        if w.rows <= 0:
+            raise self.error(w, f"ROWS {w.rows}: a count window needs at least one row")
+        if any(s.kind != "link" for s in scope.sources):
+            raise self.error(w, "a ROWS window counts packets: FROM must read links, not a "
+                             "query (a query's rows carry no packet order)")
+        partition = []
+        seen = set()
+        for c in w.partition_by or []:
+            f = scope.resolve(c, "PARTITION BY")
+            if f.name in seen:
+                raise self.error(c, f"{f.name!r} appears twice in PARTITION BY")
+            seen.add(f.name)
+            partition.append(f)
+        return WindowInfo(0, 0, None, None, w, kind="rows", rows=int(w.rows),
+                          partition=tuple(partition))
 
     def _duration(self, d: E.Duration) -> int:
         if d.unit.lower() not in E.Duration.UNIT_NS:

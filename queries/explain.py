@@ -10,7 +10,7 @@ import ipaddress
 from pathlib import Path
 
 from . import expressions as E
-from .plan import FilePlan, HighLevelPlan, LowLevelPlan, QueryPlan, WindowPlan
+from .plan import ROW_WINDOW_INDEX, FilePlan, HighLevelPlan, LowLevelPlan, QueryPlan, WindowPlan
 
 _NS = 10**9
 #: precedence of binary operators, loosest first (for parentheses)
@@ -38,6 +38,12 @@ def format_duration(d: E.Duration) -> str:
 
 def format_window_spec(w: E.WindowSpec) -> str:
     parts = []
+    if w.partition_by:
+        parts.append("PARTITION BY " + ", ".join(format_expr(c) for c in w.partition_by))
+    if w.rows is not None:
+        parts.append(f"ROWS {w.rows}")
+    if w.all:
+        parts.append("RANGE ALL")
     if w.range is not None:
         parts.append(f"RANGE {format_duration(w.range)}")
     if w.slide is not None:
@@ -116,6 +122,19 @@ def format_window(w: WindowPlan | None) -> list[str]:
         pane = base
     col = f"{w.column} = pane * {w.scale} + {w.shift}" if (w.scale, w.shift) != (1, 0) else \
         f"{w.column} = pane"
+    if w.landmark == "slide":
+        return [f"window: landmark RANGE ALL SLIDE {_seconds(w.slide_ns)} as tumbling panes of "
+                f"{_seconds(w.pane_ns)}; pane id = {pane}",
+                f"        window w = every pane <= w (from the origin, time 0), ends at "
+                f"(w+1)*{_seconds(w.slide_ns)}; {w.column} = w * {w.scale} + {w.shift} "
+                f"(window end)"]
+    if w.landmark == "end":
+        return [f"window: landmark RANGE ALL (one window, closed at end of input) as tumbling "
+                f"panes of {_seconds(w.pane_ns)}; pane id = {pane}",
+                f"        {w.column} = last pane + 1 (every row counted has a smaller "
+                f"window attribute)"]
+    if w.expr is not None and getattr(w.expr, "name", None) == ROW_WINDOW_INDEX:
+        return [f"window: the count window numbered by the high level; {w.column} = {pane}"]
     if not w.sliding:
         return [f"window: tumbling {_seconds(w.range_ns)}; pane id = {pane}; {col}"]
     per_win, per_slide = w.range_ns // w.pane_ns, w.slide_ns // w.pane_ns
@@ -163,7 +182,28 @@ def format_high(h: HighLevelPlan) -> list[str]:
             f"{s.name} = {s.kind}({s.name})" + (" by time" if s.kind in ("first", "last") else "")
             + (" per register" if s.sub_kind == "distinct" else "") for s in h.superaggs))
         w = h.window
-        if w is not None and w.sliding:
+        if h.rows is not None:
+            r = h.rows
+            part = ", ".join(format_expr(k.expr) for k in r.partition) or "none (one partition)"
+            out.append(f"  count windows: ROWS {r.rows} (tumbling: n consecutive packets per "
+                       f"window), partition by {part}")
+            out.append(f"    packet order: timestamp, link position ({', '.join(h.inputs)}), then "
+                       f"{', '.join(r.order) or '-'}; {r.column} = packet number in its "
+                       f"partition // {r.rows}")
+            out.append("    close: a full window once the punctuation passes its last packet "
+                       "(the rows before P are a complete prefix); the last, partial window at "
+                       "end of input")
+            out.append("    runs in the high level: a count window follows the union's time "
+                       "order, which no link's low level sees (the low level only selects and "
+                       "projects)")
+        elif w is not None and w.landmark == "slide":
+            out.append("  landmark windows: one running state per group (cumulative panes); "
+                       "window w output once punctuation >= its end and a row of pane >= w has "
+                       "arrived (rows up to the window of the input's last packet)")
+        elif w is not None and w.landmark == "end":
+            out.append("  landmark window: closed panes folded into one running state per "
+                       "group; the one window output at end of input")
+        elif w is not None and w.sliding:
             out.append(f"  assemble windows: {w.range_ns // w.pane_ns} panes per window, every "
                        f"{w.slide_ns // w.pane_ns} pane(s) (Paned-WID); close at punctuation "
                        f">= window end")
@@ -191,10 +231,13 @@ def format_high(h: HighLevelPlan) -> list[str]:
         out.append(f"    residual: {format_expr(j.residual)}")
     if h.kind == "merge":
         out.append("  merge on: " + " : ".join(format_expr(f) for f in h.merge_fields))
-    out.append(f"  late tuples: {h.late}")
+    out.append(f"  late tuples: {h.late}" + (
+        f" (late partition per link; correction rows: the delta of late data for a closed "
+        f"window, marked {h.correction} = 1)" if getattr(h, "correction", None) else ""))
     out.append("  output: " + ", ".join(
         f"{c.name} {c.type}" + (" (temporal)" if c.temporal is not None else "")
         + ("" if isinstance(c.expr, E.Field) and c.expr.name == c.name and not c.expr.table
+           else " = 0, 1 on correction rows" if c.name == getattr(h, "correction", None)
            else f" = {format_expr(c.expr)}")
         for c in h.outputs))
     return out

@@ -24,6 +24,10 @@ SUBAGG_KINDS = ("count", "sum", "min", "max", "and", "or", "xor", "first", "last
 Expr = Any  # a queries.expressions node
 
 
+#: the count-window index a ROWS query's row plan groups by (numbered by the high level)
+ROW_WINDOW_INDEX = "__rw"
+
+
 @dataclass(frozen=True)
 class WindowPlan:
     """How packets are bucketed in time.
@@ -47,6 +51,11 @@ class WindowPlan:
     #: pane_ns and offset_ns still place the pane in packet time (ns), so `pane_end_ns` and
     #: `window_end_ns` compare with the input query's punctuation as usual.
     expr: Expr | None = None
+    #: landmark windows `[RANGE ALL ...]` (range_ns = slide_ns = pane_ns, so the low level
+    #: sees tumbling panes): "slide" = window w holds every pane <= w (from the origin) and
+    #: ends at (w+1)*slide; "end" = `[RANGE ALL]`, only the last window (the pane of the last
+    #: row, pane = one unit of the window attribute) is output, at end of input. None: not one.
+    landmark: str | None = None
 
     @property
     def sliding(self) -> bool:
@@ -127,6 +136,20 @@ class LowLevelPlan:
 
 
 # --- the high level ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RowsWindow:
+    """A tuple-count window `[PARTITION BY a, b ROWS n]` (CQL, tumbling form): the query's
+    packets in order of (timestamp, link position in `HighLevelPlan.inputs`, then the values
+    of `order` columns) are cut, per partition, into windows of n consecutive packets; window
+    j (`column` = j) is complete once the punctuation passes its n-th packet; the last, partial
+    window closes at end of input. The low level only selects and projects (`partition`, the
+    group keys and the aggregate arguments, named as here); the high level numbers the rows."""
+
+    rows: int
+    column: str                               # the output column holding the window index
+    partition: tuple[KeyColumn, ...]          # projected PARTITION BY columns (hidden keys)
+    order: tuple[str, ...]                    # projected columns breaking timestamp ties
 
 SUPERAGG_OF = {"count": "sum", "sum": "sum", "min": "min", "max": "max", "and": "and",
                "or": "or", "xor": "xor", "first": "first", "last": "last", "distinct": "max"}
@@ -232,7 +255,9 @@ class HighLevelPlan:
     union: "meld" (OOP, default) or "merge" (IOP: under `flush iop_slow` or a MERGE); None for
     one input. keys: the group keys of the partial rows (KeyColumn with a Field expr), the
     window column excluded (it is `window.column`, value pane/window id * scale + shift).
-    late: "drop" (count) or "correct" (SEMANTICS.md 8).
+    late: "drop" (count) or "correct" (SEMANTICS.md 8). correction: under late "correct", the
+    name of the extra int output column (the last of `outputs`) that is 0 on regular rows and 1
+    on correction rows (the delta of late data for an already-closed window); else None.
     """
 
     query: str
@@ -252,6 +277,10 @@ class HighLevelPlan:
     merge_fields: tuple[Expr, ...] = ()
     late: str = "drop"
     distinct_registers: int = 64
+    correction: str | None = None
+    #: a tuple-count window (then `window` is None, the low plans are selections and
+    #: `row_plans` holds the plan turning the numbered rows into partial rows)
+    rows: RowsWindow | None = None
 
 
 @dataclass(frozen=True)

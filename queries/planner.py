@@ -20,8 +20,8 @@ from . import types as T
 from .analysis import AnalysedQuery, analyse_file
 from .definitions import FLOW_KEYS
 from .inference import conjoin, conjuncts, type_of, unit_ns
-from .plan import (SUPERAGG_OF, FilePlan, FinalAggregate, HighLevelPlan, JoinPlan, JoinSide,
-                   KeyColumn, LowLevelPlan, OutputColumn, QueryPlan, SubAggregate,
+from .plan import (ROW_WINDOW_INDEX, SUPERAGG_OF, FilePlan, FinalAggregate, HighLevelPlan, JoinPlan, JoinSide,
+                   KeyColumn, LowLevelPlan, OutputColumn, QueryPlan, RowsWindow, SubAggregate,
                    SuperAggregate, WindowPlan)
 
 DEFAULT_SLOTS = 1 << 16
@@ -206,6 +206,20 @@ def window_plan(aq: AnalysedQuery) -> WindowPlan | None:
                 pane_expr = E.Binary(op="/", left=pane_expr, right=_int_literal(f.scale))
         return WindowPlan(f.pane_ns, f.pane_ns, f.pane_ns, f.offset_ns, aq.temporal.name,
                           f.scale, f.shift, expr=pane_expr)
+    if aq.window is not None and aq.window.kind == "rows":
+        return None
+    if aq.window is not None and aq.window.kind == "landmark":
+        # tumbling panes of one slide (or of one unit of the window attribute for
+        # [RANGE ALL]); the high level keeps one running state per group (highlevel.landmark)
+        w = aq.window
+        g = w.slide_ns or w.unit_ns
+        per = g // w.unit_ns
+        pane_expr = None
+        if any(s.kind == "query" for s in aq.sources):
+            pane_expr = w.field if per == 1 else E.Binary(op="/", left=w.field,
+                                                          right=_int_literal(per))
+        return WindowPlan(g, g, g, 0, aq.window_end, per, per, expr=pane_expr,
+                          landmark="slide" if w.slide_ns else "end")
     if aq.window is not None:
         w = aq.window
         g = math.gcd(w.range_ns, w.slide_ns)
@@ -259,6 +273,8 @@ def _outputs(aq: AnalysedQuery, final_of: dict | None = None) -> tuple[OutputCol
 
 
 def _plan_aggregate(aq: AnalysedQuery, links: list[str]):
+    if aq.window is not None and aq.window.kind == "rows":
+        return _plan_rows(aq, links)
     source = aq.sources[0]
     keys = tuple(KeyColumn(g.name, g.expr, g.type) for g in aq.group if g is not aq.temporal)
     aggs: list[E.Aggregate] = []
@@ -292,12 +308,80 @@ def _plan_aggregate(aq: AnalysedQuery, links: list[str]):
         row_plans = (LowLevelPlan(aq.name, source.query, "", aq.where, window, keys,
                                   tuple(split.subaggs), source_kind="query", **settings),)
     key_fields = tuple(KeyColumn(k.name, E.Field(name=k.name, type=k.type), k.type) for k in keys)
+    outputs = _outputs(aq, split.final_of)
+    late = aq.defines.get("late", "drop")
+    correction = None
+    if late == "correct":
+        # SEMANTICS.md 8: correction rows are marked by an extra output column, 0 on regular
+        # rows (the stage sets it to 1 on correction rows; the reference sees no late data)
+        names = {o.name for o in outputs}
+        correction = next(n for n in ("correction", "late_correction", "_correction")
+                          if n not in names)
+        outputs += (OutputColumn(correction, "int", E.Literal(value=0, kind="int")),)
     high = HighLevelPlan(
         aq.name, "aggregate", inputs, "links" if source.kind == "link" else "queries", union,
-        _outputs(aq, split.final_of), window=window, keys=key_fields,
+        outputs, window=window, keys=key_fields,
         superaggs=superaggs_of(split.subaggs), finals=tuple(split.finals),
         having=replace_aggregates(aq.having, split.final_of), row_plans=row_plans,
-        late=aq.defines.get("late", "drop"))
+        late=late, correction=correction)
+    return low, high
+
+
+def _plan_rows(aq: AnalysedQuery, links: list[str]):
+    """A tuple-count window: the low level selects and projects what the windows need (the
+    order of packets across links is only known after their union, so no pre-aggregation);
+    the high level numbers the rows and aggregates each window (highlevel.rowswindow)."""
+    source = aq.sources[0]
+    w = aq.window
+    aggs: list[E.Aggregate] = []
+    for item in aq.items:
+        aggs += [a for a in item.expr.find_all(E.Aggregate)]
+    if aq.having is not None:
+        aggs += [a for a in aq.having.find_all(E.Aggregate)]
+    taken = {g.name for g in aq.group} | {i.name for i in aq.items}
+
+    def fresh(base: str) -> str:
+        name, k = base, 0
+        while name in taken:
+            k += 1
+            name = f"{base}{k}"
+        taken.add(name)
+        return name
+
+    partition = tuple(KeyColumn(fresh(f"__part{i}"), f, f.type) for i, f in enumerate(w.partition))
+    keys = tuple(KeyColumn(g.name, g.expr, g.type) for g in aq.group)
+    args: dict = {}
+    for a in aggs:
+        if not isinstance(a.arg, E.Star) and a.arg not in args:
+            args[a.arg] = KeyColumn(fresh(f"__arg{len(args)}"), a.arg, type_of(a.arg))
+    projections = partition + keys + tuple(args.values())
+    split = split_aggregates(aggs, taken)
+    settings = _flush_settings(aq.defines)
+    late = aq.defines.get("late", "drop")
+    inputs = _links_of(source, links)
+    low = [LowLevelPlan(aq.name, link, source.protocol, aq.where, None, (), (),
+                        projections=projections, late=late, **settings) for link in inputs]
+
+    def field_of(k: KeyColumn) -> KeyColumn:
+        return KeyColumn(k.name, E.Field(name=k.name, type=k.type), k.type)
+
+    # the row plan runs in the high level over the numbered rows: the window index `__rw`
+    # is the "pane", the states' arguments are the projected columns
+    subaggs = tuple(SubAggregate(sa.name, sa.kind, None if sa.arg is None else
+                                 E.Field(name=args[sa.arg].name, type=args[sa.arg].type),
+                                 sa.dtype) for sa in split.subaggs)
+    index = WindowPlan(1, 1, 1, 0, aq.window_end, expr=E.Field(name=ROW_WINDOW_INDEX, type="llong"))
+    key_fields = tuple(field_of(k) for k in partition + keys)
+    row_plan = LowLevelPlan(aq.name, aq.name, "", None, index, key_fields, subaggs,
+                            source_kind="query", **settings)
+    rows = RowsWindow(w.rows, aq.window_end, tuple(field_of(k) for k in partition),
+                      tuple(k.name for k in projections))
+    high = HighLevelPlan(
+        aq.name, "aggregate", inputs, "links", "meld" if len(inputs) > 1 else None,
+        _outputs(aq, split.final_of), window=None, keys=key_fields,
+        superaggs=superaggs_of(split.subaggs), finals=tuple(split.finals),
+        having=replace_aggregates(aq.having, split.final_of), row_plans=(row_plan,),
+        late=late, rows=rows)
     return low, high
 
 

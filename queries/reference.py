@@ -241,7 +241,30 @@ def _aggregate(qp, aq, batches, tables) -> Table:
         keys["\0flow"] = fid
     args = [reason if a.name == "END_REASON" else
             None if isinstance(a.arg, E.Star) else rows.eval(_bind(a.arg, aq)) for a in aggs]
-    if aq.window is not None:
+    if aq.window is not None and aq.window.kind == "rows":
+        keys[aq.window_end] = row_windows(qp, aq, rows, keys, aggs, args, times)
+    elif aq.window is not None and aq.window.kind == "landmark" and n:
+        # landmark: window w holds every row with x < (w+1)*s (from the origin); a group has a
+        # row at every slide end after its first row up to the window of the input's last
+        # row. [RANGE ALL] (no SLIDE): only that last window, ending at max(x) + 1
+        w = aq.window
+        x = np.asarray(rows.eval(w.field)).astype(np.int64)
+        s = (w.slide_ns or w.unit_ns) // w.unit_ns
+        last = int(np.floor_divide(x.max(), s))
+        first = np.floor_divide(x, s)
+        if not w.slide_ns:
+            first = np.full(n, last, np.int64)
+        count = last - first + 1
+        idx = np.repeat(np.arange(n), count)
+        wid = np.repeat(first, count) + (np.arange(len(idx)) - np.repeat(np.cumsum(count) - count, count))
+        keys = {k: _take(v, idx) for k, v in keys.items()}
+        args = [None if a is None else _take(a, idx) for a in args]
+        times = times[idx]
+        keys[aq.window_end] = ((wid + 1) * s).astype(np.int64)
+        n = len(idx)
+    elif aq.window is not None and aq.window.kind == "landmark":
+        keys[aq.window_end] = np.zeros(0, np.int64)
+    elif aq.window is not None:
         # sliding (or tumbling) window spec: a row is in every window of wids(x)
         w = aq.window
         r, s = w.range_ns // w.unit_ns, w.slide_ns // w.unit_ns
@@ -278,7 +301,43 @@ def _aggregate(qp, aq, batches, tables) -> Table:
             out[item.name] = frame[aq.window_end]
         else:
             out[item.name] = evaluate_columns(finals(item.expr), frame, ngroups)
+    if getattr(qp.high, "correction", None):
+        # late 'correct': every row of the whole input is a regular row (SEMANTICS.md 8)
+        out[qp.high.correction] = np.zeros(ngroups, np.int64)
     return Table(out, ngroups)
+
+
+def row_windows(qp, aq: AnalysedQuery, rows: Rows, keys: dict, aggs, args, times) -> np.ndarray:
+    """The count window of each row (README "Windows"): rows in order of timestamp, link
+    position, then the values of PARTITION BY, GROUP BY and the aggregates' arguments (in query
+    order; unsigned and ip values as unsigned); numbered per partition from 0; window = number
+    // n. The partition values join the group keys (a window is per partition)."""
+    n = rows.n
+    link = np.repeat(np.arange(len(rows.batches)), [b.n for b in rows.batches])
+    parts = [rows.eval(_bind(f, aq)) for f in aq.window.partition]
+    uniq_args = []
+    for a, arg in zip(aggs, args):
+        if arg is not None and not isinstance(a.arg, E.Star) and \
+                all(a.arg != b for b, _ in uniq_args):
+            uniq_args.append((a.arg, arg))
+    order_values = parts + [keys[g.name] for g in aq.group] + [v for _, v in uniq_args]
+    sort_keys = []
+    for v in order_values:
+        for part in _parts(v):
+            part = np.asarray(part)
+            sort_keys.append(part.astype(np.uint8) if part.dtype == np.bool_ else part)
+    # np.lexsort: the last key is the primary one
+    order = np.lexsort(tuple(reversed([times, link] + sort_keys))) if n else np.zeros(0, np.int64)
+    for i, v in enumerate(parts):
+        keys[f"\0part{i}"] = v
+    pcodes, _ = group_codes(parts, n)
+    sorted_codes = pcodes[order]
+    rank = np.empty(n, np.int64)
+    seen: dict[int, int] = {}
+    for j, c in zip(order.tolist(), sorted_codes.tolist()):
+        rank[j] = seen.get(c, 0)
+        seen[c] = rank[j] + 1
+    return rank // aq.window.rows
 
 
 def flow_assignment(rows: Rows, keys: list, times: np.ndarray, window, flow: dict,

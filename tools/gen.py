@@ -84,7 +84,9 @@ def parse_start(text: str) -> int:
               help="Share of flows with packets in both directions (SYN-ACK, replies).")
 @click.option("--zipf", type=click.FloatRange(0), default=0.0, help="Flow popularity exponent (0: uniform).")
 @click.option("--flow-duration", type=DURATION, default=None,
-              help="Mean flow lifetime (default: every flow spans the capture).")
+              help="Mean flow lifetime: each flow's packets fall within an exponential life "
+                   "of this mean from a random start, as in bursty real traffic (5s: a flow "
+                   "is one NetFlow record). Default: every flow spans the capture.")
 @click.option("--quiet-link", "quiet_links", type=int, multiple=True,
               help="A low-volume link (index; repeatable).")
 @click.option("--quiet-rate", type=click.FloatRange(min=0, min_open=True), default=1.0,
@@ -107,6 +109,8 @@ def gen(out, packets, rate, duration, groups, flows, tcp, udp, icmp, sizes, ipv6
     \b
     The benchmark workload (5M packets, 260K groups, 64-byte snaps, 10 minutes):
       oopscope gen bench.pcap -n 5M --duration 10min --groups 260k --snaplen 64 --icmp 0 --udp 0.3 --tcp 0.7
+    Many short flows, as NetFlow meters see them (the NetFlow benchmark's capture):
+      oopscope gen nf.pcap -n 5M --duration 10min --flows 500k --groups 62500 --flow-duration 5s
     Two links with 20 s arrival skew, 110k pkts/s each (thesis Q8-2):
       oopscope gen q82.pcap --links 2 --rate 110k --duration 2min --groups 65536 --skew 20s
     """

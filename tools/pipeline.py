@@ -13,9 +13,11 @@
    low-watermark every period, and during a lull to `clock - slack`, so silent links do not
    stall windows. Partial rows and punctuation go to the spool.
 3. the Spark stages combine the partial rows, close windows on the combined punctuation and
-   hand the rows to the outputs (`tools.outputs`). A replay at full speed runs them once the
-   low level is done (the JVM starts meanwhile in the background); paced and live runs run
-   them continuously, so each window appears as soon as its punctuation arrives.
+   hand the rows to the outputs (`tools.outputs`). Paced and live runs run them
+   continuously, so each window appears as soon as its punctuation arrives. A replay at full
+   speed starts the JVM in the background; if the low level is still reading when Spark is
+   up, the stages run continuously from then on (the two levels overlap on two cores),
+   otherwise they run once over the whole spool when the low level is done.
 
 SIGTERM or Ctrl-C stops the sources; every link then punctuates "end of input", every open
 window is closed and written, and the run ends normally. A second Ctrl-C aborts.
@@ -108,8 +110,10 @@ class QuerySummary:
     evictions: int = 0
     flushed: int = 0
     forced_full_flushes: int = 0
-    late_packets: int = 0
+    late_packets: int = 0           # dropped (late 'drop')
     late_partial_rows: int = 0
+    late_corrected: int = 0         # late 'correct': late packets aggregated apart ...
+    correction_rows: int = 0        # ... and the correction rows written for them
 
 
 @dataclass
@@ -147,7 +151,10 @@ class RunSummary:
                          f"{q.partial_rows} partial rows in {q.spool_files} spool files, "
                          f"{q.evictions} evictions, {q.flushed} flushed, "
                          f"{q.forced_full_flushes} forced full flushes, "
-                         f"{q.late_packets} late packets, {q.late_partial_rows} late partials")
+                         f"{q.late_packets} late packets, {q.late_partial_rows} late partials"
+                         + (f", {q.late_corrected} late packets corrected in "
+                            f"{q.correction_rows} correction rows"
+                            if q.late_corrected or q.correction_rows else ""))
         lines.append(f"run ended: {self.ended}; time: low level {self.lowlevel_seconds:.2f} s, "
                      f"waiting for Spark {self.spark_wait_seconds:.2f} s, Spark stage "
                      f"{self.highlevel_seconds:.2f} s, total {self.total_seconds:.2f} s")
@@ -254,6 +261,80 @@ class _Continuous(threading.Thread):
         if self.error is not None:
             raise self.error
         self.graph.stop()
+
+
+class _Overlap(threading.Thread):
+    """Full-speed replays: when Spark is up while the low level is still reading (a large
+    capture), the stages start running continuously on the spool, so Spark combines and
+    writes the windows closed so far on the other core, and at the end only the last spool
+    files are left. When the low level ends first (a small capture: the JVM takes seconds to
+    start), nothing starts here and the stages run once over the whole spool, as before."""
+
+    #: past this share of the input read, the low level is nearly done: the stages run
+    #: once at the end (a continuous start would cut the rest into more micro-batches, each
+    #: writing and re-reading the open state, for little overlap)
+    LATE_SHARE = 0.5
+    #: smaller inputs are read in about a second: nothing to overlap (and a run over them
+    #: keeps one micro-batch per stage, whatever the JVM's speed)
+    MIN_BYTES = 64 << 20
+
+    def __init__(self, starter: _SessionStarter, graph, read_share=lambda: None):
+        super().__init__(name="oopscope-overlap", daemon=True)
+        self.starter, self.graph, self.read_share = starter, graph, read_share
+        self.error: BaseException | None = None
+        self.started = False             # the stages run continuously
+        self.ready = threading.Event()
+        self._lock = threading.Lock()
+        self._low_done = False
+
+    def run(self) -> None:
+        try:
+            spark = self.starter.result()
+            share = self.read_share()
+            with self._lock:
+                if self._low_done or (share is not None and share > self.LATE_SHARE):
+                    log.debug("Spark up with %s of the input read: the stages run at the end",
+                              "all" if self._low_done else f"{share:.0%}")
+                    return
+                self.started = True
+            self.graph.bind(spark)
+            self.graph.start()
+            log.debug("Spark stages started while the low level reads")
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.ready.set()
+
+    def low_level_done(self) -> bool:
+        """The low level has ended: True when the stages run continuously (finish them)."""
+        with self._lock:
+            self._low_done = True
+            started = self.started
+        if started:
+            self.ready.wait()
+        return started
+
+    def finish(self) -> None:
+        """Let each stage, upstream first, process every spool file, then stop it. No new
+        streaming query starts (an availableNow run would cost a stream start per stage)."""
+        from pyspark.errors import StreamingQueryException
+
+        from highlevel.errors import HighLevelError
+
+        if self.error is not None:
+            raise self.error
+        try:
+            for name, stage in self.graph.stages:
+                if stage.query is not None:
+                    try:
+                        stage.query.processAllAvailable()
+                    except StreamingQueryException as exc:
+                        first = str(exc).strip().splitlines()[0][:300]
+                        raise HighLevelError(f"query {name!r}: Spark stage failed: "
+                                             f"{first}") from exc
+        finally:
+            for _, stage in self.graph.stages:
+                stage.stop()
 
 
 # --- the run ------------------------------------------------------------------------------------
@@ -399,10 +480,15 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
     sources = _open_sources(config, feeds, summary)
     starter = _SessionStarter(config.master)
     starter.start()
-    continuous = None
+    log.debug("Spark session start asked %.2f s into the run", time.perf_counter() - started)
+    continuous = overlap = None
     if config.streaming:
         continuous = _Continuous(starter, graph)
         continuous.start()
+    else:
+        overlap = _Overlap(starter, graph, lambda: _read_share(sources))
+        if _input_bytes(sources) >= overlap.MIN_BYTES:
+            overlap.start()
     progress = _progress(config, feeds, sources, outputs)
     try:
         info: dict = {}
@@ -413,6 +499,9 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
         if continuous is not None:
             continuous.finish()
             summary.highlevel_seconds = time.perf_counter() - low_done
+        elif overlap.low_level_done():
+            overlap.finish()
+            summary.highlevel_seconds = time.perf_counter() - low_done
         else:
             graph.bind(starter.result())
             summary.spark_wait_seconds = time.perf_counter() - low_done
@@ -420,6 +509,9 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
             graph.run_available()
             summary.highlevel_seconds = time.perf_counter() - high_started
     finally:
+        if overlap is not None and overlap.started:
+            for _, stage in graph.stages:     # after an error: no stream left running
+                stage.stop()
         if progress is not None:
             progress.stop()
         for o in outputs.values():
@@ -450,6 +542,31 @@ def _open_sources(config: RunConfig, feeds: dict, summary: RunSummary) -> dict:
 
     return {name: FileLink(name, path, config.batch_size, columns=feeds[name].read_columns)
             for name, path in config.links}
+
+
+def _input_bytes(sources: dict) -> int:
+    total = 0
+    for src in sources.values():
+        try:
+            total += Path(src.path).stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def _read_share(sources: dict) -> float | None:
+    """The share of the capture files' bytes read so far (record headers estimated), or
+    None when unknown."""
+    done = total = 0
+    for src in sources.values():
+        try:
+            size = Path(src.path).stat().st_size
+        except (AttributeError, OSError):
+            return None
+        st = src.stats
+        total += size
+        done += min(size, st.captured_bytes + 16 * st.packets + 24)
+    return done / total if total else None
 
 
 def _drive(config: RunConfig, sources: dict, feeds: dict, stop, info: dict) -> str:
@@ -511,8 +628,10 @@ def _collect(summary: RunSummary, config: RunConfig, sources, feeds, graph, outp
             q.flushed += c.get("flushed", 0)
             q.forced_full_flushes += c.get("forced_full_flushes", 0)
             q.late_packets += c.get("late", 0)
+            q.late_corrected += c.get("late_corrected", 0)
     for name, q in summary.queries.items():
         q.late_partial_rows = graph.late_rows(name)
+        q.correction_rows = graph.corrected_rows(name)
         if name in outputs:
             q.rows = outputs[name].rows
             summary.results[name] = outputs[name].table()
