@@ -260,9 +260,9 @@ def consume(ring, op, *, take_rows: int, idle_sleep: float = 50e-6, delay_per_ba
 def run_probe(producer: Producer, plan, cfg: ThroughputConfig, rate: float, seconds: float) -> dict:
     """One probe at `rate`: a fresh ring and operator; passes when nothing was dropped."""
     from capture.ring import PacketRing
-    from lowlevel.operator import LowLevelOperator
+    from lowlevel.operator import HOLD_ROWS, LowLevelOperator
 
-    op = LowLevelOperator(plan)
+    op = LowLevelOperator(plan, hold_rows=HOLD_ROWS)      # as `oopscope run` has it
     ring = PacketRing.create(cfg.ring_rows, link="main", shared=True)
     try:
         producer.start_probe(ring.name, rate, seconds)
@@ -288,9 +288,9 @@ def offline_capacity(columns: dict, plan, cfg: ThroughputConfig) -> dict:
     CPU time one batch took (the flush surge; thread CPU time, so a busy machine does not
     inflate it)."""
     from capture.batch import PacketBatch
-    from lowlevel.operator import LowLevelOperator
+    from lowlevel.operator import HOLD_ROWS, LowLevelOperator
 
-    op = LowLevelOperator(plan)
+    op = LowLevelOperator(plan, hold_rows=HOLD_ROWS)
     ts = columns["timestamp"]
     n = len(ts)
     span = cfg.lap_windows * 60 * NS

@@ -27,9 +27,9 @@ class OperatorFeed:
 
     def __init__(self, plan, spool_root, summary):
         from highlevel.spool import SpoolWriter
-        from lowlevel.operator import LowLevelOperator
+        from lowlevel.operator import HOLD_ROWS, LowLevelOperator
 
-        self.op = LowLevelOperator(plan)
+        self.op = LowLevelOperator(plan, hold_rows=HOLD_ROWS)
         self.writer = SpoolWriter(spool_root, plan.query, plan.link, fsync=False)
         self.summary = summary          # the query's summary: partial rows, spool files
         self.buffer: list = []

@@ -52,9 +52,9 @@ def _plan(text):
     return fp, fp.queries[0]
 
 
-def _run(low, batch: PacketBatch, step: int = 2500):
+def _run(low, batch: PacketBatch, step: int = 2500, hold_rows: int = 0):
     """Feed the operator in slices with grammatical punctuation after each slice."""
-    op = LowLevelOperator(low)
+    op = LowLevelOperator(low, hold_rows=hold_rows)
     ts = batch["timestamp"]
     suffix_min = np.minimum.accumulate(ts[::-1])[::-1]
     out, puncts, row_after = [], [], []
@@ -91,10 +91,13 @@ def _compare(got: pd.DataFrame, want: pd.DataFrame, keys: list[str]):
                                        (RICH, ["tb", "srcIP", "destIP"]),
                                        (BY_PORT, ["tb", "destPort"])])
 @pytest.mark.parametrize("slots", [64, 4096])
-def test_planned_query_equals_reference(capture_batch, text, keys, flush, slots):
+@pytest.mark.parametrize("hold_rows", [0, 700])
+def test_planned_query_equals_reference(capture_batch, text, keys, flush, slots, hold_rows):
+    """hold_rows 700: rows leave in batches of at least 700 (or at a punctuation), and none
+    comes after a punctuation that covers it (checked below)."""
     fp, qp = _plan(text)
     low = qp.low[0].__class__(**{**qp.low[0].__dict__, "flush": flush, "slots": slots})
-    op, batches, puncts = _run(low, capture_batch)
+    op, batches, puncts = _run(low, capture_batch, hold_rows=hold_rows)
     table = combine_partials(batches, op.schema)
     got = finalize(qp, table)
     want = evaluate_file(fp, {"main": capture_batch})[qp.name]
@@ -115,6 +118,27 @@ def test_planned_query_equals_reference(capture_batch, text, keys, flush, slots)
         for upto, p in puncts:
             if upto <= i:
                 assert np.all(end > p)
+
+
+def test_held_rows_leave_in_large_batches(capture_batch):
+    """With hold_rows, `process` hands out nothing or one batch of at least hold_rows rows
+    (small packet batches off a ring convert to Arrow rarely); `punctuate` hands out the rest."""
+    fp, qp = _plan(Q8_1)
+    low = qp.low[0].__class__(**{**qp.low[0].__dict__, "slots": 64})     # evicts often
+    now, held = LowLevelOperator(low), LowLevelOperator(low, hold_rows=500)
+    sizes, direct = [], 0
+    for a in range(0, 9_900, 100):
+        got = held.process(capture_batch.slice(a, a + 100))
+        assert len(got) <= 1
+        sizes += [b.num_rows for b in got]
+        direct += sum(b.num_rows for b in now.process(capture_batch.slice(a, a + 100)))
+    assert sizes and min(sizes) >= 500
+    assert direct > sum(sizes)                  # some rows are still held
+    p = int(capture_batch["timestamp"][9_900:].min())
+    rows, _ = held.punctuate(p)
+    rest, _ = now.punctuate(p)
+    assert sum(sizes) + sum(b.num_rows for b in rows) == \
+        direct + sum(b.num_rows for b in rest)
 
 
 def test_partial_schema_layout(capture_batch):
