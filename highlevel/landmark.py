@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 
 from highlevel.errors import StageConfigError
 from highlevel.spool import LINK, PUNCT, SEQ, register_column
-from highlevel.stage import INT64_MAX, Stage, StageState, _Ticker
+from highlevel.stage import INT64_MAX, Stage, StageState, Ticker
 
 log = logging.getLogger(__name__)
 
@@ -97,16 +97,13 @@ class LandmarkStage(Stage):
         late = is_row & (win.pane_end_col(F.col("window")) <= F.lit(prev.punctuation)) \
             if prev.punctuation is not None else F.lit(False)
         keep = is_row & ~late
-        self._tick = _Ticker(self.clock)
+        self._tick = Ticker(self.clock)
         files = (df.select(LINK, SEQ, PUNCT, "window").groupBy(LINK, SEQ)
                  .agg(F.max(PUNCT).alias("p"), F.sum(keep.cast("long")).alias("kept"),
                       F.sum(late.cast("long")).alias("late"),
                       F.max(F.when(keep, F.col("window"))).alias("max_pane"))
                  .collect())
-        state = StageState(**{**prev.__dict__, "batch": batch_id,
-                              "next_seq": dict(prev.next_seq),
-                              "pending": {k: dict(v) for k, v in prev.pending.items()},
-                              "extra": dict(prev.extra)})
+        state = prev.for_batch(batch_id)
         punctuation = self._meld(state, files)
         late_rows = sum(int(f["late"] or 0) for f in files)
         if late_rows:

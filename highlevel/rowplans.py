@@ -19,7 +19,7 @@ from highlevel.spool import LINK, PUNCT, SEQ, register_column
 from queries.sketch import registers_of
 
 
-def _state_arrays(sub, v, n: int, registers: int) -> dict[str, pa.Array]:
+def state_arrays(sub, v, n: int, registers: int) -> dict[str, pa.Array]:
     if sub.kind == "count":
         return {sub.name: pa.array(np.ones(n, np.int64))}
     if sub.kind == "distinct":
@@ -75,7 +75,7 @@ def partial_rows_function(plan, input_columns, spec):
                     cols[name] = arr
             for s in plan.subaggs:
                 v = None if s.arg is None else R.evaluate(s.arg, values, n)
-                cols.update(_state_arrays(s, v, n, registers))
+                cols.update(state_arrays(s, v, n, registers))
             out.append(R.batch_table(data, schema, cols))
         return out
 

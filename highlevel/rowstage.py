@@ -28,7 +28,7 @@ from pyspark.sql import types as T
 from highlevel import rows as R
 from highlevel.session import get_session
 from highlevel.spool import LINK, PUNCT, SEQ, partials_dir
-from highlevel.stage import DEFAULT_TRIGGER, Stage, StageState
+from highlevel.stage import DEFAULT_TRIGGER, Stage
 from highlevel.union import Meld
 
 log = logging.getLogger(__name__)
@@ -89,10 +89,7 @@ class RowStage(Stage):
                  .agg(F.max(PUNCT).alias("p"),
                       F.sum(F.col("window").isNotNull().cast("long")).alias("rows"))
                  .collect())
-        state = StageState(**{**prev.__dict__, "batch": batch_id,
-                              "next_seq": dict(prev.next_seq),
-                              "pending": {k: dict(v) for k, v in prev.pending.items()},
-                              "extra": dict(prev.extra)})
+        state = prev.for_batch(batch_id)
         meld_out = self._meld(state, files)
         bounds = dict(state.meld["bounds"])
         rows = sum(int(f["rows"] or 0) for f in files)

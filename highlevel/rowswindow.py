@@ -31,9 +31,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from highlevel import rows as R
-from highlevel.rowplans import _state_arrays
+from highlevel.rowplans import state_arrays
 from highlevel.spool import LINK, PUNCT, SEQ
-from highlevel.stage import INT64_MAX, Stage, StageState, _Ticker
+from highlevel.stage import INT64_MAX, Stage, StageState, Ticker
 from queries.plan import ROW_WINDOW_INDEX
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ def partial_rows(row_plan, input_columns, spec):
                     cols[name] = arr
             for s in row_plan.subaggs:
                 v = None if s.arg is None else R.evaluate(s.arg, values, n)
-                cols.update(_state_arrays(s, v, n, registers))
+                cols.update(state_arrays(s, v, n, registers))
                 if s.kind in ("first", "last"):
                     cols[f"{s.name}__t"] = b.column("window")   # packet time orders FIRST/LAST
             yield R.batch_table(b, schema, cols)
@@ -115,7 +115,7 @@ class RowsStage(Stage):
 
     def _process(self, df: DataFrame, batch_id: int) -> None:
         spec, prev = self.spec, self.state
-        self._tick = _Ticker(self.clock)
+        self._tick = Ticker(self.clock)
         is_row = F.col("window").isNotNull()
         late = is_row & (F.col("window") < F.lit(prev.punctuation)) \
             if prev.punctuation is not None else F.lit(False)
@@ -125,10 +125,7 @@ class RowsStage(Stage):
             files = (df.groupBy(LINK, SEQ)
                      .agg(F.max(PUNCT).alias("p"), F.sum(keep.cast("long")).alias("kept"),
                           F.sum(late.cast("long")).alias("late")).collect())
-            state = StageState(**{**prev.__dict__, "batch": batch_id,
-                                  "next_seq": dict(prev.next_seq),
-                                  "pending": {k: dict(v) for k, v in prev.pending.items()},
-                                  "extra": dict(prev.extra)})
+            state = prev.for_batch(batch_id)
             punctuation = self._meld(state, files)
             late_rows = sum(int(f["late"] or 0) for f in files)
             if late_rows:

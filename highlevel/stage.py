@@ -78,6 +78,12 @@ class StageState:
         d["pending"] = {k: {str(s): p for s, p in v.items()} for k, v in self.pending.items()}
         return json.dumps(d, sort_keys=True)
 
+    def for_batch(self, batch_id: int) -> "StageState":
+        """A copy to update in micro-batch `batch_id` (this one stays as committed)."""
+        return StageState(**{**self.__dict__, "batch": batch_id, "next_seq": dict(self.next_seq),
+                             "pending": {k: dict(v) for k, v in self.pending.items()},
+                             "extra": dict(self.extra)})
+
     @classmethod
     def from_json(cls, text: str) -> "StageState":
         d = json.loads(text)
@@ -238,16 +244,14 @@ class Stage:
         spec, win, prev = self.spec, self.window, self.state
         is_row = F.col("window").isNotNull()
         late, keep = self._late_columns(is_row, prev.punctuation)
-        tick = self._tick = _Ticker(self.clock)
+        tick = self._tick = Ticker(self.clock)
         files = (df.select(LINK, SEQ, PUNCT, "window").groupBy(LINK, SEQ)
                  .agg(F.max(PUNCT).alias("p"), F.sum(is_row.cast("long")).alias("rows"),
                       F.sum(late.cast("long")).alias("late"),
                       F.sum(keep.cast("long")).alias("kept"))
                  .collect())
         tick("markers")
-        state = StageState(**{**prev.__dict__, "batch": batch_id,
-                              "next_seq": dict(prev.next_seq),
-                              "pending": {k: dict(v) for k, v in prev.pending.items()}})
+        state = prev.for_batch(batch_id)
         punctuation = self._meld(state, files)
         late_rows = sum(int(f["late"] or 0) for f in files)
         kept = sum(int(f["kept"] or 0) for f in files)
@@ -484,7 +488,7 @@ def order_columns(spec: StageSpec) -> tuple[list[str], list]:
     return order, hidden
 
 
-class _Ticker:
+class Ticker:
     """Lap times of one batch's steps (for the debug log and the latency tool)."""
 
     def __init__(self, clock):

@@ -472,14 +472,7 @@ class Analyser:
             raise self.error(w, f"window SLIDE ({w.slide.value} {w.slide.unit}) can't exceed "
                              f"RANGE ({w.range.value} {w.range.unit})")
         wa = w.wa or "time"
-        col = scope.resolve(E.Column(pos=w.pos, name=wa), "window")
-        form = self.form_of(col)
-        if form is None:
-            raise self.error(w, f"window attribute {wa!r} is not increasing")
-        unit = unit_ns(form)
-        if unit is None or not isinstance(col, E.Field):
-            raise self.error(w, f"window attribute {wa!r} is not a plain count of time units "
-                             f"(use time, timestamp, timestamp_ms or a column like time/60)")
+        col, form, unit = self._window_attribute(w, scope)
         if r % unit or s % unit:
             raise self.error(w, f"RANGE and SLIDE must be whole multiples of {wa}'s unit "
                              f"({unit} ns)")

@@ -27,7 +27,7 @@ def bench() -> None:
               help="Write iop_oop_throughput.png and iop_oop_memory.png into this directory.")
 @click.option("--groups", type=str, default=None,
               help="Experiment 1 group counts, comma-separated (default 66000,130000,260000,520000).")
-@click.option("--ring-rows", type=int, default=None, help="Packet ring capacity in rows (default 32768).")
+@click.option("--ring-rows", type=int, default=None, help="Packet ring capacity in rows (default 8192).")
 @click.option("--no-pin", is_flag=True, help="Do not pin the producer and the consumer to cores 0 and 1.")
 def iop_vs_oop(quick: bool, json_out: Path | None, plot_dir: Path | None, groups: str | None,
                ring_rows: int | None, no_pin: bool) -> None:
