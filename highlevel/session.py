@@ -144,6 +144,61 @@ def class_data_options() -> str:
         return ""
 
 
+#: lines the JVM writes on stderr that say nothing to a user: Spark 4's launcher always adds
+#: the incubating vector module, and the JVM warns about it at every start
+_JVM_NOISE = ("WARNING: Using incubator modules",)
+
+
+def _forward_jvm_stderr(fd: int) -> None:
+    """Copy the driver JVM's stderr to ours, line by line, without the noise (until the JVM
+    and every child holding the pipe have exited)."""
+    import sys
+
+    with os.fdopen(fd, "rb", buffering=0) as pipe:
+        for line in iter(pipe.readline, b""):
+            text = line.decode(errors="replace")
+            if text.startswith(_JVM_NOISE):
+                log.debug("JVM: %s", text.rstrip())
+                continue
+            try:
+                sys.stderr.write(text)
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass          # our stderr is gone (exit): keep draining so the JVM never blocks
+
+
+def _launch_gateway(conf) -> None:
+    """Start the driver JVM (py4j gateway) as pyspark does, but with its stderr through
+    `_forward_jvm_stderr`, and make it the gateway of the next SparkContext. A pipe of our own
+    is read from before the JVM starts, so start-up errors (no Java, a bad option) still show."""
+    from pyspark import SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    from pyspark.errors import PySparkRuntimeError
+
+    from highlevel.errors import HighLevelError
+
+    read_fd, write_fd = os.pipe()
+    forward = threading.Thread(target=_forward_jvm_stderr, args=(read_fd,),
+                               name="oopscope-jvm-stderr", daemon=True)
+    forward.start()
+    try:
+        gateway = launch_gateway(conf, popen_kwargs={"stderr": write_fd})
+    except PySparkRuntimeError as exc:
+        os.close(write_fd)
+        forward.join(2)               # the JVM's own words (above) come before ours
+        java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") \
+            if os.environ.get("JAVA_HOME") else shutil.which("java")
+        raise HighLevelError(f"Spark's JVM did not start ({exc.getCondition() or exc}); "
+                             f"java: {java or 'not found on PATH'}"
+                             f"{' (JAVA_HOME)' if os.environ.get('JAVA_HOME') else ''}. "
+                             f"Spark 4 needs Java 17 or later: `bash .ci/install` installs "
+                             f"it, or set JAVA_HOME") from None
+    os.close(write_fd)                # the JVM holds its own copy
+    SparkContext._gateway = gateway   # noqa: SLF001 - what _ensure_initialized would set
+    SparkContext._jvm = gateway.jvm   # noqa: SLF001
+
+
 def get_session(master: str | None = None, *, app_name: str = "oopscope",
                 driver_memory: str = "3g", shuffle_partitions: int | None = None,
                 conf: dict[str, str] | None = None):
@@ -187,6 +242,16 @@ def get_session(master: str | None = None, *, app_name: str = "oopscope",
         settings.update(conf or {})
         for key, value in settings.items():
             builder = builder.config(key, value)
+        from pyspark import SparkConf, SparkContext
+
+        if SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ:  # noqa: SLF001
+            # the JVM reads its options at launch: the builder's settings, as getOrCreate
+            # would pass them
+            _launch_gateway(SparkConf(loadDefaults=False).setAll(
+                [("spark.master", master), ("spark.app.name", app_name),
+                 ("spark.driver.memory", driver_memory),
+                 ("spark.driver.extraJavaOptions", driver_opts),
+                 ("spark.executor.extraJavaOptions", java_opts), *settings.items()]))
         session = builder.getOrCreate()
         session.sparkContext.setLogLevel("WARN")
         log.info("Spark %s session on %s", session.version, master)
