@@ -17,8 +17,10 @@ window of every group in the table, inside a probe of a few seconds.) The produc
 every `punct_every_s` of data time, as a heartbeat would.
 
 Search: the consumer's offline capacity (the operator over one lap, no ring; best of two) of
-every configuration of a group count bounds the rate; `steps` probes bisect [0, 1.25 x the
-largest], the same range for every policy; a failing rate is retried (`attempts`). A probe runs for `probe_windows` windows of data
+every configuration of a group count bounds the rate; `steps` probes bisect [1.25 x the
+largest / SPAN, 1.25 x the largest] geometrically (each probe at the geometric mean of the
+bounds, so the rate is known to a constant ratio, ~8% with 6 steps, whatever its size), the
+same range for every policy; a failing rate is retried (`attempts`). A probe runs for `probe_windows` windows of data
 (clamped to [probe_min_s, probe_max_s] seconds) and passes when the ring dropped nothing. The
 result per configuration is the highest passing rate, with the consumer's CPU use (process
 time / wall time, idle polls sleep) during that probe.
@@ -27,6 +29,7 @@ time / wall time, idle polls sleep) during that probe.
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing as mp
 import os
 import time
@@ -43,6 +46,9 @@ FACTORS = (0.5, 1.0, 2.0)
 POLICIES = ("iop_slow", "oop_lazy", "oop_slow")
 #: i of each policy: iop_slow flushes one old group per packet (Gigascope), oop_slow one per 160
 SLOW_FLUSH = {"iop_slow": 1, "oop_lazy": 160, "oop_slow": 160}
+#: the rate search covers [top / SPAN, top]: the slowest configurations (IOP with large
+#: tables on a loaded machine) run at a few % of the fastest one's offline capacity
+SPAN = 128
 MAX_DISORDER = 2                 # m: windows an old group may linger (the oop policies)
 LABELS = {"iop_slow": "IOP", "oop_lazy": "OOP", "oop_slow": "OOP (sf)"}
 Q8_1_FILE = Path(__file__).resolve().parent.parent / "queries" / "library" / "q8_1.gsql"
@@ -64,7 +70,7 @@ class ThroughputConfig:
     probe_min_s: float = 2.0
     probe_max_s: float = 4.0
     probe_windows: float = 3.0
-    steps: int = 5
+    steps: int = 6
     attempts: int = 2                 # a failing rate is retried: one stall of a shared machine is not a verdict
     pin: bool = True
     directory: str = field(default_factory=lambda: str(Path(os.environ.get("TMPDIR", "/tmp"))
@@ -330,13 +336,13 @@ def probe_seconds(cfg: ThroughputConfig, groups: int, rate: float) -> float:
 
 def max_loss_free(producer: Producer, plan, cfg: ThroughputConfig, groups: int,
                   top: float) -> dict:
-    """Bisect [0, top] for the highest rate with no drop (a rate passes when one of
-    cfg.attempts probes drops nothing); the probes made."""
-    lo, hi = 0.0, top
+    """Bisect [top / SPAN, top] geometrically for the highest rate with no drop (a rate
+    passes when one of cfg.attempts probes drops nothing); the probes made."""
+    lo, hi = top / SPAN, top
     best = None
     probes = []
     for _ in range(cfg.steps):
-        mid = (lo + hi) / 2
+        mid = math.sqrt(lo * hi)
         for _ in range(max(1, cfg.attempts)):
             pr = run_probe(producer, plan, cfg, mid, probe_seconds(cfg, groups, mid))
             probes.append(pr)
@@ -359,7 +365,8 @@ def max_loss_free(producer: Producer, plan, cfg: ThroughputConfig, groups: int,
             lo, best = mid, pr
             break
         hi = mid
-    return {"max_rate": lo, "cpu_use": best["cpu_use"] if best else None,
+    return {"max_rate": best["rate"] if best else 0.0,
+            "cpu_use": best["cpu_use"] if best else None,
             "upper_bound": hi, "probes": probes}
 
 
@@ -412,8 +419,9 @@ def run_throughput(cfg: ThroughputConfig) -> list[dict]:
                     for policy in cfg.policies:
                         plan = q81_plan(slots, policy)
                         cap = caps[factor, policy]
-                        log.info("groups %d, table %g (%d slots), %s: bisecting 0 .. %.2fM pkts/s",
-                                 groups, factor, slots, policy, top / 1e6)
+                        log.info("groups %d, table %g (%d slots), %s: bisecting %.3fM .. "
+                                 "%.2fM pkts/s (geometric)", groups, factor, slots, policy,
+                                 top / SPAN / 1e6, top / 1e6)
                         found = max_loss_free(producer, plan, cfg, groups, top)
                         results.append({"groups": groups, "table_factor": factor, "slots": slots,
                                         "policy": policy, "label": f"{LABELS[policy]}-{_frac(factor)}",
