@@ -172,9 +172,8 @@ def _launch_gateway(conf) -> None:
     `_forward_jvm_stderr`, and make it the gateway of the next SparkContext. A pipe of our own
     is read from before the JVM starts, so start-up errors (no Java, a bad option) still show."""
     from pyspark import SparkContext
-    from pyspark.java_gateway import launch_gateway
-
     from pyspark.errors import PySparkRuntimeError
+    from pyspark.java_gateway import launch_gateway
 
     from highlevel.errors import HighLevelError
 
