@@ -4,8 +4,9 @@ Used by the project's tests and usable by anyone checking a low-level change: `m
 builds timestamps in one of three arrival orders (in order, band disorder, block-sorted) with
 *grammatical* punctuation (never violated by a later packet), `run_stream` feeds a
 `HashAggregator` batch by batch and records every output row with the event that produced it,
-`reference_groups` computes each (window, group) result in one plain pandas pass, and
-`finalize` finishes the combined partial rows of a planned query as the high level does.
+`reference_groups` computes each (window, group) result in one plain pandas pass,
+`finalize` finishes the combined partial rows of a planned query as the high level does, and
+`patent_segments` gives the patent's late-data example.
 """
 
 from __future__ import annotations
@@ -19,6 +20,23 @@ from .aggregates import StateLayout, combine_states, hll_registers
 from .engine import HashAggregator, Partials
 
 ORDERS = ("in_order", "band", "block")
+
+#: the patent's late-data example (SEMANTICS.md 8): arrivals in minutes, "P" = punctuation at
+#: that minute (patent p[49]-p[52])
+PATENT_ARRIVALS = "1 3 2 4 1 2 P5 3 4 6 8 P10 11 7 2 3 9 12 P15".split()
+PATENT_MINUTES = [int(a) for a in PATENT_ARRIVALS if not a.startswith("P")]
+
+
+def patent_segments(ns_per_minute: int = 60_000_000_000) -> list[tuple[list[int], int]]:
+    """[(packet minutes, punctuation ns)]: the patent's arrivals cut at each punctuation."""
+    out, cur = [], []
+    for a in PATENT_ARRIVALS:
+        if a.startswith("P"):
+            out.append((cur, int(a[1:]) * ns_per_minute))
+            cur = []
+        else:
+            cur.append(int(a))
+    return out
 
 
 @dataclass

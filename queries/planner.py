@@ -272,16 +272,20 @@ def _outputs(aq: AnalysedQuery, final_of: dict | None = None) -> tuple[OutputCol
                  for i in aq.items)
 
 
+def _aggregates(aq: AnalysedQuery) -> list[E.Aggregate]:
+    """Every aggregate of the SELECT list and HAVING, in query order (repeats included)."""
+    aggs = [a for item in aq.items for a in item.expr.find_all(E.Aggregate)]
+    if aq.having is not None:
+        aggs += list(aq.having.find_all(E.Aggregate))
+    return aggs
+
+
 def _plan_aggregate(aq: AnalysedQuery, links: list[str]):
     if aq.window is not None and aq.window.kind == "rows":
         return _plan_rows(aq, links)
     source = aq.sources[0]
     keys = tuple(KeyColumn(g.name, g.expr, g.type) for g in aq.group if g is not aq.temporal)
-    aggs: list[E.Aggregate] = []
-    for item in aq.items:
-        aggs += [a for a in item.expr.find_all(E.Aggregate)]
-    if aq.having is not None:
-        aggs += [a for a in aq.having.find_all(E.Aggregate)]
+    aggs = _aggregates(aq)
     taken = {g.name for g in aq.group} | {i.name for i in aq.items}
     split = split_aggregates(aggs, taken)
     window = window_plan(aq)
@@ -333,11 +337,7 @@ def _plan_rows(aq: AnalysedQuery, links: list[str]):
     the high level numbers the rows and aggregates each window (highlevel.rowswindow)."""
     source = aq.sources[0]
     w = aq.window
-    aggs: list[E.Aggregate] = []
-    for item in aq.items:
-        aggs += [a for a in item.expr.find_all(E.Aggregate)]
-    if aq.having is not None:
-        aggs += [a for a in aq.having.find_all(E.Aggregate)]
+    aggs = _aggregates(aq)
     taken = {g.name for g in aq.group} | {i.name for i in aq.items}
 
     def fresh(base: str) -> str:

@@ -65,6 +65,18 @@ def evaluate_file(plan, batches: dict[str, PacketBatch], params: dict[str, str] 
 
 # --- helpers ------------------------------------------------------------------------------------
 
+def _in_windows(first, count, slide, keys: dict, args: list, times, window_end: str):
+    """Row i repeated once per window first[i] .. first[i] + count[i] - 1 (window ids in slides):
+    the keys, aggregate arguments and times of the copies, with `window_end` = (id + 1) * slide
+    among the keys, and the number of copies."""
+    idx = np.repeat(np.arange(len(first)), count)
+    wid = np.repeat(first, count) + (np.arange(len(idx)) - np.repeat(np.cumsum(count) - count, count))
+    keys = {k: _take(v, idx) for k, v in keys.items()}
+    args = [None if a is None else _take(a, idx) for a in args]
+    keys[window_end] = ((wid + 1) * slide).astype(np.int64)
+    return keys, args, times[idx], len(idx)
+
+
 def _take(v, idx):
     return (v[0][idx], v[1][idx]) if isinstance(v, tuple) else v[idx]
 
@@ -255,13 +267,8 @@ def _aggregate(qp, aq, batches, tables) -> Table:
         if not w.slide_ns:
             first = np.full(n, last, np.int64)
         count = last - first + 1
-        idx = np.repeat(np.arange(n), count)
-        wid = np.repeat(first, count) + (np.arange(len(idx)) - np.repeat(np.cumsum(count) - count, count))
-        keys = {k: _take(v, idx) for k, v in keys.items()}
-        args = [None if a is None else _take(a, idx) for a in args]
-        times = times[idx]
-        keys[aq.window_end] = ((wid + 1) * s).astype(np.int64)
-        n = len(idx)
+        keys, args, times, n = _in_windows(first, count, s, keys, args, times,
+                                           aq.window_end)
     elif aq.window is not None and aq.window.kind == "landmark":
         keys[aq.window_end] = np.zeros(0, np.int64)
     elif aq.window is not None:
@@ -271,13 +278,8 @@ def _aggregate(qp, aq, batches, tables) -> Table:
         x = np.asarray(rows.eval(w.field)).astype(np.int64)
         first = np.floor_divide(x, s)
         count = np.floor_divide(x + r, s) - first
-        idx = np.repeat(np.arange(n), count)
-        wid = np.repeat(first, count) + (np.arange(len(idx)) - np.repeat(np.cumsum(count) - count, count))
-        keys = {k: _take(v, idx) for k, v in keys.items()}
-        args = [None if a is None else _take(a, idx) for a in args]
-        times = times[idx]
-        keys[aq.window_end] = ((wid + 1) * s).astype(np.int64)
-        n = len(idx)
+        keys, args, times, n = _in_windows(first, count, s, keys, args, times,
+                                           aq.window_end)
     codes, ngroups = group_codes(list(keys.values()), n)
     first_row = np.full(ngroups, -1, np.int64)
     first_row[codes[::-1]] = np.arange(n)[::-1]

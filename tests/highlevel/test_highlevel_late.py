@@ -18,6 +18,7 @@ from highlevel.spool import SpoolWriter
 from highlevel.stage import Stage
 from highlevel.testing import ListSink
 from lowlevel.operator import LATE_MARKER, LowLevelOperator
+from lowlevel.testing import PATENT_MINUTES, patent_segments
 from queries.planner import plan_text
 from queries.reference import evaluate_file
 
@@ -26,19 +27,6 @@ END_OF_INPUT = (1 << 63) - 1
 
 PATENT = """DEFINE {{ query_name rollup5; {late} }}
 SELECT tb, COUNT(*) AS cnt FROM main.PACKET GROUP BY time/300 AS tb;"""
-ARRIVALS = "1 3 2 4 1 2 P5 3 4 6 8 P10 11 7 2 3 9 12 P15".split()
-MINUTES = [int(a) for a in ARRIVALS if not a.startswith("P")]
-
-
-def segments():
-    out, cur = [], []
-    for a in ARRIVALS:
-        if a.startswith("P"):
-            out.append((cur, int(a[1:]) * 60 * NS))
-            cur = []
-        else:
-            cur.append(int(a))
-    return out
 
 
 def packets(minutes) -> PacketBatch:
@@ -55,7 +43,7 @@ def merged(df: pd.DataFrame, keys: list[str], how: dict) -> pd.DataFrame:
 
 
 def reference(qp, plan, keys: list[str]) -> pd.DataFrame:
-    ref = evaluate_file(plan, {"main": packets(MINUTES)})[qp.name]
+    ref = evaluate_file(plan, {"main": packets(PATENT_MINUTES)})[qp.name]
     assert (ref["correction"] == 0).all()
     return ref.drop(columns="correction").sort_values(keys).reset_index(drop=True)
 
@@ -72,7 +60,7 @@ def early_link_spool(qp, root) -> None:
     """Each arrival segment's rows written with the punctuation that follows it, as a link
     that does not hold its old rows back: rows of windows the stage closed become late."""
     writer = SpoolWriter(root / "spool", qp.name, "main", fsync=False)
-    for minutes, punct in segments():
+    for minutes, punct in patent_segments():
         op = LowLevelOperator(qp.low[0])
         op.process(packets(minutes))
         writer.write(op.finish()[0], punct)
@@ -107,7 +95,7 @@ def test_patent_vector_late_partition_end_to_end(spark, tmp_path):
     op = LowLevelOperator(qp.low[0])
     writer = SpoolWriter(tmp_path / "spool", qp.name, "main", fsync=False)
     marked = 0
-    for minutes, punct in segments():
+    for minutes, punct in patent_segments():
         rows = op.process(packets(minutes))
         more, p = op.punctuate(punct)
         marked += sum(int(np.asarray(b.column(LATE_MARKER)).sum()) for b in rows + more)

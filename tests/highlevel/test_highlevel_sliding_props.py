@@ -20,7 +20,7 @@ from highlevel.spool import SpoolWriter
 from highlevel.stage import Stage
 from highlevel.testing import ListSink
 from lowlevel.operator import LowLevelOperator
-from lowlevel.testing import arrival_order
+from lowlevel.testing import arrival_order, patent_segments
 from queries.planner import plan_text
 from queries.reference import evaluate_file
 from queries.samples import random_batch
@@ -120,19 +120,6 @@ def test_stage_sliding_windows_independent_of_punctuation(spark, tmp_path):
 PATENT = """DEFINE { query_name rollup5; }
 SELECT tb, COUNT(*) AS cnt FROM main.PACKET GROUP BY time/300 AS tb;"""
 #: arrivals in minutes, "P" = punctuation at that minute (patent p[49]-p[52])
-ARRIVALS = "1 3 2 4 1 2 P5 3 4 6 8 P10 11 7 2 3 9 12 P15".split()
-
-
-def patent_segments():
-    """[(packet minutes, punctuation ns or None)]: the arrivals cut at each punctuation."""
-    out, cur = [], []
-    for a in ARRIVALS:
-        if a.startswith("P"):
-            out.append((cur, int(a[1:]) * 60 * NS))
-            cur = []
-        else:
-            cur.append(int(a))
-    return out
 
 
 def packets(minutes) -> PacketBatch:

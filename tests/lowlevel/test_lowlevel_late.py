@@ -13,14 +13,13 @@ from hypothesis import given, settings, strategies as st
 
 from capture.batch import PacketBatch
 from lowlevel.operator import LATE_MARKER, LowLevelOperator
+from lowlevel.testing import PATENT_MINUTES, patent_segments
 from queries.planner import plan_text
 
 NS = 1_000_000_000
 
 PATENT = """DEFINE {{ query_name rollup5; {late} }}
 SELECT tb, COUNT(*) AS cnt FROM main.PACKET GROUP BY time/300 AS tb;"""
-#: arrivals in minutes, "P" = punctuation at that minute (patent p[49]-p[52])
-ARRIVALS = "1 3 2 4 1 2 P5 3 4 6 8 P10 11 7 2 3 9 12 P15".split()
 
 
 def packets(minutes, lens=None) -> PacketBatch:
@@ -33,14 +32,10 @@ def packets(minutes, lens=None) -> PacketBatch:
 def run_patent(late: str):
     qp = plan_text(PATENT.format(late=late), ["main"]).queries[0]
     op = LowLevelOperator(qp.low[0])
-    rows, cur = [], []
-    for a in ARRIVALS:
-        if a.startswith("P"):
-            rows += op.process(packets(cur))
-            rows += op.punctuate(int(a[1:]) * 60 * NS)[0]
-            cur = []
-        else:
-            cur.append(int(a))
+    rows = []
+    for minutes, punct in patent_segments():
+        rows += op.process(packets(minutes))
+        rows += op.punctuate(punct)[0]
     rows += op.finish()[0]
     return op, pa.Table.from_batches(rows) if rows else None
 
@@ -64,7 +59,7 @@ def test_patent_vector_low_level_drop_and_correct():
     assert int(counts[marker == 1].sum()) == 6                  # the late partition's rows
     assert c["late_rows_out"] == int(np.count_nonzero(marker == 1))
     per_window = {int(w): int(counts[windows == w].sum()) for w in np.unique(windows)}
-    minutes = [int(a) for a in ARRIVALS if not a.startswith("P")]
+    minutes = PATENT_MINUTES
     assert per_window == {w: sum(1 for m in minutes if m // 5 == w) for w in range(3)}
     # the late partition's rows are for windows the main table's punctuation already passed
     assert set(windows[marker == 1]) <= {0, 1}
