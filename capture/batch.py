@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -9,6 +10,7 @@ import numpy as np
 from .schema import COLUMN_BY_NAME, COLUMNS
 
 _NS = 1_000_000_000
+_NAMES = frozenset(c.name for c in COLUMNS)
 
 
 @dataclass
@@ -16,17 +18,20 @@ class PacketBatch:
     """Packets of one link as numpy columns named as in `capture.schema.COLUMNS`.
 
     `columns` holds every physical column, all of length `n` (views into reused buffers are
-    allowed: a consumer that keeps a batch beyond the next read must `copy()` it). Derived
-    fields (`time`, `timestamp_ms`) are computed on first access.
+    allowed: a consumer that keeps a batch beyond the next read must `copy()` it); a dict, or
+    a read-only mapping such as a ring's `RingColumns`. Derived fields (`time`,
+    `timestamp_ms`) are computed on first access.
     """
 
     link: str
-    columns: dict[str, np.ndarray]
+    columns: Mapping[str, np.ndarray]
     #: byte offset in the source file of each packet record (for error messages), optional
     offsets: np.ndarray | None = None
     _derived: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        if self.columns.keys() >= _NAMES:      # one set comparison: batches come by the thousand
+            return
         missing = [c.name for c in COLUMNS if c.name not in self.columns]
         if missing:
             raise ValueError(f"packet batch of link {self.link!r} lacks columns {missing}")

@@ -5,9 +5,17 @@ benchmarks drive directly with plain arrays: packet timestamps (ns), group keys 
 uint64 columns, argument banks and a validity mask. It owns the table and the output buffer
 (both allocated once), runs the jitted kernels and drains output into `Partials` chunks.
 
+Output holding. The kernels write the rows that leave the table into `out` (`slots + 2 +
+DRAIN_ROWS` rows) from its current fill on. With `hold_rows` 0 each call drains what it wrote.
+With `hold_rows` > 0 (at most DRAIN_ROWS) rows stay in `out` across `append` calls and are
+drained in one copy once that many are held, or when the append kernel stops early for room;
+every advancing `punctuate` and `finish` drain everything, so no row is handed out after a
+punctuation that covers it. (A packet batch off a ring is a few hundred packets: draining at
+each one costs more than folding them.)
+
 Punctuation. The input punctuation `p` (low-watermark, ns: no later packet has time < p) is
-given with `punctuate(p)`. Packets with time < the punctuation already seen are *late*: they
-are counted and dropped here (they could otherwise revive a window the operator has declared
+given with `punctuate(p)`. Packets with time < the punctuation already seen are *late*: the
+kernels count and drop them (they could otherwise revive a window the operator has declared
 complete). The engine's own punctuation is the largest pane-aligned p' such that no partial
 row of a window ending at or before p' can still come from it:
 `p' = min(p, start of the oldest pane still in the table)`, made monotone. For `iop_slow`
@@ -25,8 +33,8 @@ import numpy as np
 
 from .aggregates import StateLayout
 from .flush import (
-    C_CAUSE, C_CUR, C_FORCED, C_RESIDENT, C_WINDOWS, CAUSES, EMPTY, NPARAMS, P_EVERY, P_M,
-    P_MASK, P_OFFSET, P_PANE, P_POLICY, P_PROBES, P_SHIFT, POLICIES, make_ctl,
+    C_CAUSE, C_CUR, C_FORCED, C_LATE, C_RESIDENT, C_WINDOWS, CAUSES, EMPTY, NPARAMS, P_EVERY,
+    P_LATE, P_M, P_MASK, P_OFFSET, P_PANE, P_POLICY, P_PROBES, P_SHIFT, POLICIES, make_ctl,
 )
 from .hashtable import advance, append, finish, min_resident, round_slots
 
@@ -64,14 +72,15 @@ class HashAggregator:
 
     def __init__(self, layout: StateLayout, nkeys: int, slots: int, *, pane_ns: int,
                  offset_ns: int = 0, flush: str = "oop_lazy", slow_flush: int = 160,
-                 max_disorder: int = 2, probes: int = 2):
+                 max_disorder: int = 2, probes: int = 2, hold_rows: int = 0):
         if flush not in POLICIES:
             raise ValueError(f"flush policy {flush!r} is not one of {sorted(POLICIES)}")
         if pane_ns <= 0:
             raise ValueError(f"window pane must be positive, not {pane_ns} ns")
-        if slow_flush < 1 or max_disorder < 0 or probes < 1:
+        if slow_flush < 1 or max_disorder < 0 or probes < 1 or hold_rows < 0:
             raise ValueError(f"slow_flush ({slow_flush}) must be >= 1, max_disorder "
-                             f"({max_disorder}) >= 0, probes ({probes}) >= 1")
+                             f"({max_disorder}) >= 0, probes ({probes}) >= 1, hold_rows "
+                             f"({hold_rows}) >= 0")
         self.layout = layout
         self.nkeys = nkeys
         self.slots = round_slots(slots)
@@ -88,6 +97,7 @@ class HashAggregator:
         self.params[P_SHIFT] = 64 - (self.slots.bit_length() - 1)
         self.params[P_PANE] = self.pane_ns
         self.params[P_OFFSET] = self.offset_ns
+        self.params[P_LATE] = EMPTY
         self.ctl = make_ctl()
         self.ops, self.ident, self._base = layout.record_ops(nkeys)
         width = len(self.ident)
@@ -101,10 +111,20 @@ class HashAggregator:
                     np.zeros((cap, layout.width["h"]), np.uint8), np.zeros(cap, np.uint8))
         self.in_punct: int | None = None
         self.out_punct: int | None = None
-        self.late = 0
-        self.rows_out = 0
+        self.rows_out = 0     # rows drained (the rows still held are `held`)
+        #: rows kept in `out` across appends before they are drained (module docstring)
+        self.hold_rows = min(int(hold_rows), DRAIN_ROWS)
+        self.held = 0
+        # per-packet scratch the append kernel fills, sized to the largest batch seen
+        self._panes = np.empty(0, np.int64)
+        self._homes = np.empty(0, np.int64)
 
     # --- helpers -----------------------------------------------------------------------------
+    @property
+    def late(self) -> int:
+        """Late packets dropped."""
+        return int(self.ctl[C_LATE])
+
     def pane_of(self, ts_ns):
         return (ts_ns + self.offset_ns) // self.pane_ns
 
@@ -112,8 +132,10 @@ class HashAggregator:
         return pane * self.pane_ns - self.offset_ns
 
     def _drain(self, n_out: int) -> Partials:
+        """Rows [0, n_out) of `out` as a chunk (copies); `out` is empty again."""
         oi, ou, of, oh, cause = self.out
         self.rows_out += n_out
+        self.held = 0
         b, w, nk = self._base, self.layout.width, self.nkeys
         # one transposing copy of the record words: each key and state column comes out
         # contiguous (Partials arrays are column-major views of it), so turning them into
@@ -127,28 +149,40 @@ class HashAggregator:
     # --- the pipeline steps ------------------------------------------------------------------
     def append(self, ts: np.ndarray, keys: np.ndarray, args=None,
                valid: np.ndarray | None = None) -> list[Partials]:
-        """Fold packets into the table; returns the partial rows that left it meanwhile.
+        """Fold packets into the table; returns the partial rows that left it meanwhile (with
+        `hold_rows`, the held rows once there are enough of them).
 
         ts: int64 ns [n]; keys: uint64 [n, nkeys]; args: (i, u, f, d) argument banks as
         `StateLayout.empty_args` shapes them (None when no sub-aggregate takes one); valid:
         bool [n] (packets to skip are False).
         """
-        ts, keys, (ai, au, af, ad), valid = self._prepare(ts, keys, args, valid)
-        panes = np.empty(len(ts), np.int64)   # the kernel fills panes and homes
-        homes = np.empty(len(ts), np.int64)
+        return self._fold(*self._prepare(ts, keys, args, valid))
+
+    def append_prepared(self, ts: np.ndarray, keys: np.ndarray, args: tuple,
+                        valid: np.ndarray) -> list[Partials]:
+        """`append` of arrays already in the kernel's dtypes and shapes, C-contiguous, and
+        `args` never None (the operator builds them so): nothing converted or checked."""
+        return self._fold(ts, keys, args, valid)
+
+    def _fold(self, ts, keys, args, valid) -> list[Partials]:
+        n = len(ts)
+        if len(self._panes) < n:
+            self._panes = np.empty(n, np.int64)
+            self._homes = np.empty(n, np.int64)
+        panes, homes = self._panes[:n], self._homes[:n]   # the kernel fills them
+        ai, au, af, ad = args
         chunks = []
         start = 0
-        while start < len(ts):
-            start, n_out = append(self.table, self.out, self.ctl, self.params, self.ops,
-                                  self.ident, start, panes, ts, keys, ai, au, af, ad, valid,
-                                  homes)
-            if n_out:
-                chunks.append(self._drain(n_out))
+        while start < n:
+            start, self.held = append(self.table, self.out, self.ctl, self.params, self.ops,
+                                      self.ident, start, self.held, panes, ts, keys, ai, au,
+                                      af, ad, valid, homes)
+            if self.held and (start < n or self.held >= self.hold_rows):
+                chunks.append(self._drain(self.held))
         return chunks
 
     def _prepare(self, ts, keys, args, valid, nkeys: int | None = None):
-        """The kernel's input arrays (dtypes and shapes checked once per batch), late packets
-        counted and masked out of `valid`."""
+        """The kernel's input arrays (dtypes and shapes checked once per batch)."""
         ts = np.ascontiguousarray(ts, dtype=np.int64)
         n = len(ts)
         nkeys = self.nkeys if nkeys is None else nkeys
@@ -162,24 +196,19 @@ class HashAggregator:
                 raise ValueError(f"argument bank {w!r} has shape {a.shape}, expected "
                                  f"{(n, self.layout.arg_width[w])}")
         valid = np.ones(n, bool) if valid is None else np.asarray(valid, dtype=bool)
-        if self.in_punct is not None and n:
-            late = ts < self.in_punct
-            late &= valid
-            nlate = int(np.count_nonzero(late))
-            if nlate:
-                self.late += nlate
-                valid = valid & ~late
         return ts, keys, (ai, au, af, ad), valid
 
     def punctuate(self, p_ns: int) -> tuple[list[Partials], int | None]:
-        """Input punctuation p: flush what the policy says; returns rows and the new output
-        punctuation (None when it did not advance)."""
+        """Input punctuation p: flush what the policy says; returns rows (every held one too)
+        and the new output punctuation (None when it did not advance)."""
         p_ns = int(p_ns)
         if self.in_punct is not None and p_ns <= self.in_punct:
             return [], None
         self.in_punct = p_ns
-        n_out = advance(self.table, self.out, self.ctl, self.params, int(self.pane_of(p_ns)))
-        chunks = [self._drain(n_out)] if n_out else []
+        self.params[P_LATE] = p_ns      # the kernels drop and count earlier packets
+        self.held = advance(self.table, self.out, self.ctl, self.params,
+                            int(self.pane_of(p_ns)), self.held)
+        chunks = [self._drain(self.held)] if self.held else []
         return chunks, self._raise_out(p_ns)
 
     def _raise_out(self, bound: int) -> int | None:
@@ -192,9 +221,10 @@ class HashAggregator:
         return None
 
     def finish(self) -> tuple[list[Partials], int]:
-        """End of input: flush every entry; returns rows and the final punctuation."""
-        n_out = finish(self.table, self.out, self.ctl)
-        chunks = [self._drain(n_out)] if n_out else []
+        """End of input: flush every entry; returns rows (every held one too) and the final
+        punctuation."""
+        self.held = finish(self.table, self.out, self.ctl, self.held)
+        chunks = [self._drain(self.held)] if self.held else []
         final = self.in_punct if self.in_punct is not None else np.iinfo(np.int64).min
         cur = int(self.ctl[C_CUR])
         if cur != EMPTY:
@@ -208,11 +238,12 @@ class HashAggregator:
     def counters(self) -> dict[str, int]:
         c = self.ctl
         causes = {f"rows_{name}": int(c[C_CAUSE + k]) for k, name in enumerate(CAUSES)}
+        rows_out = self.rows_out + self.held     # rows that left the table, held ones too
         return {
             "late": self.late,
-            "rows_out": self.rows_out,
+            "rows_out": rows_out,
             "evictions": causes["rows_evict"],
-            "flushed": self.rows_out - causes["rows_evict"],
+            "flushed": rows_out - causes["rows_evict"],
             "forced_full_flushes": int(c[C_FORCED]),
             "windows": int(c[C_WINDOWS]),
             "resident": int(c[C_RESIDENT]),

@@ -43,8 +43,8 @@ import numpy as np
 from .aggregates import StateLayout, update_slot
 from .engine import HashAggregator, Partials
 from .flush import (
-    C_CUR, C_RESIDENT, CAUSE_BOUND, CAUSE_EVICT, CAUSE_FINISH, EMPTY, NCTL, P_MASK, P_PROBES,
-    P_SHIFT, count_pane, emit, move_cur,
+    C_CUR, C_LATE, C_RESIDENT, CAUSE_BOUND, CAUSE_EVICT, CAUSE_FINISH, EMPTY, NCTL, P_LATE,
+    P_MASK, P_PROBES, P_SHIFT, count_pane, emit, move_cur,
 )
 from .hashtable import PREFETCH_AHEAD, home_slot, min_resident, prefetch_row
 from .jit import ngjit, ngjit_inline
@@ -106,7 +106,8 @@ def flow_append(table, out, ctl, params, fparams, ops, ident, start, panes, ts, 
     """Fold packets [start, n) into the flow table; returns (next packet, rows written).
 
     `ends[i]` marks a packet that ends its flow after being added (TCP FIN/RST). Returns early
-    when fewer than 2 free output rows remain (the most one packet can produce).
+    when fewer than 2 free output rows remain (the most one packet can produce). Late packets
+    (time < params[P_LATE]) are skipped and counted in ctl[C_LATE].
     """
     ri, ru, rf, th = table
     probes = params[P_PROBES]
@@ -114,6 +115,7 @@ def flow_append(table, out, ctl, params, fparams, ops, ident, start, panes, ts, 
     shift = params[P_SHIFT]
     idle = fparams[F_IDLE]
     tag = fparams[F_TAG]
+    late_before = params[P_LATE]
     width = ru.shape[1]
     cap = out[0].shape[0]
     nk = keys.shape[1]
@@ -131,8 +133,11 @@ def flow_append(table, out, ctl, params, fparams, ops, ident, start, panes, ts, 
             return i, n_out
         if not valid[i]:
             continue
-        p = panes[i]
         t = ts[i]
+        if t < late_before:
+            ctl[C_LATE] += 1
+            continue
+        p = panes[i]
         if p > ctl[C_CUR]:
             move_cur(ctl, p)
         home = homes[i]
@@ -289,6 +294,7 @@ class FlowAggregator(HashAggregator):
         if self.in_punct is not None and p_ns <= self.in_punct:
             return [], None
         self.in_punct = p_ns
+        self.params[P_LATE] = p_ns
         chunks = []
         if self.max_ts is not None and self._scan_due(min(p_ns, self.max_ts)):
             horizon = min(p_ns, self.max_ts)

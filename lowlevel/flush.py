@@ -12,7 +12,12 @@ below the operator's current pane `cur` (the largest pane seen in data or punctu
   full flush) before the resident entry is evicted: output stays in window order.
 - `oop_lazy`: no walk; old entries leave when a packet needs their slot, plus the bound: once
   pane `cur` starts (or punctuation reaches it), every entry of a pane <= cur - 1 - m is
-  flushed (so every entry of window w is out before window w + m closes).
+  flushed (so every entry of window w is out before window w + m closes). That sweep is
+  *paced*: while pane `cur` runs, a second cursor walks the table in step with the packets'
+  time through the pane (slot `size * elapsed / pane` by the time `elapsed` into it) and
+  flushes the entries the next start will make due (panes <= cur - m), so at the boundary
+  only entries created behind the cursor remain, and no window start stalls the packet loop
+  for a table scan (the thesis' "spread the workload across window boundaries").
 - `oop_slow`: `oop_lazy` plus the walk of `iop_slow` (one old entry every `slow_flush`
   packets), without the forced full flushes.
 
@@ -20,8 +25,10 @@ Kernel state: `table = (ri, ru, rf, th)`: one record row per slot, `ru` uint64 [
 `ri`/`rf` its int64/float64 views (the same memory): word 0 the pane (`EMPTY` marks a free
 slot), words 1..nkeys the keys, then the state columns of the i, u and f banks; `th` the HLL
 registers (uint8). One record is one or two cache lines, so a packet touches one place.
-`out = (oi, ou, of, oh, cause)` is the preallocated partial-row buffer in the same layout;
-`ctl` holds int64 control words and counters (indices `C_*`), `params` settings (`P_*`).
+`out = (oi, ou, of, oh, cause)` is the preallocated partial-row buffer in the same layout:
+kernels write rows from a fill position `n_out` they are given on and return the new fill
+(rows before it are ones the wrapper still holds); `ctl` holds int64 control words and
+counters (indices `C_*`), `params` settings (`P_*`).
 """
 
 from __future__ import annotations
@@ -58,18 +65,22 @@ C_RESIDENT = 14     # occupied slots
 C_ANCIENT = 15      # occupied slots of panes <= cur - PANE_RING
 C_RING = 16         # PANE_RING words: occupied slots of pane q at C_RING + (q mod PANE_RING)
 PANE_RING = 64      # so the oldest resident pane is found without scanning the table
-NCTL = C_RING + PANE_RING
+C_LATE = C_RING + PANE_RING     # late packets dropped (time < params[P_LATE])
+C_PACE = C_LATE + 1             # oop: the paced bound sweep's next slot (slots: done)
+NCTL = C_PACE + 1
 
 # params words
 P_POLICY, P_PROBES, P_EVERY, P_M, P_MASK, P_SHIFT = 0, 1, 2, 3, 4, 5
 P_PANE, P_OFFSET = 6, 7     # pane length and window offset (ns): the kernel computes panes
-NPARAMS = 8
+P_LATE = 8                  # input punctuation (ns; EMPTY before any): earlier packets are late
+NPARAMS = 9
 
 
 def make_ctl() -> np.ndarray:
     ctl = np.zeros(NCTL, np.int64)
     ctl[C_CUR] = EMPTY
     ctl[C_BOUND] = EMPTY
+    ctl[C_PACE] = np.iinfo(np.int64).max    # no sweep before the first pane
     return ctl
 
 
@@ -208,4 +219,37 @@ def new_window(table, out, ctl, params, pane, n_out):
         ctl[C_TICK] = 0
     if policy != POLICY_IOP_SLOW:
         n_out = bound_flush(table, out, ctl, params, n_out)
+        # the paced sweep of this pane: only when something is already due at the next start
+        due = any_below(ctl, ctl[C_CUR] - params[P_M] + 1)
+        ctl[C_PACE] = 0 if due else table[0].shape[0]
+    return n_out
+
+
+PACE_STEP = 64      # slots the paced sweep advances at a time (one time check per step)
+
+
+@ngjit_inline
+def pace_threshold(ctl, size, pane_ns, offset, pace):
+    """The packet time from which the paced sweep is PACE_STEP slots behind its target (the
+    append loop compares each packet's time with it: no arithmetic per packet); the largest
+    int64 when the sweep is done or off."""
+    c = ctl[C_PACE]
+    if c >= size:
+        return np.iinfo(np.int64).max
+    t = min(c + PACE_STEP, size)
+    return ctl[C_CUR] * pane_ns - offset + np.int64((t - 1) / pace)
+
+
+@ngjit_inline
+def paced_sweep(ri, ru, th, ou, oh, ocause, ctl, m, target, n_out):
+    """oop: advance the paced bound sweep to slot `target`, flushing entries of a pane
+    <= cur - m (due at the next pane's start) on the way."""
+    c = ctl[C_PACE]
+    due = ctl[C_CUR] - m
+    while c < target:
+        tp = ri[c, 0]
+        if tp != EMPTY and tp <= due:
+            n_out = emit_row(ri, ru, th, ou, oh, ocause, ctl, c, n_out, CAUSE_BOUND)
+        c += 1
+    ctl[C_PACE] = c
     return n_out

@@ -7,8 +7,10 @@ consecutive slots (the deployed Gigascope checks the next entry): a match is upd
 free probe slot is taken, else a resident entry is evicted as a partial row and the packet's
 group takes its slot (which one, and what must go first, is the flush policy: `flush.py`).
 Nothing is allocated per packet or per group; output rows go to a preallocated buffer that
-the Python wrapper drains. The kernel stops early (returning where) when the buffer might not
-hold the rows one more packet can produce (at most `slots`), so it never overflows.
+the Python wrapper drains. Every kernel writes from a given row (the rows the wrapper still
+holds there) and returns the new fill, so rows can accumulate over many calls. The append
+kernel stops early (returning where) when the buffer might not hold the rows one more packet
+can produce (at most `slots`), so it never overflows.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from numba.extending import intrinsic
 
 from .aggregates import update_slot
 from .flush import (
-    C_BOUND, C_CUR, C_RESIDENT, C_STALE, C_TICK, C_WALKING, CAUSE_BOUND, CAUSE_EVICT,
-    CAUSE_FINISH, EMPTY,
-    P_EVERY, P_MASK, P_M, P_OFFSET, P_PANE, P_POLICY, P_PROBES, P_SHIFT, POLICY_IOP_SLOW, POLICY_OOP_LAZY,
+    C_BOUND, C_CUR, C_LATE, C_PACE, C_RESIDENT, C_STALE, C_TICK, C_WALKING, CAUSE_BOUND,
+    CAUSE_EVICT, CAUSE_FINISH, EMPTY,
+    P_EVERY, P_LATE, P_MASK, P_M, P_OFFSET, P_PANE, P_POLICY, P_PROBES, P_SHIFT, POLICY_IOP_SLOW,
+    POLICY_OOP_LAZY,
     C_ANCIENT, C_RING, PANE_RING, count_pane, emit_row, flush_below, forced_full_flush, new_window,
-    slow_flush_step,
+    pace_threshold, paced_sweep, slow_flush_step,
 )
 from .jit import ngjit, ngjit_inline
 
@@ -80,17 +83,20 @@ def prefetch_row(typingctx, arr, row):
 
 
 @ngjit
-def append(table, out, ctl, params, ops, ident, start, panes, ts, keys, ai, au, af, ad, valid,
-           homes):
-    """Fold packets [start, n) into the table (the `append` step); returns (next packet, rows).
+def append(table, out, ctl, params, ops, ident, start, n_out, panes, ts, keys, ai, au, af, ad,
+           valid, homes):
+    """Fold packets [start, n) into the table (the `append` step); returns (next packet, fill).
 
     `panes` and `homes` are scratch [n] the call with start == 0 fills (pane of each packet
     from `ts` and params P_PANE/P_OFFSET, and its home slot); calls resuming at start > 0
     reuse them.
 
-    `valid[i]` false skips packet i (WHERE, protocol, late). Rows written to `out` start at
-    row 0; when fewer than `slots + 2` free output rows remain the kernel returns early with the
-    index of the first unprocessed packet so that the caller can drain `out` and call again.
+    `valid[i]` false skips packet i (WHERE, protocol); a packet with time < params[P_LATE]
+    (the input punctuation) is late: skipped and counted in ctl[C_LATE]. Rows are written to
+    `out` from row `n_out` on (rows before it are still held by the caller); the returned fill
+    is the row after the last one written. When fewer than `slots + 2` free output rows remain
+    the kernel returns early with the index of the first unprocessed packet so that the caller
+    can drain `out` and call again.
     """
     ri, ru, rf, th = table
     oi, ou, of, oh, ocause = out
@@ -99,17 +105,20 @@ def append(table, out, ctl, params, ops, ident, start, panes, ts, keys, ai, au, 
     every = params[P_EVERY]
     mask = params[P_MASK]
     shift = params[P_SHIFT]
+    late_before = params[P_LATE]
     size = ri.shape[0]
     width = ru.shape[1]
     nh = th.shape[1]
     cap = out[0].shape[0]
     nk = keys.shape[1]
-    n_out = 0
     n = panes.shape[0]
+    pane_ns = params[P_PANE]
+    offset = params[P_OFFSET]
+    m = params[P_M]
+    pace = size / pane_ns       # paced bound sweep: slots per ns of the current pane
+    pace_at = pace_threshold(ctl, size, pane_ns, offset, pace)
     if start == 0:
         # panes computed here rather than by numpy in the wrapper: one pass, no temporaries
-        pane_ns = params[P_PANE]
-        offset = params[P_OFFSET]
         for i in range(n):
             q = (ts[i] + offset) // pane_ns
             panes[i] = q
@@ -124,15 +133,23 @@ def append(table, out, ctl, params, ops, ident, start, panes, ts, keys, ai, au, 
             return i, n_out
         if not valid[i]:
             continue
+        if ts[i] < late_before:
+            ctl[C_LATE] += 1
+            continue
         p = panes[i]
         if p > ctl[C_CUR]:
             n_out = new_window(table, out, ctl, params, p, n_out)
+            pace_at = pace_threshold(ctl, size, pane_ns, offset, pace)
         if policy != POLICY_OOP_LAZY and ctl[C_WALKING] != 0:
             tick = ctl[C_TICK] + 1
             if tick >= every:
                 tick = 0
                 n_out = slow_flush_step(ri, ru, th, ou, oh, ocause, ctl, n_out)
             ctl[C_TICK] = tick
+        if ts[i] >= pace_at:
+            target = min(size, np.int64((ts[i] + offset - ctl[C_CUR] * pane_ns) * pace) + 1)
+            n_out = paced_sweep(ri, ru, th, ou, oh, ocause, ctl, m, target, n_out)
+            pace_at = pace_threshold(ctl, size, pane_ns, offset, pace)
         home = homes[i]
         match = -1
         free = -1
@@ -195,10 +212,10 @@ def append(table, out, ctl, params, ops, ident, start, panes, ts, keys, ai, au, 
 
 
 @ngjit
-def advance(table, out, ctl, params, pane):
+def advance(table, out, ctl, params, pane, n_out):
     """Input punctuation reached pane `pane` (every earlier pane is closed): start it as a new
-    window if it is ahead of the data, and for oop apply the m bound. Returns rows written."""
-    n_out = 0
+    window if it is ahead of the data, and for oop apply the m bound. Rows go to `out` from
+    row `n_out` on (at most one per slot); returns the new fill."""
     if pane > ctl[C_CUR]:
         n_out = new_window(table, out, ctl, params, pane, n_out)
     if params[P_POLICY] != POLICY_IOP_SLOW and ctl[C_CUR] != EMPTY:
@@ -230,9 +247,9 @@ def min_resident(table, ctl):
 
 
 @ngjit
-def finish(table, out, ctl):
-    """End of input: flush everything, older panes first (keeps iop output in window order)."""
-    n_out = 0
+def finish(table, out, ctl, n_out):
+    """End of input: flush everything, older panes first (keeps iop output in window order).
+    Rows go to `out` from row `n_out` on (at most one per slot); returns the new fill."""
     while ctl[C_RESIDENT] > 0:
         low = min_resident(table, ctl)
         n_out = flush_below(table, out, ctl, low + 1, n_out, CAUSE_FINISH)

@@ -64,6 +64,17 @@ def put_key_column(out, j, col, mask):
         out[i, j] = np.uint64(col[i]) & mask
 
 
+@ngjit
+def count_in_protocol(layers, mask):
+    """How many rows have one of the `mask` layer bits (the common all-in case needs no mask
+    array)."""
+    n = 0
+    for i in range(layers.shape[0]):
+        if layers[i] & mask:
+            n += 1
+    return n
+
+
 def _default_evaluate():
     from queries.vectorized import evaluate  # written beside this package; imported late
 
@@ -89,7 +100,9 @@ class LowLevelOperator:
         # held, and `punctuate`/`finish` hand out what is held before their own rows; one
         # Arrow conversion per `hold_rows` rows instead of one per packet batch (a fixed
         # ~50 us per call, which dominates small batches off a packet ring). Every row still
-        # comes out before the punctuation that covers it. 0: rows come out at once.
+        # comes out before the punctuation that covers it. 0: rows come out at once. A plain
+        # aggregate plan holds its rows in the engine's output buffer (`engine.py`), the
+        # others in `_held`.
         self.hold_rows = int(hold_rows)
         self._held: list[Partials] = []
         self._held_n = 0
@@ -137,10 +150,16 @@ class LowLevelOperator:
                 self.engine = HashAggregator(
                     self.layout, self.schema.nkeys, plan.slots, pane_ns=w.pane_ns,
                     offset_ns=w.offset_ns, flush=plan.flush, slow_flush=plan.slow_flush,
-                    max_disorder=plan.max_disorder, probes=probes)
+                    max_disorder=plan.max_disorder, probes=probes,
+                    hold_rows=self.hold_rows if plan.late != "correct" else 0)
             except ValueError as exc:
                 raise LowLevelError(f"{where}: {exc}") from None
+        self._engine_holds = self.engine is not None and self._flow is None \
+            and self.engine.hold_rows > 0
         self._direct = self._direct_keys()
+        # per-batch arrays reused across batches, grown to the largest one (`_grow`)
+        self._key_words = sum(key_width(s.type) for s in self._keys[:self._hashed])
+        self._cap = 0
         # SEMANTICS.md 8: the late partition (built on the first late packet)
         self._correct = plan.late == "correct" and self.engine is not None
         if self._correct and self._flow is not None:
@@ -219,10 +238,21 @@ class LowLevelOperator:
                 return None
         return out
 
+    def _grow(self, n: int) -> None:
+        """Make the reused key matrix, argument banks and all-true mask hold n packets (the
+        callers slice them to the batch and overwrite keys and arguments whole)."""
+        if n > self._cap:
+            self._cap = n
+            self._keybuf = np.empty((n, self._key_words), np.uint64)
+            self._argbuf = self.layout.empty_args(n)
+            self._ones = np.ones(n, bool)
+
     def _stack_keys(self, batch: PacketBatch) -> np.ndarray:
+        """The uint64 key matrix [n, key words] (a view of a buffer the next batch reuses)."""
         n = len(batch)
         specs = self._keys[:self._hashed]
-        out = np.empty((n, sum(key_width(s.type) for s in specs)), np.uint64)
+        self._grow(n)
+        out = self._keybuf[:n]
         if self._direct is not None:
             j = 0
             for parts in self._direct:
@@ -239,7 +269,12 @@ class LowLevelOperator:
         return out
 
     def _args(self, batch: PacketBatch):
-        banks = self.layout.empty_args(len(batch))
+        """The argument banks (views of buffers the next batch reuses; every column of them is
+        a sub-aggregate's argument, written whole here)."""
+        n = len(batch)
+        self._grow(n)
+        i, u, f, d = self._argbuf
+        banks = (i[:n], u[:n], f[:n], d[:n])
         for s in self.plan.subaggs:
             if s.name not in self.layout.arg_columns:
                 continue
@@ -266,9 +301,10 @@ class LowLevelOperator:
         if self._flow is not None:
             self.engine.observe(int(batch["timestamp"].max()))
         if self._mask:
-            inproto = (batch["layers"] & self._mask) != 0
-            nproto = int(np.count_nonzero(inproto))
+            layers = batch["layers"]
+            nproto = count_in_protocol(layers, self._mask)
             if nproto < n:
+                inproto = (layers & self._mask) != 0
                 bad = ~inproto & ~np.isin(batch["reason"], _BENIGN)
                 c["malformed"] += int(np.count_nonzero(bad))
                 batch = batch.take(inproto)
@@ -279,10 +315,14 @@ class LowLevelOperator:
             return []
         if self.plan.predicate is not None:
             valid = np.asarray(self._eval(self.plan.predicate, batch), dtype=bool)
-            valid = np.broadcast_to(valid, (nproto,))
+            if valid.shape != (nproto,):
+                valid = np.broadcast_to(valid, (nproto,))
+            valid = np.ascontiguousarray(valid)
+            c["packets_where"] += int(np.count_nonzero(valid))
         else:
-            valid = np.ones(nproto, bool)
-        c["packets_where"] += int(np.count_nonzero(valid))
+            self._grow(nproto)
+            valid = self._ones[:nproto]     # never written: the kernels only read it
+            c["packets_where"] += nproto
         if self.engine is None:
             return self._select(batch, valid)
         if self._flow is not None:
@@ -295,8 +335,13 @@ class LowLevelOperator:
         elif self._correct:
             return self._append_correcting(batch, valid)
         else:
-            chunks = self.engine.append(batch["timestamp"], self._stack_keys(batch),
-                                        self._args(batch), valid)
+            chunks = self.engine.append_prepared(
+                np.ascontiguousarray(batch["timestamp"], dtype=np.int64),
+                self._stack_keys(batch), self._args(batch), valid)
+            if not chunks:
+                return []
+            if self._engine_holds:
+                return self._to_arrow(chunks)   # held there: what comes is due now
         return self._to_arrow(chunks, hold=True)
 
     # --- late 'correct': the late partition -----------------------------------------------------

@@ -22,17 +22,20 @@ largest / SPAN, 1.25 x the largest] geometrically (each probe at the geometric m
 bounds, so the rate is known to a constant ratio, ~8% with 6 steps, whatever its size), the
 same range for every policy; a failing rate is retried (`attempts`). A probe runs for `probe_windows` windows of data
 (clamped to [probe_min_s, probe_max_s] seconds) and passes when the ring dropped nothing. The
-result per configuration is the highest passing rate, with the consumer's CPU use (process
-time / wall time, idle polls sleep) during that probe.
+result per configuration is the highest passing rate, with the consumer's CPU use (busy time,
+the CPU time of polls that brought rows, over wall time; the consumer polls without sleeping,
+with the cyclic garbage collector off, see `consume` and `no_collector`) during that probe.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import multiprocessing as mp
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -234,14 +237,20 @@ class Producer:
 
 # --- the consumer -----------------------------------------------------------------------------
 
-def consume(ring, op, *, take_rows: int, idle_sleep: float = 50e-6, delay_per_batch: float = 0.0) -> dict:
+def consume(ring, op, *, take_rows: int, spin: bool = True, idle_sleep: float = 50e-6,
+            delay_per_batch: float = 0.0) -> dict:
     """Drain `ring` into the operator until the producer is done; counts and CPU use.
 
+    `spin`: poll the ring without sleeping (a poll-mode consumer alone on its core, as a
+    packet-processing core runs: a sleeping consumer waits for the scheduler on every
+    wake-up); else sleep `idle_sleep` after an empty poll. CPU use is the consumer's busy
+    time, the thread CPU time of polls that brought rows or punctuation, over wall time (so
+    spinning on an empty ring is idle, as the thesis' CPU figures count it).
     `delay_per_batch` makes a deliberately slow consumer (tests of the drop accounting)."""
     rows_out = packets = 0
-    surge = 0.0
+    surge = busy = 0.0
     thread_time = time.thread_time
-    cpu0, t0 = time.process_time(), time.perf_counter()
+    t0 = time.perf_counter()
     while True:
         c0 = thread_time()
         batch, p = ring.take(take_rows)
@@ -252,15 +261,34 @@ def consume(ring, op, *, take_rows: int, idle_sleep: float = 50e-6, delay_per_ba
                 time.sleep(delay_per_batch)
         if p is not None:
             rows_out += sum(b.num_rows for b in op.punctuate(p)[0])
-        surge = max(surge, thread_time() - c0)
         if batch is None and p is None:
             if ring.done:
                 break
-            time.sleep(idle_sleep)        # a real consumer would block: idle is not CPU use
+            if not spin:
+                time.sleep(idle_sleep)
+            continue
+        took = thread_time() - c0
+        busy += took
+        surge = max(surge, took)
     ring.release()
-    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    return {"packets": packets, "rows_out": rows_out, "wall_s": wall, "cpu_s": cpu,
-            "cpu_use": cpu / wall if wall else 0.0, "surge_cpu_s": surge}
+    wall = time.perf_counter() - t0
+    return {"packets": packets, "rows_out": rows_out, "wall_s": wall, "busy_s": busy,
+            "cpu_use": busy / wall if wall else 0.0, "surge_cpu_s": surge}
+
+
+@contextmanager
+def no_collector():
+    """The cyclic garbage collector off (and what exists frozen out of its reach) while a
+    probe runs: a full collection walks every object of the interpreter (numba, pyarrow:
+    ~60K of them), a stall of up to ~100 ms that fills the ring, while the operator's loop
+    creates no reference cycles."""
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def run_probe(producer: Producer, plan, cfg: ThroughputConfig, rate: float, seconds: float) -> dict:
@@ -271,8 +299,9 @@ def run_probe(producer: Producer, plan, cfg: ThroughputConfig, rate: float, seco
     op = LowLevelOperator(plan, hold_rows=HOLD_ROWS)      # as `oopscope run` has it
     ring = PacketRing.create(cfg.ring_rows, link="main", shared=True)
     try:
-        producer.start_probe(ring.name, rate, seconds)
-        got = consume(ring, op, take_rows=cfg.take_rows)
+        with no_collector():
+            producer.start_probe(ring.name, rate, seconds)
+            got = consume(ring, op, take_rows=cfg.take_rows)
         offer = producer.result()
         st = ring.stats()
     finally:
@@ -402,7 +431,8 @@ def run_throughput(cfg: ThroughputConfig) -> list[dict]:
             for factor in cfg.factors:
                 for policy in cfg.policies:
                     plan = q81_plan(table_slots(groups, factor), policy)
-                    runs = [offline_capacity(columns, plan, cfg) for _ in range(2)]
+                    with no_collector():
+                        runs = [offline_capacity(columns, plan, cfg) for _ in range(2)]
                     caps[factor, policy] = {
                         "wall_rate": max(r["wall_rate"] for r in runs),
                         "cpu_rate": max(r["cpu_rate"] for r in runs),

@@ -155,6 +155,39 @@ def test_copy_take_releases_at_once_and_views_wait():
     assert s.offered == s.processed + s.dropped + s.occupancy == 20 and s.dropped == 4
 
 
+def test_taken_columns_are_views_sliced_on_first_read():
+    """A take's columns (`RingColumns`): every column holds the pushed rows, and the mapping
+    behaves as the dict of a PacketBatch does."""
+    from capture.schema import COLUMNS
+
+    src = ids_batch(0, 12)
+    rng = np.random.default_rng(1)
+    for c in COLUMNS:
+        src.columns[c.name][:] = rng.integers(0, 200, 12).astype(c.dtype)
+    ring = PacketRing.create(16)
+    ring.push(ids_batch(0, 6))
+    ring.take(6)
+    ring.push(src, 0, 10)                        # at ring position 6: the take cannot wrap
+    batch, _ = ring.take(16)
+    cols = batch.columns
+    assert len(batch) == 10 and list(cols) == [c.name for c in COLUMNS] == list(cols.keys())
+    assert "srcIP_lo" in cols and "nope" not in cols and cols.get("nope") is None
+    with pytest.raises(KeyError):
+        cols["nope"]
+    for c in COLUMNS:
+        assert cols[c.name].dtype == c.dtype
+        assert np.array_equal(cols[c.name], src.columns[c.name][:10]), c.name
+    assert cols["ttl"] is cols.get("ttl")       # sliced once
+    plain = dict(cols)
+    assert plain.keys() == {c.name for c in COLUMNS}
+    kept = batch.copy()
+    picked = batch.take(np.arange(10) % 2 == 0)
+    ring.release()
+    assert ring.push(ids_batch(500, 16)) == 16   # overwrites the rows the views show
+    assert np.array_equal(kept["ttl"], src.columns["ttl"][:10])
+    assert np.array_equal(picked["len"], src.columns["len"][:10:2])
+
+
 def _wait_offered(ring, rows, deadline=60.0):
     """Let the producer run ahead: once it has offered more than the capacity, drops are certain."""
     t0 = time.monotonic()

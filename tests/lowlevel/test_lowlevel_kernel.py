@@ -262,3 +262,39 @@ def test_logic_passes_without_jit():
                          text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "NOJIT-OK 1" in res.stdout
+
+
+@pytest.mark.parametrize("policy", ["oop_lazy", "oop_slow"])
+def test_oop_bound_sweep_is_paced_through_the_pane(policy):
+    """m = 1, in-order packets, 40 groups per pane in a 4096-slot table (no collisions): the
+    entries of pane 0 become due when pane 2 starts, and the paced sweep has them out while
+    pane 1 runs, in step with the packets' time, so pane 2's start finds none left."""
+    slots, pane, groups = 4096, 1000, 40
+    layout = StateLayout([AggSpec("cnt", "count")])
+    agg = HashAggregator(layout, 1, slots, pane_ns=pane, flush=policy, slow_flush=10**6,
+                         max_disorder=1)
+    rng = np.random.default_rng(7)
+
+    def fold(q, lo, hi, n=groups):
+        ts = np.sort(rng.integers(q * pane + lo, q * pane + hi, n)).astype(np.int64)
+        keys = rng.permutation(np.arange(1, n + 1, dtype=np.uint64))[:, None]
+        return Partials.concat(agg.append(ts, keys, layout.empty_args(n)), layout, 1)
+
+    first = fold(0, 0, pane)
+    assert len(first) == 0
+    # half-way through pane 1 about half of the table has been swept: some but not all of
+    # pane 0's entries are out, and nothing younger
+    half = fold(1, 0, pane // 2)
+    out0 = len(half)
+    assert 0 < out0 < groups and set(half.window.tolist()) == {0}
+    # the last packet is at the pane's end: the sweep has passed every slot
+    rest = Partials.concat([fold(1, pane // 2, pane), fold(1, pane - 1, pane, 1)], layout, 1)
+    assert set(rest.window.tolist()) == {0} and len(rest) == groups - out0
+    assert agg.counters["rows_bound"] == groups
+    # pane 2 starts: nothing left for the boundary
+    start = fold(2, 0, 1, 1)
+    assert len(start) == 0 and agg.counters["rows_out"] == groups
+    # nothing lost or duplicated
+    final, _ = agg.finish()
+    every = Partials.concat([half, rest] + final, layout, 1)
+    assert int(every.banks[0][:, 0].sum()) == 3 * groups + 2

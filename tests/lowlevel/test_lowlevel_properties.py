@@ -94,6 +94,7 @@ params = st.fixed_dictionaries({
     "m": st.integers(0, 3),
     "probes": st.integers(1, 3),
     "pane": st.sampled_from([10, 10, 1]),     # 1: up to 120 panes, beyond the pane ring (64)
+    "hold_rows": st.sampled_from([0, 0, 1, 25]),  # rows kept in the engine across appends
 })
 
 
@@ -108,7 +109,7 @@ def test_any_table_any_policy_equals_reference(prm):
     slots = max(2, int(prm["slots_factor"] * groups))  # from 2 slots to twice the groups
     agg = HashAggregator(ALL_AGGS, prm["nkeys"], slots, pane_ns=pane, flush=prm["policy"],
                          slow_flush=prm["slow_flush"], max_disorder=prm["m"],
-                         probes=prm["probes"])
+                         probes=prm["probes"], hold_rows=prm["hold_rows"])
     check_run(ALL_AGGS, stream, agg, pane, prm["m"], prm["policy"], prm["order"])
 
 
