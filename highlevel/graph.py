@@ -129,8 +129,28 @@ class StageGraph:
     def _ck(self, name: str) -> Path:
         return self.checkpoint / name
 
-    def _feed(self, upstream: str, reader: str, link: str, prefix: str = "") -> None:
-        self.sinks[upstream].append(SpoolSink(self.spool, reader, link, prefix))
+    def _feed(self, upstream: str, reader: str, link: str, prefix: str = "",
+              side: int | None = None) -> None:
+        self.sinks[upstream].append(SpoolSink(self.spool, reader, link, prefix, side))
+
+    def _join_side(self, upstream: str, window) -> int | None:
+        """When `upstream` is a join and the reader's window (its pane expression over the
+        join's output columns) depends on one side's columns only: that side (0 left, 1
+        right), whose individual punctuation the reader may close its windows on."""
+        from queries import expressions as E
+
+        up = self.plan.query(upstream).high
+        if up.kind != "join" or window is None or window.expr is None:
+            return None
+        exprs = {o.name: o.expr for o in up.outputs}
+        used = {f.name for f in window.expr.find_all(E.Field)}
+        if not used or not used <= exprs.keys():
+            return None
+        tables = {f.table for n in used for f in exprs[n].find_all(E.Field)}
+        aliases = (up.join.left.alias, up.join.right.alias)
+        if len(tables) != 1 or next(iter(tables)) not in aliases:
+            return None
+        return aliases.index(next(iter(tables)))
 
     def _kw(self):
         return dict(spark=self.spark, trigger=self.trigger)
@@ -185,7 +205,7 @@ class StageGraph:
             (up,) = h.inputs
             (rp,) = h.row_plans
             cols = output_columns_of(self.plan.query(up))
-            self._feed(up, name, up)
+            self._feed(up, name, up, side=self._join_side(up, h.window))
             spec = from_high_level(replace(h, input_kind="links"))
             return lambda: kind(spec, self.spool, self._ck(name), self.sinks[name],
                                  input_schema=raw_schema(cols),

@@ -17,7 +17,10 @@ that unions the side's links). Per micro-batch:
 4. the output punctuation (ns) is the earliest time a future result can carry:
    min(b_L, b_R) for a tumbling join, min(b_L, b_R - RANGE_L) / min(b_R, b_L - RANGE_R) on
    the two timestamps for a band join (the individual punctuation of section 7), mapped back
-   to ns.
+   to ns. Both are emitted: a reader whose windows are on one side's time (an aggregate
+   grouping by a column of the left side's time, say; `SpoolSink.side`, set by the stage
+   graph) gets that side's, every other reader the smaller of the two
+   (`state.extra["side_punct"]`, `sink_punctuation`).
 Band joins: `l` joins `r` iff `l.wa - RANGE_R <= r.wa < l.wa + RANGE_L` (JoinPlan's convention).
 
 Joint punctuation (SEMANTICS.md 7, thesis 7.2, Fig 7-3/7-4): the pair (b_L, b_R) promises that
@@ -309,11 +312,29 @@ class JoinStage(RowStage):
         if any(x is None for x in p):
             return None
         self._joint(state, p)
+        sides = self.side_bounds(p)
+        last = state.extra.get("side_punct")
+        if last is not None:      # monotone on each timestamp
+            sides = [max(a, b) for a, b in zip(sides, last)]
+        state.extra["side_punct"] = sides
+        return min(sides)
+
+    def side_bounds(self, p) -> list[int]:
+        """The individual punctuation of the side bounds p (ns), one per timestamp, as ns:
+        no later result has a left time (l.wa) before the first, or a right time before the
+        second (tumbling: both min(b_L, b_R); band: SEMANTICS.md 7)."""
         if all(x == INT64_MAX for x in p):
-            return INT64_MAX
+            return [INT64_MAX, INT64_MAX]
         b = [form_value(f, x) for f, x in zip(self.forms, p)]
-        if not self.band:
-            return min(_inverse(self.forms[0], min(b)), _inverse(self.forms[1], min(b)))
-        rl, rr = self.sides[0].range, self.sides[1].range
-        return min(_inverse(self.forms[0], min(b[0], b[1] - rl)),
-                   _inverse(self.forms[1], min(b[1], b[0] - rr)))
+        rl, rr = (self.sides[0].range, self.sides[1].range) if self.band else (0, 0)
+        ind = individual_punctuation(b[0], b[1], self.band, rl, rr)
+        return [_inverse(f, v) for f, v in zip(self.forms, ind)]
+
+    def sink_punctuation(self, sink, state) -> int | None:
+        """A reader whose windows are on one side's time (`SpoolSink.side`) gets that
+        side's individual punctuation; any other sink the stage's (the smaller of the two)."""
+        side = getattr(sink, "side", None)
+        sides = state.extra.get("side_punct")
+        if side is None or sides is None:
+            return state.punctuation
+        return int(sides[side])

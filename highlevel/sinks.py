@@ -33,8 +33,8 @@ class Sink:
     the rows in the raw layout of `highlevel.rows` (`window` = row time in ns, ip as two int64
     halves) instead of the display schema; `end_batch(batch_id, punctuation)` is called once at
     the end of every processed micro-batch, before the stage commits it, with the stage's
-    output punctuation (ns; None before the first), so a sink feeding another stage can
-    forward it.
+    output punctuation (ns; None before the first; a join gives a sink with `side` set that
+    side's individual punctuation), so a sink feeding another stage can forward it.
     """
 
     raw = False
@@ -57,16 +57,19 @@ class SpoolSink(Sink):
 
     The file's sequence number is the micro-batch id, so a batch replayed after a crash finds
     its file and writes nothing twice, and the reader applies the punctuation in batch order.
-    `prefix` is put before every data column (join sides share one spool directory).
+    `prefix` is put before every data column (join sides share one spool directory). `side`
+    (0 left, 1 right; feeding from a join only): the reader's windows are on that side's
+    time, so the join gives it that side's individual punctuation.
     """
 
     raw = True
 
-    def __init__(self, root, reader: str, link: str, prefix: str = ""):
+    def __init__(self, root, reader: str, link: str, prefix: str = "", side: int | None = None):
         from highlevel.spool import SpoolWriter
 
         self.writer = SpoolWriter(root, reader, link, fsync=False)
         self.prefix = prefix
+        self.side = side
         self.pending: dict[int, pa.Table] = {}
         self.files = 0
 

@@ -160,10 +160,17 @@ class Stage:
         for sink in self.sinks:
             # before the commit: a crash in between replays the batch, and the sinks are
             # idempotent per batch id
-            getattr(sink, "end_batch", lambda b, p: None)(state.batch, state.punctuation)
+            end = getattr(sink, "end_batch", None)
+            if end is not None:
+                end(state.batch, self.sink_punctuation(sink, state))
         os.rename(tmp, final)   # the commit point of the batch
         self.state = state
         self._collect_garbage()
+
+    def sink_punctuation(self, sink, state: StageState) -> int | None:
+        """The punctuation a sink gets with a batch: the stage's (a join gives a reader on one
+        side's time that side's)."""
+        return state.punctuation
 
     def _collect_garbage(self) -> None:
         versions = sorted(p for p in self.state_root.iterdir() if p.name.isdigit())

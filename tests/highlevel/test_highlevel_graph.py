@@ -15,7 +15,7 @@ import pytest
 
 from highlevel.errors import StageConfigError
 from highlevel.graph import StageGraph, output_columns_of
-from highlevel.sinks import Sink
+from highlevel.sinks import Sink, SpoolSink
 from highlevel.testing import ListSink, canonical_rows, feed_spool
 from queries.library import __file__ as library_init
 from queries.planner import plan_text
@@ -82,6 +82,73 @@ def test_two_skewed_links_joins_and_merge_equal_the_reference(spark, tmp_path):
     assert graph.stage("merged").state.extra["buffered_rows"] == 0
     # several micro-batches ran, so OA-Join state carried rows between batches
     assert graph.stage("flows").state.batch >= 1
+    # band_back groups by the band join's right-side time: its spool gets the right side's
+    # individual punctuation, min(b_y, b_x - 2 s), where the other readers would get the
+    # smaller min(b_x, b_y - 3 s); its rows equal the reference and none came late (_run)
+    band = graph.stage("band")
+    (feed,) = [s for s in band.sinks if isinstance(s, SpoolSink)]
+    assert feed.writer.query == "band_back" and feed.side == 1
+    assert band.side_bounds([100 * SECOND, 100 * SECOND]) == [97 * SECOND, 98 * SECOND]
+    assert band.sink_punctuation(feed, band.state) == band.state.extra["side_punct"][1]
+
+
+class SideRecorder(Sink):
+    """A raw sink of a join on one side's time: its rows and the punctuation it is given."""
+
+    raw = True
+
+    def __init__(self, side: int):
+        self.side, self.tables, self.puncts = side, {}, {}
+
+    def write(self, batch_id: int, table) -> bool:
+        self.tables[batch_id] = table
+        return True
+
+    def end_batch(self, batch_id: int, punctuation) -> None:
+        self.puncts[batch_id] = punctuation
+
+
+def test_band_join_punctuation_per_side_is_never_violated(spark, tmp_path):
+    """Every row the band join emits after giving a side's individual punctuation P has that
+    side's time >= P (checked per micro-batch, 1 file per batch). The left side's files all
+    come first, so its bound leads and the right side's punctuation is ahead of the left's
+    (b_y against b_y - RANGE_x): the gain a reader on the right side's time has."""
+    text = (HERE / "flow_join.gsql").read_text()
+    batches = {"main": random_batch(1500, seed=8, span_s=200, hosts=2),
+               "other": random_batch(1500, seed=9, link="other", span_s=200, hosts=2,
+                                     start_ns=1_700_000_020 * SECOND)}
+    fp = plan_text(text, list(batches))
+    recorders = [SideRecorder(0), SideRecorder(1)]
+    sinks = {q: [ListSink()] for q in fp.names}
+    sinks["band"] += recorders
+    graph = StageGraph(fp, ["band"], tmp_path / "spool", tmp_path / "ck", sinks=sinks,
+                       spark=spark)
+    feed_spool(graph.low_plans(), batches, tmp_path / "spool", pieces=12, disorder_ns=SECOND,
+               seed=4)
+    for _, stage in graph.stages:
+        stage.max_files_per_trigger = 1
+    graph.run_available()
+    band = graph.stage("band")
+    assert band.state.batch >= 10
+    ahead = 0
+    for rec, column in zip(recorders, ("time", "ytime")):
+        given = None
+        for b in sorted(rec.tables.keys() | rec.puncts.keys()):
+            t = rec.tables.get(b)
+            if given is not None and t is not None:
+                times = [v for v in t.column(column).to_pylist() if v is not None]
+                assert all(v * SECOND >= given for v in times), (column, b, given)
+            p = rec.puncts.get(b)
+            if p is not None:
+                given = p if given is None else max(given, p)
+        assert given == (1 << 63) - 1
+    for b, p in recorders[1].puncts.items():
+        if p is not None and p < (1 << 63) - 1:
+            assert p >= recorders[0].puncts[b]
+            ahead += p > recorders[0].puncts[b]
+    assert ahead > 0
+    rows = sinks["band"][0].table()
+    assert rows is not None and rows.num_rows > 0
 
 
 def test_unsupported_combinations_name_the_query(spark, tmp_path):
