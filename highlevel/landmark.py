@@ -113,8 +113,9 @@ class LandmarkStage(Stage):
         state.late_rows += late_rows
         kept = sum(int(f["kept"] or 0) for f in files)
         panes = [int(f["max_pane"]) for f in files if f["max_pane"] is not None]
-        max_pane = max(panes + ([state.extra["max_pane"]] if "max_pane" in state.extra else []),
-                       default=None)
+        # None until a batch brings rows (a first batch may hold punctuation only)
+        before = state.extra.get("max_pane")
+        max_pane = max(panes + ([before] if before is not None else []), default=None)
         state.extra["max_pane"] = max_pane
         if punctuation is not None and (prev.punctuation is None or punctuation > prev.punctuation):
             state.punctuation = punctuation

@@ -11,9 +11,12 @@ from the definition) for
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from highlevel.graph import StageGraph
@@ -101,7 +104,9 @@ def check(spark, text: str, links: list[str], seed: int, tmp_path) -> None:
                 for link, b in ordered.items()}
     # every 1 s gives the same rows too (checked while writing this; left out for time)
     for label, every, batches in (("10ms", 10 * MS, 3), ("end", None, 1)):
-        got = run_stage(spark, fp, arrivals, every, tmp_path / f"{seed}-{label}", batches)
+        # a directory per run: hypothesis replays a failing example in the same tmp_path
+        root = Path(tempfile.mkdtemp(dir=tmp_path, prefix=f"{seed}-{label}-"))
+        got = run_stage(spark, fp, arrivals, every, root, batches)
         got = normal(got[want.columns]) if got is not None else want.iloc[:0]
         pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-12,
                                       obj=f"{name}, punctuation {label}")
@@ -114,6 +119,8 @@ _SETTINGS = settings(max_examples=2, deadline=None,
 @_SETTINGS
 @given(st.integers(0, 10_000), st.sampled_from([", SLIDE 700 ms", ", SLIDE 2 sec", ""]),
        st.booleans())
+# its first micro-batch holds punctuation only (no pane yet): a None pane once broke the next
+@example(seed=1, slide=", SLIDE 2 sec", two=False)
 def test_landmark_equals_reference(spark, tmp_path, seed, slide, two):
     links = ["a", "b"] if two else ["main"]
     src = "[a, b].IP" if two else "main.IP"
