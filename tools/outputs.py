@@ -124,14 +124,17 @@ class QueryOutput:
                 self._emit(table)
         return True
 
-    def close(self) -> None:
+    def close(self, complete: bool = True) -> None:
+        """Finish the output. `complete` False (the run failed): an output no row reached
+        writes nothing at all (no header, no empty file); rows already there are kept."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             if self.buffered:
-                self._emit(self.table())
-            elif not self._started:
+                if complete or self.rows:
+                    self._emit(self.table())
+            elif not self._started and complete:
                 self._emit(self.display_schema().empty_table())   # header / empty file
             try:
                 if self._parquet is not None:

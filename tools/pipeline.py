@@ -490,6 +490,7 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
         if _input_bytes(sources) >= overlap.MIN_BYTES:
             overlap.start()
     progress = _progress(config, feeds, sources, outputs)
+    completed = False
     try:
         info: dict = {}
         summary.ended = _drive(config, sources, feeds, stop, info)
@@ -508,6 +509,7 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
             high_started = time.perf_counter()
             graph.run_available()
             summary.highlevel_seconds = time.perf_counter() - high_started
+        completed = True
     finally:
         if overlap is not None and overlap.started:
             for _, stage in graph.stages:     # after an error: no stream left running
@@ -515,7 +517,7 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
         if progress is not None:
             progress.stop()
         for o in outputs.values():
-            o.close()
+            o.close(complete=completed)
         for name, sink in config.extra_sinks:
             sink.close()
     _collect(summary, config, sources, feeds, graph, outputs)

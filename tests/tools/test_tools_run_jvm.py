@@ -51,3 +51,8 @@ def test_a_jvm_that_cannot_start_is_one_clear_error(small_capture, tmp_path):
     assert f"{tmp_path / 'no-java'}/bin/java (JAVA_HOME)" in res.stderr
     # the JVM's own words (the launcher's) are shown too, before ours
     assert "no-java/bin/java" in res.stderr.split("oopscope: error:")[0]
+    # no output was started: no empty result file, nothing on stdout
+    assert not (tmp_path / "q.csv").exists()
+    res = _run(["run", "q8_1", "--link", f"main={small_capture}"],
+               JAVA_HOME=str(tmp_path / "no-java"))
+    assert res.returncode == 1 and res.stdout == ""
