@@ -237,16 +237,14 @@ class Producer:
 
 # --- the consumer -----------------------------------------------------------------------------
 
-def consume(ring, op, *, take_rows: int, spin: bool = True, idle_sleep: float = 50e-6,
-            delay_per_batch: float = 0.0) -> dict:
+def consume(ring, op, *, take_rows: int) -> dict:
     """Drain `ring` into the operator until the producer is done; counts and CPU use.
 
-    `spin`: poll the ring without sleeping (a poll-mode consumer alone on its core, as a
+    The consumer polls the ring without sleeping (a poll-mode consumer alone on its core, as a
     packet-processing core runs: a sleeping consumer waits for the scheduler on every
-    wake-up); else sleep `idle_sleep` after an empty poll. CPU use is the consumer's busy
-    time, the thread CPU time of polls that brought rows or punctuation, over wall time (so
-    spinning on an empty ring is idle, as the thesis' CPU figures count it).
-    `delay_per_batch` makes a deliberately slow consumer (tests of the drop accounting)."""
+    wake-up). CPU use is its busy time, the thread CPU time of polls that brought rows or
+    punctuation, over wall time (so spinning on an empty ring is idle, as the thesis' CPU
+    figures count it)."""
     rows_out = packets = 0
     surge = busy = 0.0
     thread_time = time.thread_time
@@ -257,15 +255,11 @@ def consume(ring, op, *, take_rows: int, spin: bool = True, idle_sleep: float = 
         if batch is not None:
             packets += len(batch)
             rows_out += sum(b.num_rows for b in op.process(batch))
-            if delay_per_batch:
-                time.sleep(delay_per_batch)
         if p is not None:
             rows_out += sum(b.num_rows for b in op.punctuate(p)[0])
         if batch is None and p is None:
             if ring.done:
                 break
-            if not spin:
-                time.sleep(idle_sleep)
             continue
         took = thread_time() - c0
         busy += took
