@@ -130,8 +130,8 @@ class StageGraph:
         return self.checkpoint / name
 
     def _feed(self, upstream: str, reader: str, link: str, prefix: str = "",
-              side: int | None = None) -> None:
-        self.sinks[upstream].append(SpoolSink(self.spool, reader, link, prefix, side))
+              side: int | None = None, joint: bool = False) -> None:
+        self.sinks[upstream].append(SpoolSink(self.spool, reader, link, prefix, side, joint))
 
     def _join_side(self, upstream: str, window) -> int | None:
         """When `upstream` is a join and the reader's window (its pane expression over the
@@ -205,10 +205,18 @@ class StageGraph:
             (up,) = h.inputs
             (rp,) = h.row_plans
             cols = output_columns_of(self.plan.query(up))
-            self._feed(up, name, up, side=self._join_side(up, h.window))
+            side, markers = self._join_side(up, h.window), ()
+            if h.window2 is not None:
+                # both sides' times: the join's individual and joint punctuation
+                from highlevel.joint import JointStage as kind
+                from highlevel.spool import JOINT_MARKERS as markers
+                if side is None:
+                    raise StageConfigError(f"query {name!r}: its first temporal group item "
+                                           f"must read one side's time of join {up!r}")
+            self._feed(up, name, up, side=side, joint=h.window2 is not None)
             spec = from_high_level(replace(h, input_kind="links"))
             return lambda: kind(spec, self.spool, self._ck(name), self.sinks[name],
-                                 input_schema=raw_schema(cols),
+                                 input_schema=raw_schema(cols, markers=markers),
                                  prepare=prepare_function(rp, cols, spec), **self._kw())
         if h.kind == "select":
             if h.input_kind == "links":

@@ -30,6 +30,8 @@ was produced). It is emitted when the pair lies inside the band (tumbling: same 
 downstream aggregate keyed on both timestamps (windows ending at e_L on l.wa and e_R on r.wa)
 may close when `group_closed(e_L, e_R, individual, joint)` holds: a box (joint) closes it as
 soon as both bounds pass, without waiting for the band-wide slab of individual punctuation.
+Such a reader (`highlevel.joint`, an inner join only) gets both individual values and the
+joint pair with every spool file (`SpoolSink.joint`).
 """
 
 from __future__ import annotations
@@ -330,11 +332,21 @@ class JoinStage(RowStage):
         ind = individual_punctuation(b[0], b[1], self.band, rl, rr)
         return [_inverse(f, v) for f, v in zip(self.forms, ind)]
 
-    def sink_punctuation(self, sink, state) -> int | None:
+    def sink_punctuation(self, sink, state):
         """A reader whose windows are on one side's time (`SpoolSink.side`) gets that
-        side's individual punctuation; any other sink the stage's (the smaller of the two)."""
+        side's individual punctuation; any other sink the stage's (the smaller of the two).
+        A reader grouping by both times (`SpoolSink.joint`, highlevel.joint) gets (its
+        first time's individual punctuation, the other's, the joint pair in the same order),
+        or None before the join has punctuation on both sides."""
         side = getattr(sink, "side", None)
         sides = state.extra.get("side_punct")
+        if getattr(sink, "joint", False):
+            if sides is None:
+                return None
+            j = state.extra.get("joint")
+            other = 1 - side
+            return (int(sides[side]), int(sides[other]),
+                    None if j is None else int(j[side]), None if j is None else int(j[other]))
         if side is None or sides is None:
             return state.punctuation
         return int(sides[side])

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from highlevel import rows as R
-from highlevel.spool import LINK, PUNCT, SEQ, register_column
+from highlevel.spool import JOINT_MARKERS, LINK, PUNCT, SEQ, register_column
 from queries.sketch import registers_of
 
 
@@ -48,9 +48,9 @@ def partial_rows_function(plan, input_columns, spec):
 
     def convert(batch: pa.RecordBatch) -> pa.RecordBatch:
         data, markers = R.split_markers(batch)
-        out = [R.batch_table(markers, schema, {LINK: markers.column(LINK),
-                                               SEQ: markers.column(SEQ),
-                                               PUNCT: markers.column(PUNCT)})]
+        out = [R.batch_table(markers, schema, {c: markers.column(c)
+                                               for c in (LINK, SEQ, PUNCT, *JOINT_MARKERS)
+                                               if c in markers.schema.names})]
         n = data.num_rows
         if n:
             values = R.to_values(data, input_columns)

@@ -58,9 +58,11 @@ def meta_fields() -> list[T.StructField]:
             T.StructField(PUNCT, T.LongType()), T.StructField("window", T.LongType())]
 
 
-def raw_schema(columns, prefix: str = "") -> T.StructType:
-    """The spool schema of raw rows: marker columns, `window` (time ns), the columns."""
-    return T.StructType(meta_fields() + raw_fields(columns, prefix))
+def raw_schema(columns, prefix: str = "", markers=()) -> T.StructType:
+    """The spool schema of raw rows: marker columns, `window` (time ns), the columns, and
+    the further marker columns `markers` (int64, e.g. `JOINT_MARKERS`)."""
+    return T.StructType(meta_fields() + raw_fields(columns, prefix)
+                        + [T.StructField(c, T.LongType()) for c in markers])
 
 
 # --- Arrow <-> evaluated values ---------------------------------------------------------------

@@ -59,17 +59,22 @@ class SpoolSink(Sink):
     its file and writes nothing twice, and the reader applies the punctuation in batch order.
     `prefix` is put before every data column (join sides share one spool directory). `side`
     (0 left, 1 right; feeding from a join only): the reader's windows are on that side's
-    time, so the join gives it that side's individual punctuation.
+    time, so the join gives it that side's individual punctuation. `joint`: the reader also
+    groups by the other side's time (highlevel.joint), so the join gives a tuple (that side's
+    individual punctuation, the other's, the joint pair on this side's and the other's time)
+    and the file carries the last three in the `JOINT_MARKERS` columns.
     """
 
     raw = True
 
-    def __init__(self, root, reader: str, link: str, prefix: str = "", side: int | None = None):
+    def __init__(self, root, reader: str, link: str, prefix: str = "", side: int | None = None,
+                 joint: bool = False):
         from highlevel.spool import SpoolWriter
 
         self.writer = SpoolWriter(root, reader, link, fsync=False)
         self.prefix = prefix
         self.side = side
+        self.joint = joint
         self.pending: dict[int, pa.Table] = {}
         self.files = 0
 
@@ -80,14 +85,18 @@ class SpoolSink(Sink):
         self.pending[batch_id] = table.replace_schema_metadata(None)
         return True
 
-    def end_batch(self, batch_id: int, punctuation: int | None) -> None:
-        from highlevel.spool import spool_file_name
+    def end_batch(self, batch_id: int, punctuation) -> None:
+        from highlevel.spool import JOINT_MARKERS, spool_file_name
 
         table = self.pending.pop(batch_id, None)
         if (self.writer.dir / spool_file_name(self.writer.link, batch_id)).exists():
             return   # written before a crash: the same rows (batches are deterministic)
         self.writer.seq = batch_id
-        self.writer.write(table, punctuation)
+        markers = None
+        if self.joint:
+            punctuation, *more = punctuation if punctuation is not None else [None] * 4
+            markers = dict(zip(JOINT_MARKERS, more))
+        self.writer.write(table, punctuation, markers)
         self.files += 1
 
 

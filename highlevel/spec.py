@@ -15,7 +15,7 @@ import pyarrow as pa
 from pyspark.sql import types as T
 
 from highlevel.errors import StageConfigError
-from highlevel.spool import LINK, PUNCT, SEQ, register_column
+from highlevel.spool import JOINT_MARKERS, LINK, PUNCT, SEQ, register_column
 from queries.plan import SUBAGG_KINDS, LowLevelPlan, SubAggregate, WindowPlan
 
 KEY_TYPES = ("ip", "int64", "uint64", "float64", "string", "bool")
@@ -61,6 +61,7 @@ class StageSpec:
     extras: dict = field(default_factory=dict, hash=False, compare=False)
     late: str = "drop"                      # drop | correct (SEMANTICS.md 8, highlevel.stage)
     correction: str | None = None           # late correct: the output marking correction rows
+    window2: WindowPlan | None = None       # a join reader's second temporal key (joint.py)
 
     def __post_init__(self):
         if not self.links:
@@ -121,6 +122,8 @@ class StageSpec:
     def spool_schema(self) -> T.StructType:
         meta = [T.StructField(LINK, T.StringType()), T.StructField(SEQ, T.LongType()),
                 T.StructField(PUNCT, T.LongType())]
+        if self.window2 is not None:
+            meta += [T.StructField(c, T.LongType()) for c in JOINT_MARKERS]
         return T.StructType(meta + self.partial_schema().fields)
 
     def output_arrow_schema(self) -> pa.Schema:
@@ -168,7 +171,8 @@ def from_high_level(plan, low_plans=()) -> StageSpec:
                      finals=tuple((f.name, f.expr) for f in plan.finals),
                      extras={"unique_rows": unique_rows(plan, low_plans)},
                      late=getattr(plan, "late", "drop"),
-                     correction=getattr(plan, "correction", None))
+                     correction=getattr(plan, "correction", None),
+                     window2=getattr(plan, "window2", None))
 
 
 def unique_rows(plan, low_plans) -> bool:

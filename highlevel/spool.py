@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 
 LINK, SEQ, PUNCT = "__link", "__seq", "__punct"
 META_COLUMNS = (LINK, SEQ, PUNCT)
+#: extra marker columns of a spool fed by an inner join to a reader grouping by both sides'
+#: times (highlevel.joint): the individual punctuation on the second time, and the joint
+#: punctuation (a pair, both null until the join has one); PUNCT holds the first time's
+JOINT_MARKERS = ("__punct2", "__joint1", "__joint2")
 _NAME = re.compile(r"^(?P<link>.+)-(?P<seq>\d{12})\.parquet$")
 
 
@@ -110,12 +114,13 @@ class SpoolWriter:
         return max(seqs) + 1 if seqs else 0
 
     def write(self, partials: list[pa.RecordBatch] | pa.RecordBatch | pa.Table | None,
-              punctuation: int | None = None) -> Path:
+              punctuation: int | None = None, markers: dict | None = None) -> Path:
         """Write partial rows and (optionally) the link's new punctuation as one file.
 
         `punctuation` p promises that no later partial row of this link has a window ending at
         or before p. A smaller or equal value than the last one carries no information (kept
-        in the file, ignored by the reader's Meld).
+        in the file, ignored by the reader's Meld). `markers`: further int64 marker columns
+        (name -> value or None, e.g. `JOINT_MARKERS`), null on the data rows.
         """
         table = self._table(partials)
         n = table.num_rows
@@ -123,6 +128,9 @@ class SpoolWriter:
         columns = {LINK: pa.array([self.link] * (n + 1), pa.string()),
                    SEQ: pa.array(np.full(n + 1, self.seq, dtype=np.int64)),
                    PUNCT: pa.array([None] * n + [marker_punct], pa.int64())}
+        for name, value in (markers or {}).items():
+            columns[name] = pa.array([None] * n + [None if value is None else int(value)],
+                                     pa.int64())
         for name in table.column_names:
             for out_name, col in spool_columns(name, table.column(name)):
                 # the marker row: null in every data column

@@ -252,10 +252,12 @@ class Stage:
         is_row = F.col("window").isNotNull()
         late, keep = self._late_columns(is_row, prev.punctuation)
         tick = self._tick = Ticker(self.clock)
-        files = (df.select(LINK, SEQ, PUNCT, "window").groupBy(LINK, SEQ)
+        more = self.marker_columns
+        files = (df.select(LINK, SEQ, PUNCT, "window", *more, *self.late_reads)
+                 .groupBy(LINK, SEQ)
                  .agg(F.max(PUNCT).alias("p"), F.sum(is_row.cast("long")).alias("rows"),
                       F.sum(late.cast("long")).alias("late"),
-                      F.sum(keep.cast("long")).alias("kept"))
+                      F.sum(keep.cast("long")).alias("kept"), *[F.max(c).alias(c) for c in more])
                  .collect())
         tick("markers")
         state = prev.for_batch(batch_id)
@@ -272,8 +274,7 @@ class Stage:
                 corrections = self._corrections(df.where(late).select(*columns),
                                                 prev.punctuation)
         state.late_rows += late_rows
-        advanced = punctuation is not None and (prev.punctuation is None
-                                                or punctuation > prev.punctuation)
+        advanced = self._advanced(prev, state, punctuation)
         if not kept and not advanced:
             self._write_corrections(state, batch_id, corrections)
             self._commit(state)
@@ -308,7 +309,7 @@ class Stage:
                 if corrections is not None:
                     state.corrected_rows += corrections.num_rows
                 state.punctuation = punctuation
-                combined_open = combined.where(win.retained_col(F.col("window"), punctuation))
+                combined_open = combined.where(self._retained(punctuation))
             else:
                 self._write_corrections(state, batch_id, corrections)
                 combined_open = combined
@@ -325,6 +326,26 @@ class Stage:
         finally:
             if cached:
                 combined.unpersist()
+
+    #: marker columns besides the punctuation that the markers job reads, and further
+    #: columns its late condition reads (highlevel.joint)
+    marker_columns: tuple[str, ...] = ()
+    late_reads: tuple[str, ...] = ()
+
+    def _advanced(self, prev: StageState, state: StageState, punctuation) -> bool:
+        """Whether this batch's punctuation closes more than the last one did."""
+        return punctuation is not None and (prev.punctuation is None
+                                            or punctuation > prev.punctuation)
+
+    def _retained(self, punctuation: int) -> Column:
+        """The rows (panes) that stay open after closing through `punctuation`."""
+        return self.window.retained_col(F.col("window"), punctuation)
+
+    def _closing(self, before: int | None, upto: int) -> Column:
+        """The tumbling windows that close now: end in (before, upto]."""
+        end = self.window.pane_end_col(F.col("window"))
+        closed = end <= F.lit(upto)
+        return closed if before is None else closed & (end > F.lit(before))
 
     def _meld(self, state: StageState, files) -> int | None:
         """Apply each link's punctuation in file order; the combined punctuation after it."""
@@ -392,10 +413,7 @@ class Stage:
         correction rows, in the same sink write); rows written."""
         spec, win = self.spec, self.window
         if win.tumbling:
-            end = win.pane_end_col(F.col("window"))
-            closed = combined.where(end <= F.lit(upto))
-            if before is not None:
-                closed = closed.where(end > F.lit(before))
+            closed = combined.where(self._closing(before, upto))
         else:
             exploded = combined.withColumn("window", F.explode(win.windows_col(F.col("window"))))
             end = win.window_end_col(F.col("window"))

@@ -62,7 +62,7 @@ def window_config(plan) -> TumblingWindow | SlidingWindow:
     return SlidingWindow(plan.range_ns, plan.slide_ns, plan.offset_ns)
 
 
-def _floordiv(x: Column, d: int) -> Column:
+def floor_div(x: Column, d: int) -> Column:
     # Spark's `div` truncates toward zero; windows before the epoch need a true floor
     return (x - F.pmod(x, F.lit(d))).cast("long") / F.lit(d)
 
@@ -101,10 +101,10 @@ class WindowLogic:
         return (window + 1) * F.lit(self.slide_ns) - F.lit(self.offset_ns)
 
     def first_window_col(self, pane: Column) -> Column:
-        return _floordiv(pane, self.k).cast("long")
+        return floor_div(pane, self.k).cast("long")
 
     def last_window_col(self, pane: Column) -> Column:
-        return (_floordiv(pane + F.lit(self.n), self.k) - 1).cast("long")
+        return (floor_div(pane + F.lit(self.n), self.k) - 1).cast("long")
 
     def windows_col(self, pane: Column) -> Column:
         """Array of the window ids pane `pane` belongs to."""

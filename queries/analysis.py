@@ -100,6 +100,7 @@ class AnalysedQuery:
     where: E.Expr | None = None
     group: list[GroupInfo] = field(default_factory=list)
     temporal: GroupInfo | None = None
+    temporal2: GroupInfo | None = None  # a reader of an inner join: the other side's time
     window: WindowInfo | None = None
     items: list[ItemInfo] = field(default_factory=list)
     having: E.Expr | None = None
@@ -357,6 +358,35 @@ class Analyser:
                           union="meld" if len(links) > 1 or links == ("*",) else None)
         return info
 
+    def _join_time_pair(self, aq: AnalysedQuery, first: GroupInfo, second: GroupInfo,
+                        node) -> bool:
+        """Whether two temporal group items are one on each side's time of the inner join
+        the query reads (its groups close on the join's individual and joint punctuation,
+        `highlevel.joint`); an outer join's unmatched rows have no time on the other side."""
+        if len(aq.sources) != 1 or aq.sources[0].kind != "query":
+            return False
+        up = self.done[aq.sources[0].query]
+        if up.kind != "join":
+            return False
+        sides = [self._join_side(up, gi.expr) for gi in (first, second)]
+        if None in sides or sides[0] == sides[1]:
+            return False
+        if up.join != "INNER_JOIN":
+            raise self.error(node, f"two temporal group items need an inner join: "
+                             f"{up.join} of query {up.name!r} gives rows without a time on "
+                             f"one side")
+        return True
+
+    @staticmethod
+    def _join_side(up: AnalysedQuery, expr: E.Expr) -> str | None:
+        """The join side (alias) whose columns alone `expr` (over the join's output) reads."""
+        items = {i.name: i.expr for i in up.items}
+        used = {f.name for f in expr.find_all(E.Field)}
+        if not used or not used <= items.keys():
+            return None
+        tables = {f.table for n in used for f in items[n].find_all(E.Field)}
+        return next(iter(tables)) if len(tables) == 1 else None
+
     # --- plain and aggregating SELECT --------------------------------------------------------
     def _select(self, aq: AnalysedQuery, stmt: E.Select, scope: "Scope") -> None:
         group_nodes = list(stmt.group_by or [])
@@ -389,10 +419,14 @@ class Analyser:
             gi = GroupInfo(gname, expr, self.type_of(expr), self.form_of(expr))
             aq.group.append(gi)
             if gi.form is not None:
-                if aq.temporal is not None:
+                if aq.temporal is None:
+                    aq.temporal = gi
+                elif aq.temporal2 is None and self._join_time_pair(aq, aq.temporal, gi, g):
+                    aq.temporal2 = gi
+                else:
                     raise self.error(g, f"at most one temporal group item ({aq.temporal.name!r} "
-                                     f"is one already)")
-                aq.temporal = gi
+                                     f"is one already; two only over an inner join's output, "
+                                     f"one on each side's time)")
         # window spec on aggregates
         specs = [(a, a.window) for a in aggs if a.window is not None]
         if specs:
@@ -412,7 +446,13 @@ class Analyser:
                                      f"plan the window (give --param {unbound[0].name}=...)")
             raise self.error(stmt, "an aggregation needs a temporal group item (e.g. GROUP BY "
                              "time/60 AS tb) or a window spec (e.g. count(*) [RANGE 1 minute])")
-        grouped = GroupedScope(self, scope, aq.group)
+        group = aq.group
+        if aq.temporal2 is not None:
+            # the output of the second temporal item is no time column for later readers:
+            # its rows leave in the order of the first item's windows only
+            group = [GroupInfo(g.name, g.expr, g.type, None) if g is aq.temporal2 else g
+                     for g in aq.group]
+        grouped = GroupedScope(self, scope, group)
         names = unique_names([(it.alias, self._default_name(it.this, i))
                               for i, it in enumerate(stmt.items)])
         for it, nm in zip(stmt.items, names):

@@ -207,6 +207,13 @@ def format_high(h: HighLevelPlan) -> list[str]:
             out.append(f"  assemble windows: {w.range_ns // w.pane_ns} panes per window, every "
                        f"{w.slide_ns // w.pane_ns} pane(s) (Paned-WID); close at punctuation "
                        f">= window end")
+        elif w is not None and h.window2 is not None:
+            w2 = h.window2
+            out.append(f"  close groups: ({w.column}, {w2.column}) ends e1 on the first "
+                       f"time, e2 = end of pane ({w2.column} - {w2.shift}) / {w2.scale} of "
+                       f"{_seconds(w2.pane_ns)} on the other side's time; closed once the "
+                       f"join's individual punctuation i1 >= e1 or i2 >= e2, or its joint "
+                       f"punctuation (j1, j2) >= (e1, e2)")
         elif w is not None:
             out.append("  close windows: at punctuation >= window end")
         out.append("  finalise: " + ", ".join(f"{f.name} = {format_expr(f.expr)} [{f.text}]"

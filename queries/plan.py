@@ -281,6 +281,10 @@ class HighLevelPlan:
     #: a tuple-count window (then `window` is None, the low plans are selections and
     #: `row_plans` holds the plan turning the numbered rows into partial rows)
     rows: RowsWindow | None = None
+    #: a reader of an inner join grouping by both sides' times: the second temporal group
+    #: item (a key of `keys`, `column` its name), whose groups also close on the join's
+    #: individual punctuation on that time and its joint punctuation (highlevel.joint)
+    window2: WindowPlan | None = None
 
 
 @dataclass(frozen=True)

@@ -327,8 +327,18 @@ def _plan_aggregate(aq: AnalysedQuery, links: list[str]):
         outputs, window=window, keys=key_fields,
         superaggs=superaggs_of(split.subaggs), finals=tuple(split.finals),
         having=replace_aggregates(aq.having, split.final_of), row_plans=row_plans,
-        late=late, correction=correction)
+        late=late, correction=correction, window2=_second_window(aq))
     return low, high
+
+
+def _second_window(aq: AnalysedQuery) -> WindowPlan | None:
+    """The second temporal group item of a reader of an inner join (the other side's time):
+    a key whose value places its group in time too (the group's end on that time)."""
+    if aq.temporal2 is None:
+        return None
+    f = aq.temporal2.form
+    return WindowPlan(f.pane_ns, f.pane_ns, f.pane_ns, f.offset_ns, aq.temporal2.name,
+                      f.scale, f.shift)
 
 
 def _plan_rows(aq: AnalysedQuery, links: list[str]):

@@ -151,6 +151,70 @@ def test_band_join_punctuation_per_side_is_never_violated(spark, tmp_path):
     assert rows is not None and rows.num_rows > 0
 
 
+def test_joint_reader_closes_each_group_once_covered(spark, tmp_path):
+    """`iband_boxes` groups the inner band join's rows by both times (10 s windows on x.time
+    and y.time). The join's spool files are taken alternately from the two sides (both
+    bounds advance together, so its joint punctuation is inside the band), 1 file per
+    micro-batch. After every batch, each group the reader wrote is covered by the join's
+    punctuation it then holds (individual on x.time or y.time, or the joint box:
+    `group_closed`) and was not covered before: written once, never early, never late. The
+    rows equal the reference. (test_highlevel_joint_reader: a group closed by the box alone.)"""
+    import os
+    import re
+
+    from highlevel.join import group_closed
+
+    text = (HERE / "flow_join.gsql").read_text()
+    batches = {"main": random_batch(1200, seed=8, span_s=160, hosts=2),
+               "other": random_batch(1200, seed=9, link="other", span_s=160, hosts=2,
+                                     start_ns=1_700_000_001 * SECOND)}
+    fp = plan_text(text, list(batches))
+    sinks = {q: [ListSink()] for q in fp.names}
+    graph = StageGraph(fp, ["iband_boxes"], tmp_path / "spool", tmp_path / "ck", sinks=sinks,
+                       spark=spark)
+    boxes = graph.stage("iband_boxes")
+    bounds = {}
+    given = boxes.sink_punctuation
+
+    def record(sink, state):
+        bounds[state.batch] = boxes.bounds(state)
+        return given(sink, state)
+
+    boxes.sink_punctuation = record
+    feed_spool(graph.low_plans(), batches, tmp_path / "spool", pieces=8, disorder_ns=SECOND,
+               seed=4)
+    for name, stage in graph.stages:
+        stage.max_files_per_trigger = 1
+        if name == "iband":
+            # the side stages ran one after the other: interleave their files by sequence
+            for path in (tmp_path / "spool" / "iband" / "partials").glob("*.parquet"):
+                m = re.match(r"(.+)-(\d+)\.parquet$", path.name)
+                t = 1_600_000_000 + 2 * int(m[2]) + (m[1] == "y")
+                os.utime(path, (t, t))
+        stage.run_available()
+    assert boxes.state.batch >= 10 and graph.late_rows("iband_boxes") == 0
+    assert any(None not in b[2:] and b[2] < (1 << 62) for b in bounds.values())   # a box came
+    before = [None] * 4
+    for b in sorted(bounds):
+        now = bounds[b]
+        table = sinks["iband_boxes"][0].tables.get(b)
+        for tb, yb in zip(*(table.column(c).to_pylist() for c in ("tb", "yb"))) \
+                if table is not None else ():
+            e1, e2 = (tb + 1) * 10 * SECOND, (yb + 1) * 10 * SECOND
+
+            def covers(bd):
+                joint = [(bd[2], bd[3])] if None not in bd[2:] else []
+                return group_closed(e1, e2, None if None in bd[:2] else bd[:2], joint)
+
+            assert covers(now) and not covers(before), (b, tb, yb, now, before)
+        before = now
+    assert before[0] == (1 << 63) - 1
+    cols = output_columns_of(fp.query("iband_boxes"))
+    got = canonical_rows(sinks["iband_boxes"][0].table().to_pandas(), cols)
+    want = canonical_rows(evaluate_file(fp, batches)["iband_boxes"], cols)
+    assert got == want and len(got) > 0
+
+
 def test_unsupported_combinations_name_the_query(spark, tmp_path):
     text = "DEFINE { query_name q; } SELECT srcIP, count(*) FROM main.IP GROUP BY srcIP"
     try:
