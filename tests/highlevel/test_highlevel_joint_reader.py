@@ -42,8 +42,10 @@ def _ns(*secs):
     return tuple(None if s is None else END if s == END else (BASE + s) * S for s in secs)
 
 
-def _reader(spark, tmp_path):
-    fp = plan_text((HERE / "flow_join.gsql").read_text(), ["main", "other"])
+def _reader(spark, tmp_path, late: str = "drop"):
+    text = (HERE / "flow_join.gsql").read_text().replace(
+        "query_name iband_boxes;", f"query_name iband_boxes; late '{late}';")
+    fp = plan_text(text, ["main", "other"])
     out = ListSink()
     graph = StageGraph(fp, ["iband_boxes"], tmp_path / "spool", tmp_path / "ck",
                        sinks={q: [out] if q == "iband_boxes" else [] for q in fp.names},
@@ -55,16 +57,18 @@ def _reader(spark, tmp_path):
     return stage, feed, out
 
 
-def _groups(out: ListSink, batch: int) -> list[tuple[int, int, int]]:
+def _groups(out: ListSink, batch: int, correction: bool = False) -> list[tuple]:
     t = out.tables.get(batch)
     if t is None:
         return []
-    return sorted((tb - BASE // 10, yb - BASE // 10, n) for tb, yb, n in
-                  zip(*(t.column(c).to_pylist() for c in ("tb", "yb", "pairs"))))
+    names = ("tb", "yb", "pairs") + (("correction",) if correction else ())
+    return sorted((tb - BASE // 10, yb - BASE // 10, *rest) for tb, yb, *rest in
+                  zip(*(t.column(c).to_pylist() for c in names)))
 
 
-def test_groups_close_on_the_box_either_slab_or_the_end(spark, tmp_path):
-    stage, feed, out = _reader(spark, tmp_path)
+@pytest.mark.parametrize("late", ["drop", "correct"])
+def test_groups_close_on_the_box_either_slab_or_the_end(spark, tmp_path, late):
+    stage, feed, out = _reader(spark, tmp_path, late)
     files = [
         # no group covered: (0, 0) ends at 10 s on both times
         ([(3, 4), (8, 11), (14, 12), (15, 25)], _ns(5, 6, None, None)),
@@ -83,13 +87,18 @@ def test_groups_close_on_the_box_either_slab_or_the_end(spark, tmp_path):
         feed.end_batch(batch, punct)
     stage.run_available()
     assert stage.state.batch == 4
+    assert stage.state.late_rows == 1
+    assert stage.state.punctuation == END
+    if late == "correct":
+        # the late row's group, closed in batch 1, gets a correction row (its delta)
+        assert _groups(out, 2, correction=True) == [(0, 0, 1, 1), (0, 1, 2, 0)]
+        assert stage.state.corrected_rows == 1
+        return
     assert _groups(out, 0) == []
     assert _groups(out, 1) == [(0, 0, 2)]            # the box alone
     assert _groups(out, 2) == [(0, 1, 2)]            # the x.time slab
     assert _groups(out, 3) == [(1, 1, 2)]            # the y.time slab
     assert _groups(out, 4) == [(1, 2, 1)]            # end of input
-    assert stage.state.late_rows == 1
-    assert stage.state.punctuation == END
 
 
 def test_a_file_after_a_gap_waits_for_its_predecessor(spark, tmp_path):
