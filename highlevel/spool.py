@@ -25,6 +25,7 @@ from urllib.parse import quote, unquote
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from highlevel.errors import SpoolError
@@ -140,6 +141,13 @@ class SpoolWriter:
         out = pa.table(columns)
         meta = dict(table.schema.metadata or {})
         meta.update({b"oopscope.query": self.query.encode(), b"oopscope.link": self.link.encode()})
+        # the markers again, in the footer: a stage reads them without a Spark job
+        # (highlevel.batchfiles); the min window tells it no row of the file can be late
+        windows = columns["window"].slice(0, n)
+        low = pc.min(windows).as_py() if n and windows.null_count < n else None
+        meta.update({b"oopscope.punct": b"" if marker_punct is None else b"%d" % marker_punct,
+                     b"oopscope.rows": b"%d" % n,
+                     b"oopscope.min_window": b"" if low is None else b"%d" % low})
         out = out.replace_schema_metadata(meta)
         path = self.dir / spool_file_name(self.link, self.seq)
         tmp = self.dir / f".{path.name}.{os.getpid()}.tmp"
@@ -192,6 +200,12 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def parse_spool_name(name: str) -> tuple[str, int] | None:
+    """(link, seq) of a spool file name, or None when it is not one."""
+    m = _NAME.match(name)
+    return (unquote(m["link"]), int(m["seq"])) if m else None
+
+
 def list_spool(root: str | os.PathLike, query: str) -> list[tuple[str, int, Path]]:
     """(link, seq, path) of every committed spool file of a query, in (link, seq) order."""
     d = partials_dir(root, query)
@@ -199,9 +213,9 @@ def list_spool(root: str | os.PathLike, query: str) -> list[tuple[str, int, Path
         return []
     out = []
     for name in os.listdir(d):
-        m = _NAME.match(name)
-        if m:
-            out.append((unquote(m["link"]), int(m["seq"]), d / name))
+        named = parse_spool_name(name)
+        if named:
+            out.append((*named, d / name))
     return sorted(out)
 
 

@@ -252,13 +252,16 @@ class Stage:
         is_row = F.col("window").isNotNull()
         late, keep = self._late_columns(is_row, prev.punctuation)
         tick = self._tick = Ticker(self.clock)
-        more = self.marker_columns
-        files = (df.select(LINK, SEQ, PUNCT, "window", *more, *self.late_reads)
-                 .groupBy(LINK, SEQ)
-                 .agg(F.max(PUNCT).alias("p"), F.sum(is_row.cast("long")).alias("rows"),
-                      F.sum(late.cast("long")).alias("late"),
-                      F.sum(keep.cast("long")).alias("kept"), *[F.max(c).alias(c) for c in more])
-                 .collect())
+        files = self._footer_markers(batch_id, prev.punctuation)
+        if files is None:
+            more = self.marker_columns
+            files = (df.select(LINK, SEQ, PUNCT, "window", *more, *self.late_reads)
+                     .groupBy(LINK, SEQ)
+                     .agg(F.max(PUNCT).alias("p"), F.sum(is_row.cast("long")).alias("rows"),
+                          F.sum(late.cast("long")).alias("late"),
+                          F.sum(keep.cast("long")).alias("kept"),
+                          *[F.max(c).alias(c) for c in more])
+                     .collect())
         tick("markers")
         state = prev.for_batch(batch_id)
         punctuation = self._meld(state, files)
@@ -331,6 +334,22 @@ class Stage:
     #: columns its late condition reads (highlevel.joint)
     marker_columns: tuple[str, ...] = ()
     late_reads: tuple[str, ...] = ()
+
+    def _footer_markers(self, batch_id: int, before: int | None) -> list | None:
+        """The markers job's answer read from the batch's spool file footers when no row can
+        be late (highlevel.batchfiles); None: run the job. Only for partial rows spooled by
+        the low level (not a prepared frame) and the stage's own late rule."""
+        if self.prepare is not None or self.marker_columns or self.late_reads:
+            return None
+        from highlevel.batchfiles import batch_markers
+
+        win = self.window
+        if self._correct:
+            def earliest_end(pane):
+                return win.window_end(win.windows_of_pane(pane)[0])
+        else:
+            earliest_end = win.pane_end
+        return batch_markers(self.checkpoint / "stream", batch_id, earliest_end, before)
 
     def _advanced(self, prev: StageState, state: StageState, punctuation) -> bool:
         """Whether this batch's punctuation closes more than the last one did."""
