@@ -150,7 +150,8 @@ def quick_jvm_options(master: str) -> str:
     tiered compilation's C2 threads and the parallel collector took ~5 CPU-seconds more of
     them during start-up and the first jobs (12.7 against 7.9 on 2 cores), and a 5M-packet
     netflow run took 17.9 s instead of 12.6 s; a 50M-packet run is no slower (62.5 s against
-    64.9 s; tools/bench_netflow.py). OOPSCOPE_SPARK_QUICK_JVM=0 keeps the JVM's defaults."""
+    64.9 s; tools/bench_netflow.py). Paced and live runs, which last, keep the defaults (C2
+    compiles the hot paths of a steady state); so does OOPSCOPE_SPARK_QUICK_JVM=0."""
     if os.environ.get("OOPSCOPE_SPARK_QUICK_JVM", "1") in ("0", "false", "no", ""):
         return ""
     if not master.startswith("local"):
@@ -214,11 +215,13 @@ def _launch_gateway(conf) -> None:
 
 def get_session(master: str | None = None, *, app_name: str = "oopscope",
                 driver_memory: str = "3g", shuffle_partitions: int | None = None,
-                conf: dict[str, str] | None = None):
+                conf: dict[str, str] | None = None, quick_jvm: bool = True):
     """The process-wide SparkSession, created on first call and reused afterwards.
 
     `master` is `local[*]` by default, or any Spark master URL (`spark://host:7077`). Asking
     for a different master than the running session's stops it and starts a new one.
+    `quick_jvm`: a new local driver JVM starts with `quick_jvm_options` (bounded runs);
+    False keeps the JVM's tiered compilation (paced and live runs, which last).
     """
     global _SESSION, _MASTER
     master = master or os.environ.get("OOPSCOPE_SPARK_MASTER") or "local[*]"
@@ -239,7 +242,7 @@ def get_session(master: str | None = None, *, app_name: str = "oopscope",
         from pyspark.sql import SparkSession
 
         java_opts = f"-Dlog4j2.configurationFile=file:{log4j2_config()}"
-        driver_opts = f"{java_opts} {class_data_options()} {quick_jvm_options(master)}".strip()
+        driver_opts = f"{java_opts} {class_data_options()} {quick_jvm_options(master) if quick_jvm else ''}".strip()
         builder = (SparkSession.builder.master(master).appName(app_name)
                    .config("spark.driver.memory", driver_memory)
                    .config("spark.driver.extraJavaOptions", driver_opts)

@@ -218,15 +218,16 @@ def output_format(config: RunConfig, out: str) -> str:
 class _SessionStarter(threading.Thread):
     """Starts the Spark session while the low level runs (JVM start-up takes seconds)."""
 
-    def __init__(self, master: str | None):
+    def __init__(self, master: str | None, quick_jvm: bool = True):
         super().__init__(name="oopscope-spark-start", daemon=True)
         self.master, self.session, self.error = master, None, None
+        self.quick_jvm = quick_jvm
 
     def run(self) -> None:
         try:
             from highlevel.session import get_session
 
-            self.session = get_session(self.master)
+            self.session = get_session(self.master, quick_jvm=self.quick_jvm)
         except BaseException as exc:  # handed to the main thread by result()
             self.error = exc
 
@@ -478,7 +479,9 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
     summary = RunSummary(links={}, queries=queries)
     # sources first: a missing interface or capture right fails before the JVM starts
     sources = _open_sources(config, feeds, summary)
-    starter = _SessionStarter(config.master)
+    # a bounded replay is over in seconds to minutes: a JVM that starts quickly pays; a
+    # paced or live run lasts, and its steady state wants the optimising compiler
+    starter = _SessionStarter(config.master, quick_jvm=not config.streaming)
     starter.start()
     log.debug("Spark session start asked %.2f s into the run", time.perf_counter() - started)
     continuous = overlap = None
