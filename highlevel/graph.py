@@ -137,20 +137,14 @@ class StageGraph:
         """When `upstream` is a join and the reader's window (its pane expression over the
         join's output columns) depends on one side's columns only: that side (0 left, 1
         right), whose individual punctuation the reader may close its windows on."""
-        from queries import expressions as E
+        from queries.analysis import join_side
 
         up = self.plan.query(upstream).high
         if up.kind != "join" or window is None or window.expr is None:
             return None
-        exprs = {o.name: o.expr for o in up.outputs}
-        used = {f.name for f in window.expr.find_all(E.Field)}
-        if not used or not used <= exprs.keys():
-            return None
-        tables = {f.table for n in used for f in exprs[n].find_all(E.Field)}
+        alias = join_side({o.name: o.expr for o in up.outputs}, window.expr)
         aliases = (up.join.left.alias, up.join.right.alias)
-        if len(tables) != 1 or next(iter(tables)) not in aliases:
-            return None
-        return aliases.index(next(iter(tables)))
+        return aliases.index(alias) if alias in aliases else None
 
     def _kw(self):
         return dict(spark=self.spark, trigger=self.trigger)

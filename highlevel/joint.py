@@ -20,17 +20,13 @@ places the group on the other time: e_2 = end of pane floor((v - shift) / scale)
 
 from __future__ import annotations
 
-import logging
-
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from highlevel.errors import StageConfigError
-from highlevel.spool import JOINT_MARKERS, LINK, SEQ
+from highlevel.spool import JOINT_MARKERS
 from highlevel.stage import Stage, StageState
 from highlevel.windows import TumblingWindow, floor_div
-
-log = logging.getLogger(__name__)
 
 #: state.extra key: [i_1, i_2, j_1, j_2] (ns, None until known) the groups are closed through
 BOUNDS = "joint_bounds"
@@ -73,32 +69,22 @@ class JointStage(Stage):
         b = (state or self.state).extra.get(BOUNDS)
         return list(b) if b is not None else [None] * 4
 
+    def _file_marker(self, f):
+        values = [f["p"]] + [f[c] for c in JOINT_MARKERS]
+        if all(v is None for v in values):
+            return None
+        return [None if v is None else int(v) for v in values]
+
     def _meld(self, state: StageState, files) -> int | None:
-        """Apply each file's four values in sequence order (a file after a gap waits in
-        `state.pending`); returns i_1, the stage's own punctuation."""
-        (link,) = self.spec.links
-        pending = state.pending.setdefault(link, {})
-        for f in files:
-            if f[LINK] != link:
-                log.warning("query %s: spool file of link %r, not the join %r it reads; "
-                            "its punctuation is ignored", self.spec.query, f[LINK], link)
-                continue
-            values = [f["p"]] + [f[c] for c in JOINT_MARKERS]
-            pending[int(f[SEQ])] = None if all(v is None for v in values) else \
-                [None if v is None else int(v) for v in values]
+        """Apply each file's four values in sequence order (`Stage._in_order`); returns
+        i_1, the stage's own punctuation."""
         bounds = self.bounds(state)
-        nxt = state.next_seq.get(link, 0)
-        while nxt in pending:
-            values = pending.pop(nxt)
-            nxt += 1
-            if values is not None:
-                i1, i2, j1, j2 = values
-                bounds[0], bounds[1] = _later(bounds[0], i1), _later(bounds[1], i2)
-                if j1 is not None and j2 is not None:
-                    # joint punctuation is monotone on both times: the latest box holds
-                    # every earlier one
-                    bounds[2], bounds[3] = _later(bounds[2], j1), _later(bounds[3], j2)
-        state.next_seq[link] = nxt
+        for _, (i1, i2, j1, j2) in self._in_order(state, files):
+            bounds[0], bounds[1] = _later(bounds[0], i1), _later(bounds[1], i2)
+            if j1 is not None and j2 is not None:
+                # joint punctuation is monotone on both times: the latest box holds every
+                # earlier one
+                bounds[2], bounds[3] = _later(bounds[2], j1), _later(bounds[3], j2)
         state.extra[BOUNDS] = bounds
         self._next = bounds
         return bounds[0]

@@ -369,25 +369,38 @@ class Stage:
     def _meld(self, state: StageState, files) -> int | None:
         """Apply each link's punctuation in file order; the combined punctuation after it."""
         meld = Meld(self.spec.links).build(state.meld)
+        for link, p in self._in_order(state, files):
+            meld.on_punctuation(link, p)
+        state.meld = meld.to_state()
+        return meld.output
+
+    def _file_marker(self, f):
+        """What a file's markers say (JSON-able; None: nothing): its punctuation here."""
+        return None if f["p"] is None else int(f["p"])
+
+    def _in_order(self, state: StageState, files) -> list[tuple[str, object]]:
+        """Queue each file's `_file_marker` under its link and sequence number; return the
+        markers now due, (link, marker) in sequence order per link (a file after a gap waits
+        in `state.pending` for its predecessor)."""
         for f in files:
-            link, seq, p = f[LINK], int(f[SEQ]), f["p"]
-            if link not in meld.bounds:
+            link = f[LINK]
+            if link not in self.spec.links:
                 log.warning("query %s: spool file of link %r, which is not one of the query's "
                             "links %s; its punctuation is ignored", self.spec.query, link,
                             list(self.spec.links))
                 continue
-            state.pending.setdefault(link, {})[seq] = None if p is None else int(p)
+            state.pending.setdefault(link, {})[int(f[SEQ])] = self._file_marker(f)
+        due = []
         for link in list(state.pending):
             pending = state.pending[link]
             nxt = state.next_seq.get(link, 0)
             while nxt in pending:
-                p = pending.pop(nxt)
+                marker = pending.pop(nxt)
                 nxt += 1
-                if p is not None:
-                    meld.on_punctuation(link, p)
+                if marker is not None:
+                    due.append((link, marker))
             state.next_seq[link] = nxt
-        state.meld = meld.to_state()
-        return meld.output
+        return due
 
     # --- late 'correct' (SEMANTICS.md 8) ------------------------------------------------------
     def _late_columns(self, is_row: Column, before: int | None) -> tuple[Column, Column]:

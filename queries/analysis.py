@@ -113,6 +113,16 @@ class AnalysedQuery:
     join_residual: E.Expr | None = None
 
 
+def join_side(columns: dict[str, E.Expr], expr: E.Expr) -> str | None:
+    """The join side (alias) whose columns alone `expr` reads; `columns`: the join's output
+    columns, name -> expression over `alias.column` Fields. None: no such single side."""
+    used = {f.name for f in expr.find_all(E.Field)}
+    if not used or not used <= columns.keys():
+        return None
+    tables = {f.table for n in used for f in columns[n].find_all(E.Field)}
+    return next(iter(tables)) if len(tables) == 1 else None
+
+
 class Analyser:
     """Analyses the queries of one file in order; later queries may read earlier ones."""
 
@@ -368,7 +378,8 @@ class Analyser:
         up = self.done[aq.sources[0].query]
         if up.kind != "join":
             return False
-        sides = [self._join_side(up, gi.expr) for gi in (first, second)]
+        columns = {i.name: i.expr for i in up.items}
+        sides = [join_side(columns, gi.expr) for gi in (first, second)]
         if None in sides or sides[0] == sides[1]:
             return False
         if up.join != "INNER_JOIN":
@@ -376,16 +387,6 @@ class Analyser:
                              f"{up.join} of query {up.name!r} gives rows without a time on "
                              f"one side")
         return True
-
-    @staticmethod
-    def _join_side(up: AnalysedQuery, expr: E.Expr) -> str | None:
-        """The join side (alias) whose columns alone `expr` (over the join's output) reads."""
-        items = {i.name: i.expr for i in up.items}
-        used = {f.name for f in expr.find_all(E.Field)}
-        if not used or not used <= items.keys():
-            return None
-        tables = {f.table for n in used for f in items[n].find_all(E.Field)}
-        return next(iter(tables)) if len(tables) == 1 else None
 
     # --- plain and aggregating SELECT --------------------------------------------------------
     def _select(self, aq: AnalysedQuery, stmt: E.Select, scope: "Scope") -> None:

@@ -4,12 +4,14 @@ JVM's defaults."""
 
 from __future__ import annotations
 
+import pytest
+
 from highlevel.session import quick_jvm_options
 
 
 def test_the_running_local_jvm_has_the_quick_start_options(spark):
     if not spark.sparkContext.master.startswith("local"):
-        return
+        pytest.skip("the tests run on a cluster master: its driver keeps the JVM's defaults")
     bean = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
     args = list(bean.getInputArguments())
     assert "-XX:TieredStopAtLevel=1" in args and "-XX:+UseSerialGC" in args
