@@ -100,7 +100,7 @@ def file_markers(path: Path) -> dict | None:
 
 def batch_markers(stream: Path, batch_id: int, earliest_end, before: int | None):
     """Per file of the batch: {LINK, SEQ, "p", "rows", "late", "kept"}, as the stage's
-    markers job gives them, when no row can be late (`earliest_end(min_window)`, the end
+    markers job gives them (and the file's "path"), when no row can be late (`earliest_end(min_window)`, the end
     of the first window a file's earliest pane counts in, after `before`); else None."""
     paths = batch_files(stream, batch_id)
     if paths is None:
@@ -114,5 +114,5 @@ def batch_markers(stream: Path, batch_id: int, earliest_end, before: int | None)
                                                  or earliest_end(m["min_window"]) <= before):
             return None          # late rows possible: the Spark job counts them
         out.append({LINK: m[LINK], SEQ: m[SEQ], "p": m["p"], "rows": m["rows"], "late": 0,
-                    "kept": m["rows"]})
+                    "kept": m["rows"], "path": path})
     return out

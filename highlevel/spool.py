@@ -126,24 +126,28 @@ class SpoolWriter:
         table = self._table(partials)
         n = table.num_rows
         marker_punct = None if punctuation is None else int(punctuation)
-        columns = {LINK: pa.array([self.link] * (n + 1), pa.string()),
-                   SEQ: pa.array(np.full(n + 1, self.seq, dtype=np.int64)),
-                   PUNCT: pa.array([None] * n + [marker_punct], pa.int64())}
+        # the data rows and the marker row go in as two row groups of one file: no copy of
+        # the data columns to append the marker row
+        data = {LINK: pa.repeat(self.link, n), SEQ: pa.array(np.full(n, self.seq, np.int64)),
+                PUNCT: pa.nulls(n, pa.int64())}
+        marker = {LINK: pa.array([self.link]), SEQ: pa.array([self.seq], pa.int64()),
+                  PUNCT: pa.array([marker_punct], pa.int64())}
         for name, value in (markers or {}).items():
-            columns[name] = pa.array([None] * n + [None if value is None else int(value)],
-                                     pa.int64())
+            data[name] = pa.nulls(n, pa.int64())
+            marker[name] = pa.array([None if value is None else int(value)], pa.int64())
         for name in table.column_names:
             for out_name, col in spool_columns(name, table.column(name)):
-                # the marker row: null in every data column
-                columns[out_name] = pa.concat_arrays([col, pa.nulls(1, col.type)])
-        if "window" not in columns:
-            columns["window"] = pa.nulls(n + 1, pa.int64())
-        out = pa.table(columns)
+                data[out_name] = col
+                marker[out_name] = pa.nulls(1, col.type)     # null in every data column
+        if "window" not in data:
+            data["window"] = pa.nulls(n, pa.int64())
+            marker["window"] = pa.nulls(1, pa.int64())
+        out, last = pa.table(data), pa.table(marker)
         meta = dict(table.schema.metadata or {})
         meta.update({b"oopscope.query": self.query.encode(), b"oopscope.link": self.link.encode()})
         # the markers again, in the footer: a stage reads them without a Spark job
         # (highlevel.batchfiles); the min window tells it no row of the file can be late
-        windows = columns["window"].slice(0, n)
+        windows = data["window"]
         low = pc.min(windows).as_py() if n and windows.null_count < n else None
         meta.update({b"oopscope.punct": b"" if marker_punct is None else b"%d" % marker_punct,
                      b"oopscope.rows": b"%d" % n,
@@ -152,7 +156,12 @@ class SpoolWriter:
         path = self.dir / spool_file_name(self.link, self.seq)
         tmp = self.dir / f".{path.name}.{os.getpid()}.tmp"
         with open(tmp, "wb") as fh:
-            pq.write_table(out, fh)
+            # no dictionary pages: partial columns are mostly distinct values, and trying a
+            # dictionary first cost a third of the write
+            with pq.ParquetWriter(fh, out.schema, use_dictionary=False) as writer:
+                if n:
+                    writer.write_table(out)
+                writer.write_table(last.cast(out.schema))
             if self.fsync:
                 fh.flush()
                 os.fsync(fh.fileno())

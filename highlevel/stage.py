@@ -43,6 +43,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from highlevel.combine import Combiner
+from highlevel.driverrows import DriverRows
 from highlevel.errors import HighLevelError
 from highlevel.finalize import having_column, ip_text_arrow, output_columns
 from highlevel.session import get_session
@@ -135,6 +136,9 @@ class Stage:
         # prepared frame (a row plan over another query's rows) is computed once and cached.
         self.cache_input = prepare is not None
         self.query = None
+        # flow records whose batches can close on the driver (highlevel.driverrows)
+        self._driver = DriverRows.for_stage(self)
+        self.driver_batches = 0
         partials_dir(self.spool, spec.query).mkdir(parents=True, exist_ok=True)
 
     # --- state versions ----------------------------------------------------------------------
@@ -253,6 +257,7 @@ class Stage:
         late, keep = self._late_columns(is_row, prev.punctuation)
         tick = self._tick = Ticker(self.clock)
         files = self._footer_markers(batch_id, prev.punctuation)
+        on_driver = files is not None and self._driver is not None
         if files is None:
             more = self.marker_columns
             files = (df.select(LINK, SEQ, PUNCT, "window", *more, *self.late_reads)
@@ -267,6 +272,9 @@ class Stage:
         punctuation = self._meld(state, files)
         late_rows = sum(int(f["late"] or 0) for f in files)
         kept = sum(int(f["kept"] or 0) for f in files)
+        if on_driver and not late_rows:
+            self._process_on_driver(files, prev, state, punctuation, kept)
+            return
         columns = [f.name for f in spec.partial_schema().fields]
         corrections = None
         if late_rows:
@@ -329,6 +337,34 @@ class Stage:
         finally:
             if cached:
                 combined.unpersist()
+
+    def _process_on_driver(self, files, prev: StageState, state: StageState, punctuation,
+                           kept: int) -> None:
+        """`_process` for flow records whose markers came from the footers: the same
+        closing, read and selected with Arrow on the driver (highlevel.driverrows)."""
+        driver, batch_id = self._driver, state.batch
+        self.driver_batches += 1
+        advanced = self._advanced(prev, state, punctuation)
+        if not kept and not advanced:
+            self._commit(state)
+            return
+        open_dir = self.state_root / prev.open_dir if prev.open_dir is not None else None
+        rows = driver.read([f["path"] for f in files if f["rows"]], open_dir)
+        self._tick("read")
+        still_open = rows
+        if advanced:
+            closed, still_open = driver.split(rows, prev.punctuation, punctuation)
+            state.closed_rows += self._emit(driver.result(closed), batch_id, punctuation)
+            state.punctuation = punctuation
+        state.open_dir = None
+        if still_open.num_rows:
+            state.open_dir = f"open-{batch_id:010d}"
+            driver.write_open(still_open, self.state_root / state.open_dir)
+            self._tick("write state")
+        self._commit(state)
+        self._tick("commit")
+        log.debug("query %s: batch %d timings %s (on the driver)", self.spec.query, batch_id,
+                  self._tick.laps)
 
     #: marker columns besides the punctuation that the markers job reads, and further
     #: columns its late condition reads (highlevel.joint)
@@ -510,8 +546,9 @@ def correction_columns(spec: StageSpec) -> list:
     return output_columns(replace(spec, outputs=outputs))
 
 
-def order_columns(spec: StageSpec) -> tuple[list[str], list]:
-    """(result columns to sort by, hidden Spark columns to select besides the outputs).
+def order_plan(spec: StageSpec) -> tuple[list[str], list[tuple[str, str]]]:
+    """(result columns to sort by, hidden columns to fetch besides the outputs as (alias,
+    partial column)).
 
     Rows are sorted by (window, keys). A key that an output already holds unchanged (the
     output is the bare key, of the same Spark type) is sorted by through that output rather
@@ -530,7 +567,7 @@ def order_columns(spec: StageSpec) -> tuple[list[str], list]:
         if isinstance(expr, (E.Column, getattr(E, "Field", E.Column))) and \
                 expr.name != spec.window.column:
             shown.setdefault(expr.name, (o.name, o.type))
-    order, hidden = ["__window"], [F.col("window").alias("__window")]
+    order, hidden = ["__window"], [("__window", "window")]
     for k in spec.keys:
         held = shown.get(k.name)
         same = held is not None and spark_type[held[1]] == spark_type[k.type]
@@ -540,9 +577,15 @@ def order_columns(spec: StageSpec) -> tuple[list[str], list]:
                 order.append(held[0] + suffix)
             else:
                 name = f"__order{len(hidden)}"
-                hidden.append(F.col(c).alias(name))
+                hidden.append((name, c))
                 order.append(name)
     return order, hidden
+
+
+def order_columns(spec: StageSpec) -> tuple[list[str], list]:
+    """`order_plan` with the hidden columns as Spark columns."""
+    order, hidden = order_plan(spec)
+    return order, [F.col(c).alias(name) for name, c in hidden]
 
 
 class Ticker:

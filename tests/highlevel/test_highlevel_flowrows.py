@@ -83,3 +83,67 @@ def test_flow_rows_are_unique_and_pass_the_combine_by(spark, flows, tmp_path):
     # the stage's order: by window, then the group keys
     order = got[["tb", "srcIP", "destIP"]]
     assert (np.diff(order["tb"].to_numpy().astype(np.int64)) >= 0).all()
+
+
+def _stream(spec, spool, ck, sink, monkeypatch, on_driver: bool) -> Stage:
+    monkeypatch.setenv("OOPSCOPE_DRIVER_ROWS", "1" if on_driver else "0")
+    stage = Stage(spec, spool, ck, [sink], max_files_per_trigger=2)
+    stage.run_available()
+    return stage
+
+
+def test_flow_batches_closed_on_the_driver_equal_spark_s(spark, flows, tmp_path, monkeypatch):
+    """Streamed flow records: batches closed on the driver (highlevel.driverrows) give the
+    rows the Spark job gives, in the same order; halfway through, the driver's open state is
+    handed to a stage that closes through Spark (and the reverse), with the same result."""
+    import shutil
+
+    qp, files, want, _ = flows
+    spec = from_high_level(qp.high, qp.low)
+
+    def spool_of(name, parts):
+        d = tmp_path / name / "netflow" / "partials"
+        d.mkdir(parents=True)
+        for f in parts:
+            shutil.copy(f, d / f.name)
+        return tmp_path / name
+
+    results = {}
+    for name, order in {"driver": (True, True), "spark": (False, False),
+                        "driver-then-spark": (True, False),
+                        "spark-then-driver": (False, True)}.items():
+        spool, sink = spool_of(name, files[:3]), ListSink()
+        first = _stream(spec, spool, tmp_path / f"ck-{name}", sink, monkeypatch, order[0])
+        assert first.state.open_dir is not None          # rows left open for the next stage
+        for f in files[3:]:
+            shutil.copy(f, spool / "netflow" / "partials" / f.name)
+        second = _stream(spec, spool, tmp_path / f"ck-{name}", sink, monkeypatch, order[1])
+        assert second.state.open_dir is None and second.state.late_rows == 0
+        assert (first.driver_batches > 0) == order[0] and (second.driver_batches > 0) == order[1]
+        results[name] = sink.table().to_pandas()
+    assert len(results["spark"]) == len(want) > 1000
+    for name in ("driver", "driver-then-spark", "spark-then-driver"):
+        pd.testing.assert_frame_equal(results[name], results["spark"], obj=name)
+
+
+def test_the_driver_path_is_only_taken_where_it_is_exact(spark, flows, tmp_path, monkeypatch):
+    """Outputs that need an expression, HAVING, or a combine keep Spark's job."""
+    from highlevel.driverrows import DriverRows
+    from queries import expressions as E
+
+    qp, _, _, _ = flows
+    spec = from_high_level(qp.high, qp.low)
+    make = lambda s: Stage(s, tmp_path / "sp", tmp_path / "ck", [], spark=spark)  # noqa: E731
+    assert make(spec)._driver is not None
+    monkeypatch.setenv("OOPSCOPE_DRIVER_ROWS", "0")
+    assert make(spec)._driver is None
+    monkeypatch.delenv("OOPSCOPE_DRIVER_ROWS")
+    assert make(replace(spec, extras={"unique_rows": False}))._driver is None
+    first = spec.outputs[-1]
+    doubled = replace(first, expr=E.Binary(op="*", left=first.expr,
+                                           right=E.Literal(value=2, kind="int")))
+    assert make(replace(spec, outputs=spec.outputs[:-1] + (doubled,)))._driver is None
+    assert make(replace(spec, having=E.Binary(op=">", left=first.expr,
+                                              right=E.Literal(value=2, kind="int"))))._driver \
+        is None
+    assert DriverRows.for_stage(make(spec)).layout[0][0] == "tb"
