@@ -58,6 +58,10 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors become one line on stderr and exit status 1, never a traceback."""
     from capture.errors import OopscopeError
 
+    # Numba imports scipy.linalg, when SciPy is installed, to look for a BLAS the first time it
+    # loads a kernel: 0.6 s of the start of every run. No oopscope kernel uses a BLAS (np.dot,
+    # np.linalg), so the command's own process goes without it.
+    sys.modules.setdefault("scipy.linalg", None)
     try:
         cli.main(args=argv, prog_name="oopscope", standalone_mode=False)
     except click.exceptions.Abort:
