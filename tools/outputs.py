@@ -78,16 +78,47 @@ def format_table(table, header: bool = True) -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
+def _write_csv_rows(table, fh) -> None:
+    """The rows as pyarrow writes them (no header; strings quoted only when some value needs
+    it): by `tools.csvwrite` when every column is an integer or a string and none needs
+    quoting (3.4M flow records: 1.5 s -> 0.5 s), else by `pyarrow.csv.write_csv`."""
+    import pyarrow.csv as pacsv
+
+    from tools import csvwrite
+
+    quoting = _csv_quoting(table)
+    if quoting == "none" and csvwrite.writes(table.schema):
+        csvwrite.write_csv_rows(table, fh)
+    else:
+        pacsv.write_csv(table, fh, pacsv.WriteOptions(include_header=False,
+                                                      quoting_style=quoting))
+
+
 def _csv_quoting(table) -> str:
     """Quote strings only when some value needs it (addresses as text never do)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     for col in table.columns:
-        if pa.types.is_string(col.type) and len(col) and \
-                pc.any(pc.match_substring_regex(col, r'[,"\r\n]')).as_py():
+        if pa.types.is_string(col.type) and any(_needs_quoting(c) for c in col.chunks):
             return "needed"
     return "none"
+
+
+def _needs_quoting(chunk) -> bool:
+    """True when a value of the string array holds `,`, `"`, CR or LF. Without nulls, the
+    values' bytes are searched as one text (a regex per value took 0.35 s per 3.4M addresses);
+    these bytes never occur inside a multi-byte UTF-8 character."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    if not len(chunk):
+        return False
+    _, offsets, data = chunk.buffers()
+    if chunk.null_count or data is None:   # the bytes under a null are no value's
+        return bool(pc.any(pc.match_substring_regex(chunk, r'[,"\r\n]')).as_py())
+    offsets = np.frombuffer(offsets, np.int32, chunk.offset + len(chunk) + 1)[chunk.offset:]
+    text = data.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_pybytes()
+    return any(c in text for c in (b",", b'"', b"\r", b"\n"))
 
 
 class QueryOutput:
@@ -173,7 +204,6 @@ class QueryOutput:
         return self._fh
 
     def _emit(self, table) -> None:
-        import pyarrow.csv as pacsv
         import pyarrow.parquet as pq
 
         fh = self._open()
@@ -189,8 +219,7 @@ class QueryOutput:
                 if first:   # pyarrow quotes every header name; SELECT names are identifiers
                     fh.write((",".join(table.column_names) + "\n").encode())
                 if table.num_rows:
-                    pacsv.write_csv(table, fh, pacsv.WriteOptions(
-                        include_header=False, quoting_style=_csv_quoting(table)))
+                    _write_csv_rows(table, fh)
             elif self.format == "parquet":
                 if self._parquet is None:
                     self._parquet = pq.ParquetWriter(fh, table.schema)
