@@ -56,9 +56,10 @@ class DriverRows:
         from highlevel.stage import Stage, order_plan
 
         spec = stage.spec
-        if not (enabled() and type(stage)._process is Stage._process and stage.unique_rows and stage.window.tumbling
-                and stage.prepare is None and spec.having is None and not stage._correct
-                and spec.window2 is None and not stage.marker_columns and not stage.late_reads):
+        if not (enabled() and type(stage)._process is Stage._process and stage.unique_rows
+                and stage.window.tumbling and stage.prepare is None and spec.having is None
+                and not stage._correct and spec.window2 is None and not stage.marker_columns
+                and not stage.late_reads):
             return None
         layout = _output_layout(spec)
         if layout is None:

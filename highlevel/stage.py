@@ -352,7 +352,9 @@ class Stage:
         rows = driver.read([f["path"] for f in files if f["rows"]], open_dir)
         self._tick("read")
         still_open = rows
-        if advanced:
+        if advanced and not rows.num_rows:
+            state.punctuation = punctuation       # nothing open, nothing new: no sink write
+        elif advanced:
             closed, still_open = driver.split(rows, prev.punctuation, punctuation)
             state.closed_rows += self._emit(driver.result(closed), batch_id, punctuation)
             state.punctuation = punctuation
