@@ -186,10 +186,10 @@ class HashAggregator:
         ts = np.ascontiguousarray(ts, dtype=np.int64)
         n = len(ts)
         nkeys = self.nkeys if nkeys is None else nkeys
-        keys = np.ascontiguousarray(keys, dtype=np.uint64).reshape(n, nkeys)
+        keys = _contiguous(keys, np.uint64).reshape(n, nkeys)
         if args is None:
             args = self.layout.empty_args(n)
-        ai, au, af, ad = (np.ascontiguousarray(a, dtype=d) for a, d in
+        ai, au, af, ad = (_contiguous(a, d) for a, d in
                           zip(args, (np.int64, np.uint64, np.float64, np.uint64)))
         for a, w in zip((ai, au, af, ad), "iufd"):
             if a.shape != (n, self.layout.arg_width[w]):
@@ -249,3 +249,10 @@ class HashAggregator:
             "resident": int(c[C_RESIDENT]),
             **causes,
         }
+
+
+def _contiguous(a, dtype) -> np.ndarray:
+    """`a` as an array of `dtype`, row- or column-major as it is (the operator hands over
+    column-major keys and arguments), copied only when it is neither."""
+    a = np.asarray(a, dtype=dtype)
+    return a if a.flags.c_contiguous or a.flags.f_contiguous else np.ascontiguousarray(a)

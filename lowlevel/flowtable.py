@@ -46,7 +46,7 @@ from .flush import (
     C_CUR, C_LATE, C_RESIDENT, CAUSE_BOUND, CAUSE_EVICT, CAUSE_FINISH, EMPTY, NCTL, P_LATE,
     P_MASK, P_PROBES, P_SHIFT, count_pane, emit, move_cur,
 )
-from .hashtable import PREFETCH_AHEAD, home_slot, min_resident, prefetch_row
+from .hashtable import PREFETCH_AHEAD, home_slot, min_resident, prefetch_record
 from .jit import ngjit, ngjit_inline
 
 #: IPFIX flowEndReason (IE 136)
@@ -128,7 +128,9 @@ def flow_append(table, out, ctl, params, fparams, ops, ident, start, panes, ts, 
             homes[i] = home_slot(panes[i], keys, i, shift)
     for i in range(start, n):
         if i + PREFETCH_AHEAD < n:
-            prefetch_row(ri, homes[i + PREFETCH_AHEAD])
+            ahead = homes[i + PREFETCH_AHEAD]
+            for j in range(probes):
+                prefetch_record(ri, (ahead + j) & mask)
         if n_out + 2 > cap:
             return i, n_out
         if not valid[i]:

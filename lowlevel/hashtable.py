@@ -63,15 +63,14 @@ PREFETCH_AHEAD = 16
 
 
 @intrinsic
-def prefetch_row(typingctx, arr, row):
-    """Hint the CPU to load the cache line of arr[row, 0] (2-D array) for writing."""
-    sig = types.void(arr, row)
+def prefetch_cell(typingctx, arr, row, col):
+    """Hint the CPU to load the cache line of arr[row, col] (2-D array) for writing."""
+    sig = types.void(arr, row, col)
 
     def codegen(context, builder, signature, args):
         ary = context.make_array(signature.args[0])(context, builder, args[0])
-        zero = context.get_constant(types.intp, 0)
         ptr = cgutils.get_item_pointer(context, builder, signature.args[0], ary,
-                                       [args[1], zero])
+                                       [args[1], args[2]])
         i8p = ir.IntType(8).as_pointer()
         i32 = ir.IntType(32)
         fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
@@ -80,6 +79,22 @@ def prefetch_row(typingctx, arr, row):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@ngjit_inline
+def prefetch_row(arr, row):
+    """Hint the CPU to load the cache line of arr[row, 0] for writing."""
+    prefetch_cell(arr, row, 0)
+
+
+@ngjit_inline
+def prefetch_record(arr, row):
+    """Hint the CPU to load every cache line of record arr[row] (a wide record spans several:
+    a flow's 19 words are 152 bytes, and the keys and the states lie on different lines)."""
+    width = arr.shape[1]
+    for c in range(0, width, 8):
+        prefetch_cell(arr, row, c)
+    prefetch_cell(arr, row, width - 1)
 
 
 @ngjit

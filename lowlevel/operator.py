@@ -243,8 +243,9 @@ class LowLevelOperator:
         callers slice them to the batch and overwrite keys and arguments whole)."""
         if n > self._cap:
             self._cap = n
-            self._keybuf = np.empty((n, self._key_words), np.uint64)
-            self._argbuf = self.layout.empty_args(n)
+            self._keybuf = np.empty(n * self._key_words, np.uint64)
+            self._argbuf = tuple(np.zeros(a.size, a.dtype)
+                                 for a in self.layout.empty_args(n))
             self._ones = np.ones(n, bool)
 
     def _stack_keys(self, batch: PacketBatch) -> np.ndarray:
@@ -252,7 +253,7 @@ class LowLevelOperator:
         n = len(batch)
         specs = self._keys[:self._hashed]
         self._grow(n)
-        out = self._keybuf[:n]
+        out = column_major(self._keybuf, n, self._key_words)
         if self._direct is not None:
             j = 0
             for parts in self._direct:
@@ -273,8 +274,8 @@ class LowLevelOperator:
         a sub-aggregate's argument, written whole here)."""
         n = len(batch)
         self._grow(n)
-        i, u, f, d = self._argbuf
-        banks = (i[:n], u[:n], f[:n], d[:n])
+        banks = tuple(column_major(flat, n, self.layout.arg_width[w])
+                      for flat, w in zip(self._argbuf, "iufd"))
         for s in self.plan.subaggs:
             if s.name not in self.layout.arg_columns:
                 continue
@@ -465,3 +466,10 @@ class LowLevelOperator:
             out.update(e)
         out.update(self._late_counts)
         return out
+
+
+def column_major(flat: np.ndarray, n: int, width: int) -> np.ndarray:
+    """An [n, width] column-major view of the first n * width items of `flat`: each column
+    is written whole by one contiguous copy (row-major, the copies strode by `width` words:
+    a third of the flow low level's time)."""
+    return flat[:n * width].reshape(width, n).T
