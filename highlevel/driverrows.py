@@ -70,10 +70,11 @@ class DriverRows:
         return cls(columns, layout, stage.window, spec.window.scale, spec.window.shift)
 
     # --- rows --------------------------------------------------------------------------------
-    def read(self, paths: list[Path], open_dir: Path | None) -> pa.Table:
-        """The partial rows of the batch's files and of the open state (marker rows left
-        out), one chunk per column."""
-        tables = [pq.read_table(p, columns=self.columns) for p in paths]
+    def read(self, files: list[tuple[Path, int]], open_dir: Path | None) -> pa.Table:
+        """The partial rows of the batch's spool files ((path, data rows) each: the rows
+        come first, the marker row last) and of the open state, one chunk per column. Every
+        copy of a column costs here: fresh memory is page-faulted in at about 1 s per GB."""
+        tables = [pq.read_table(p, columns=self.columns).slice(0, rows) for p, rows in files]
         if open_dir is not None:
             tables.append(_read_open(open_dir, self.columns))
         tables = [t for t in tables if t.num_rows]
@@ -86,14 +87,20 @@ class DriverRows:
         return table.combine_chunks()
 
     def split(self, table: pa.Table, before: int | None, upto: int) -> tuple[pa.Table, pa.Table]:
-        """(rows whose window ends in (before, upto], rows still open after upto)."""
+        """(rows whose window ends in (before, upto], rows still open after upto); no copy
+        when all rows fall on one side."""
         if table.num_rows == 0:
             return table, table
         end = self.window.pane_end(np.asarray(table.column("window")))
         closing = end <= upto
         if before is not None:
             closing &= end > before
-        return table.filter(pa.array(closing)), table.filter(pa.array(end > upto))
+        still_open = end > upto
+        if closing.all():
+            return table, table.slice(0, 0)
+        if still_open.all():
+            return table.slice(0, 0), table
+        return table.filter(pa.array(closing)), table.filter(pa.array(still_open))
 
     def result(self, closed: pa.Table) -> pa.Table:
         """The closed rows in the layout of Spark's `select(*_outputs, *_hidden).toArrow()`."""

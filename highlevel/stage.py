@@ -349,7 +349,7 @@ class Stage:
             self._commit(state)
             return
         open_dir = self.state_root / prev.open_dir if prev.open_dir is not None else None
-        rows = driver.read([f["path"] for f in files if f["rows"]], open_dir)
+        rows = driver.read([(f["path"], f["rows"]) for f in files if f["rows"]], open_dir)
         self._tick("read")
         still_open = rows
         if advanced and not rows.num_rows:
