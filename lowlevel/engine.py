@@ -160,8 +160,9 @@ class HashAggregator:
 
     def append_prepared(self, ts: np.ndarray, keys: np.ndarray, args: tuple,
                         valid: np.ndarray) -> list[Partials]:
-        """`append` of arrays already in the kernel's dtypes and shapes, C-contiguous, and
-        `args` never None (the operator builds them so): nothing converted or checked."""
+        """`append` of arrays already in the kernel's dtypes and shapes, contiguous (row- or
+        column-major), and `args` never None (the operator builds them so): nothing
+        converted or checked."""
         return self._fold(ts, keys, args, valid)
 
     def _fold(self, ts, keys, args, valid) -> list[Partials]:

@@ -443,6 +443,14 @@ run_offline = run
 
 
 def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
+    # the JVM takes seconds to start: it starts first, while the stages are planned and the
+    # sources opened (the query and the capture paths were checked already; a source that
+    # then fails to open ends the run, and the JVM with it). A bounded replay is over in
+    # seconds to minutes: a JVM that starts quickly pays; a paced or live run lasts, and its
+    # steady state wants the optimising compiler
+    starter = _SessionStarter(config.master, quick_jvm=not config.streaming)
+    starter.start()
+    log.debug("Spark session start asked %.2f s into the run", time.perf_counter() - started)
     from highlevel.errors import StageConfigError
     from highlevel.graph import StageGraph
     from tools.feeds import LinkFeeds, OperatorFeed
@@ -477,13 +485,7 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
         per_link[lp.link].append(OperatorFeed(lp, spool, queries[graph.query_of(lp)]))
     feeds = {name: LinkFeeds(name, fs, config.lull_slack_ns) for name, fs in per_link.items()}
     summary = RunSummary(links={}, queries=queries)
-    # sources first: a missing interface or capture right fails before the JVM starts
     sources = _open_sources(config, feeds, summary)
-    # a bounded replay is over in seconds to minutes: a JVM that starts quickly pays; a
-    # paced or live run lasts, and its steady state wants the optimising compiler
-    starter = _SessionStarter(config.master, quick_jvm=not config.streaming)
-    starter.start()
-    log.debug("Spark session start asked %.2f s into the run", time.perf_counter() - started)
     continuous = overlap = None
     if config.streaming:
         continuous = _Continuous(starter, graph)

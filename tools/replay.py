@@ -22,6 +22,7 @@ before it were processed, the other links go on.
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import numpy as np
@@ -30,17 +31,27 @@ from capture.errors import CaptureError
 
 log = logging.getLogger(__name__)
 
+#: batches read ahead per link on a machine with more than one core (`capture.prefetch`):
+#: reading and decoding (a quarter of a flow query's low level) move off the operators' core
+READ_AHEAD = 2
+
 
 class FileLink:
     """One capture file as a link: chunks of packets up to a capture-time bound."""
 
     def __init__(self, name: str, path: str, batch_size: int = 65536,
-                 columns: tuple[str, ...] | None = None):
+                 columns: tuple[str, ...] | None = None, prefetch: int | None = None):
         from capture.reader import open_capture
 
         self.name, self.path = name, str(path)
-        # `columns`: decode only what the link's operators read (None: every column)
-        self.reader = open_capture(path, link=name, batch_size=batch_size, columns=columns)
+        if prefetch is None:
+            prefetch = READ_AHEAD if (os.cpu_count() or 1) > 1 else 0
+        # `columns`: decode only what the link's operators read (None: every column).
+        # `prefetch`: batches a thread reads and decodes ahead while the link's operators work
+        # on the current one (a batch is consumed whole before the next is asked for, as the
+        # read-ahead requires)
+        self.reader = open_capture(path, link=name, batch_size=batch_size, columns=columns,
+                                   prefetch=prefetch)
         self._batches = iter(self.reader)
         self._batch = None
         self._cummax = None      # running max of capture time through the pending batch
