@@ -38,7 +38,6 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -47,6 +46,7 @@ from highlevel.driverrows import DriverRows
 from highlevel.errors import HighLevelError
 from highlevel.finalize import having_column, ip_text_arrow, output_columns
 from highlevel.session import get_session
+from highlevel.sorting import sort_indices
 from highlevel.sinks import Sink
 from highlevel.spec import StageSpec
 from highlevel.spool import LINK, PUNCT, SEQ, partials_dir
@@ -511,8 +511,7 @@ class Stage:
             # one chunk per column first: sorting and taking across many Arrow batches of
             # 10K rows costs twice as much
             result = result.combine_chunks()
-            result = result.take(pc.sort_indices(
-                result, sort_keys=[(c, "ascending") for c in self._order]))
+            result = result.take(sort_indices(result, self._order))
         table = to_output_table(result, spec)
         self._tick("sort+format")
         raw = None

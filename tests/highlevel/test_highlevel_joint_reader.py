@@ -10,6 +10,7 @@ for later readers.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -57,6 +58,14 @@ def _reader(spark, tmp_path, late: str = "drop"):
     return stage, feed, out
 
 
+def _in_writing_order(feed: SpoolSink) -> None:
+    """Give the spool files modification times one second apart, in sequence order: Spark's
+    file source takes the oldest first (one file per micro-batch here), and files written
+    within the same millisecond would come in listing order."""
+    for i, path in enumerate(sorted(feed.writer.dir.glob("*.parquet"))):
+        os.utime(path, ns=(10**18 + i * 10**9, 10**18 + i * 10**9))
+
+
 def _groups(out: ListSink, batch: int, correction: bool = False) -> list[tuple]:
     t = out.tables.get(batch)
     if t is None:
@@ -85,6 +94,7 @@ def test_groups_close_on_the_box_either_slab_or_the_end(spark, tmp_path, late):
         if pairs:
             feed.write(batch, _rows(pairs))
         feed.end_batch(batch, punct)
+    _in_writing_order(feed)
     stage.run_available()
     assert stage.state.batch == 4
     assert stage.state.late_rows == 1
