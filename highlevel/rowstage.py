@@ -17,7 +17,6 @@ idempotent sinks) and replace its per-batch step:
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,7 +81,6 @@ class RowStage(Stage):
         self.state = self._load_latest()
         self.batch_seconds: list[float] = []
         self.query = None
-        self._batch_lock = threading.Lock()
         partials_dir(self.spool, spec.query).mkdir(parents=True, exist_ok=True)
 
     def _process(self, df, batch_id: int) -> None:

@@ -31,7 +31,6 @@ import json
 import logging
 import os
 import shutil
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,7 +136,6 @@ class Stage:
         # prepared frame (a row plan over another query's rows) is computed once and cached.
         self.cache_input = prepare is not None
         self.query = None
-        self._batch_lock = threading.Lock()
         # flow records whose batches can close on the driver (highlevel.driverrows)
         self._driver = DriverRows.for_stage(self)
         self.driver_batches = 0
@@ -226,21 +224,12 @@ class Stage:
                 from exc
 
     def stop(self) -> None:
-        """Stop the continuous query and wait for a micro-batch still running in our callback
-        (Spark's stop can return while it runs): a batch run again right after (run_available)
-        then finds it committed instead of writing its rows a second time."""
         if self.query is not None:
             self.query.stop()
             self.query = None
-        with self._batch_lock:
-            pass
 
     # --- one micro-batch ---------------------------------------------------------------------
     def process_batch(self, df: DataFrame, batch_id: int) -> None:
-        with self._batch_lock:     # one batch at a time, also across a stop and a restart
-            self._process_batch(df, batch_id)
-
-    def _process_batch(self, df: DataFrame, batch_id: int) -> None:
         started = self.clock()
         if getattr(self, "_run_started", None) is not None:
             # Structured Streaming's own start (checkpoint, listing, planning) before batch 1
