@@ -287,10 +287,32 @@ class StageGraph:
         for _, stage in self.stages:
             stage.start()
 
+    def drain(self) -> None:
+        """Let each running continuous query, upstream first, process every spool file there
+        is now (a query a stage upstream feeds sees that stage's last rows)."""
+        from pyspark.errors import StreamingQueryException
+
+        from highlevel.errors import HighLevelError
+
+        for name, stage in self.stages:
+            if stage.query is not None:
+                try:
+                    stage.query.processAllAvailable()
+                except StreamingQueryException as exc:
+                    first = str(exc).strip().splitlines()[0][:300]
+                    raise HighLevelError(f"query {name!r}: Spark stage failed: {first}") \
+                        from exc
+
     def stop(self) -> None:
-        """Stop the continuous queries, then process what is left in the spools."""
-        for _, stage in self.stages:
-            stage.stop()
+        """Drain the continuous queries, stop them, then process what is left in the spools.
+        Stopping a query interrupts the micro-batch it is in (its Spark jobs fail), and a
+        batch cut after its rows were written would be written again by the replay: so the
+        queries are stopped only when idle."""
+        try:
+            self.drain()
+        finally:
+            for _, stage in self.stages:
+                stage.stop()
         self.run_available()
 
     def stage(self, query: str) -> Stage:

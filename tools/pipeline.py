@@ -318,21 +318,10 @@ class _Overlap(threading.Thread):
     def finish(self) -> None:
         """Let each stage, upstream first, process every spool file, then stop it. No new
         streaming query starts (an availableNow run would cost a stream start per stage)."""
-        from pyspark.errors import StreamingQueryException
-
-        from highlevel.errors import HighLevelError
-
         if self.error is not None:
             raise self.error
         try:
-            for name, stage in self.graph.stages:
-                if stage.query is not None:
-                    try:
-                        stage.query.processAllAvailable()
-                    except StreamingQueryException as exc:
-                        first = str(exc).strip().splitlines()[0][:300]
-                        raise HighLevelError(f"query {name!r}: Spark stage failed: "
-                                             f"{first}") from exc
+            self.graph.drain()
         finally:
             for _, stage in self.graph.stages:
                 stage.stop()
