@@ -100,8 +100,9 @@ def file_markers(path: Path) -> dict | None:
 
 def batch_markers(stream: Path, batch_id: int, earliest_end, before: int | None):
     """Per file of the batch: {LINK, SEQ, "p", "rows", "late", "kept"}, as the stage's
-    markers job gives them (and the file's "path"), when no row can be late (`earliest_end(min_window)`, the end
-    of the first window a file's earliest pane counts in, after `before`); else None."""
+    markers job gives them, and the file's "path", when no row can be late
+    (`earliest_end(min_window)`, the end of the first window a file's earliest pane counts
+    in, after `before`); else None."""
     paths = batch_files(stream, batch_id)
     if paths is None:
         return None

@@ -36,6 +36,11 @@ _ARROW_OF = {"int64": pa.int64(), "uint64": pa.int64(), "float64": pa.float64(),
              "string": pa.string(), "bool": pa.bool_()}
 
 
+#: Arrow's type of a partial column, by its type in Spark's partial_schema
+_SPARK_ARROW = {"bigint": pa.int64(), "double": pa.float64(), "string": pa.string(),
+                "boolean": pa.bool_(), "int": pa.int32()}
+
+
 def enabled() -> bool:
     return os.environ.get("OOPSCOPE_DRIVER_ROWS", "1") not in ("0", "false", "no", "")
 
@@ -43,9 +48,10 @@ def enabled() -> bool:
 class DriverRows:
     """The driver-side close of one unique-row stage (build with `for_stage`)."""
 
-    def __init__(self, columns: list[str], layout: list[tuple[str, str, object]], window,
+    def __init__(self, schema: pa.Schema, layout: list[tuple[str, str, object]], window,
                  scale: int = 1, shift: int = 0):
-        self.columns = columns          # the partial columns, as Spark's partial_schema
+        self.schema = schema            # the partial columns, as Spark's partial_schema
+        self.columns = schema.names
         self.layout = layout            # (result name, partial column or WINDOW_VALUE, type)
         self.window = window            # highlevel.windows.WindowLogic (tumbling)
         self.scale, self.shift = scale, shift     # window column value = id * scale + shift
@@ -61,13 +67,14 @@ class DriverRows:
                 and not stage._correct and spec.window2 is None and not stage.marker_columns
                 and not stage.late_reads):
             return None
-        layout = _output_layout(spec)
+        schema = pa.schema([(f.name, _SPARK_ARROW[f.dataType.simpleString()])
+                            for f in spec.partial_schema().fields])
+        layout = _output_layout(spec, schema)
         if layout is None:
             return None
         _, hidden = order_plan(spec)
-        layout += [(name, c, _key_arrow(spec, c)) for name, c in hidden]
-        columns = [f.name for f in spec.partial_schema().fields]
-        return cls(columns, layout, stage.window, spec.window.scale, spec.window.shift)
+        layout += [(name, c, schema.field(c).type) for name, c in hidden]
+        return cls(schema, layout, stage.window, spec.window.scale, spec.window.shift)
 
     # --- rows --------------------------------------------------------------------------------
     def read(self, files: list[tuple[Path, int]], open_dir: Path | None) -> pa.Table:
@@ -76,10 +83,10 @@ class DriverRows:
         copy of a column costs here: fresh memory is page-faulted in at about 1 s per GB."""
         tables = [pq.read_table(p, columns=self.columns).slice(0, rows) for p, rows in files]
         if open_dir is not None:
-            tables.append(_read_open(open_dir, self.columns))
+            tables.append(_read_open(open_dir, self.schema))
         tables = [t for t in tables if t.num_rows]
         if not tables:
-            return pa.table({c: pa.array([], pa.int64()) for c in self.columns})
+            return self.schema.empty_table()
         table = pa.concat_tables([t.cast(tables[0].schema) for t in tables])
         window = table.column("window")
         if window.null_count:
@@ -131,13 +138,13 @@ class DriverRows:
 WINDOW_VALUE = "window*"
 
 
-def _read_open(directory: Path, columns: list[str]) -> pa.Table:
+def _read_open(directory: Path, schema: pa.Schema) -> pa.Table:
     """An open-state directory (written by Spark or by `DriverRows.write_open`)."""
     files = sorted(p for p in Path(directory).glob("*.parquet")
                    if not p.name.startswith((".", "_")))
-    tables = [pq.read_table(p, columns=columns) for p in files]
+    tables = [pq.read_table(p, columns=schema.names) for p in files]
     if not tables:
-        return pa.table({c: pa.array([], pa.int64()) for c in columns})
+        return schema.empty_table()
     return pa.concat_tables([t.cast(tables[0].schema) for t in tables])
 
 
@@ -163,7 +170,7 @@ def _resolve(spec, node, depth: int = 0) -> tuple[str, ...] | None:
     return None
 
 
-def _output_layout(spec) -> list | None:
+def _output_layout(spec, schema: pa.Schema) -> list | None:
     """[(result column, source, arrow type)] of the outputs, named and typed as
     `finalize.output_columns` selects them; None when an output is not a plain name."""
     layout = []
@@ -180,19 +187,7 @@ def _output_layout(spec) -> list | None:
         if out.type not in _ARROW_OF or (src[0] == WINDOW_VALUE
                                          and out.type not in ("int64", "uint64")):
             return None
-        if src[0] != WINDOW_VALUE and _key_arrow(spec, src[0]) != _ARROW_OF[out.type]:
+        if src[0] != WINDOW_VALUE and schema.field(src[0]).type != _ARROW_OF[out.type]:
             return None                       # a cast Spark would do (e.g. a float as long)
         layout.append((out.name, src[0], _ARROW_OF[out.type]))
     return layout
-
-
-def _key_arrow(spec, column: str):
-    """The Arrow type of a partial column (keys by their type, states by their dtype)."""
-    for k in spec.keys:
-        if column in k.columns():
-            return {"float64": pa.float64(), "string": pa.string(),
-                    "bool": pa.bool_()}.get(k.type, pa.int64())
-    for c, t in spec.state_columns():
-        if c == column:
-            return {"double": pa.float64(), "int": pa.int32()}.get(t, pa.int64())
-    return pa.int64()
