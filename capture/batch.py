@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from lowlevel.jit import ngjit
+
 from .schema import COLUMN_BY_NAME, COLUMNS
 
 _NS = 1_000_000_000
@@ -88,3 +90,16 @@ class PacketBatch:
 
 def column_dtype(name: str) -> np.dtype:
     return COLUMN_BY_NAME[name].dtype
+
+
+@ngjit
+def tally(length, caplen, reason, reason_counts):
+    """(wire bytes, captured bytes) of a batch's packets, and their reasons counted into
+    `reason_counts` [256]: the per-batch statistics of readers and rings, in one pass."""
+    wire = 0
+    captured = 0
+    for i in range(len(length)):
+        wire += length[i]
+        captured += caplen[i]
+        reason_counts[reason[i]] += 1
+    return wire, captured

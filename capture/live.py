@@ -43,7 +43,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .batch import PacketBatch
+from .batch import PacketBatch, tally
 from .decode import LINK_ETHERNET, LINK_RAW, DecodeColumns, decode_rows, make_columns
 from .errors import ConfigError, InterfaceError
 from .reader import ReaderStats
@@ -93,9 +93,9 @@ class LiveStats(ReaderStats):
 
     def count(self, cols: dict[str, np.ndarray]) -> None:
         self.packets += len(cols["len"])
-        self.bytes += int(cols["len"].sum(dtype=np.int64))
-        self.captured_bytes += int(cols["caplen"].sum(dtype=np.int64))
-        self.reason_counts += np.bincount(cols["reason"], minlength=256)
+        wire, captured = tally(cols["len"], cols["caplen"], cols["reason"], self.reason_counts)
+        self.bytes += int(wire)
+        self.captured_bytes += int(captured)
 
 
 def interfaces() -> list[str]:

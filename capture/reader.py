@@ -30,7 +30,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .batch import PacketBatch
+from .batch import PacketBatch, tally
 from .decode import LINK_NAMES, DecodeColumns, make_columns
 from .fastdecode import FLOW_COLUMNS, column_mask, decode_rows_fast, decode_rows_flow
 from .errors import CaptureError, CaptureFormatError, TruncatedCaptureError
@@ -315,9 +315,9 @@ class CaptureReader:
             self._last_sec = int(cols["timestamp"][n - 1]) // 1_000_000_000
         st = self.stats
         st.packets += n
-        st.bytes += int(cols["len"].sum(dtype=np.int64))
-        st.captured_bytes += int(cols["caplen"].sum(dtype=np.int64))
-        st.reason_counts += np.bincount(cols["reason"], minlength=256)
+        wire, captured = tally(cols["len"], cols["caplen"], cols["reason"], st.reason_counts)
+        st.bytes += int(wire)
+        st.captured_bytes += int(captured)
         return PacketBatch(self.link, cols, out.record_offset[:n])
 
     def _finish_truncated(self) -> None:

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from highlevel.spool import cached_rows
 from queries import expressions as E
 
 #: Spark's type of an output column, as `finalize.output_columns` casts it, in Arrow
@@ -81,7 +82,11 @@ class DriverRows:
         """The partial rows of the batch's spool files ((path, data rows) each: the rows
         come first, the marker row last) and of the open state, one chunk per column. Every
         copy of a column costs here: fresh memory is page-faulted in at about 1 s per GB."""
-        tables = [pq.read_table(p, columns=self.columns).slice(0, rows) for p, rows in files]
+        tables = []
+        for path, rows in files:
+            kept = cached_rows(path)      # written by this process a moment ago
+            tables.append(kept.select(self.columns) if kept is not None and kept.num_rows == rows
+                          else pq.read_table(path, columns=self.columns).slice(0, rows))
         if open_dir is not None:
             tables.append(_read_open(open_dir, self.schema))
         tables = [t for t in tables if t.num_rows]

@@ -77,6 +77,8 @@ class StageGraph:
         self._makers += own
         self._stages: list[tuple[str, Stage]] | None = None
         self.stage_of: dict[str, Stage] = {}
+        #: the stages remove their spool files once committed (`Stage.prune_spool`)
+        self.prune_spool = False
 
     def bind(self, spark) -> None:
         """Use this Spark session (started elsewhere, e.g. while the low level ran)."""
@@ -98,6 +100,7 @@ class StageGraph:
             stages = []
             for name, make in self._makers:
                 stage = make()
+                stage.prune_spool = self.prune_spool
                 stages.append((name, stage))
                 self.stage_of[name] = stage
             order = {q: i for i, q in enumerate(self.plan.names)}

@@ -182,10 +182,22 @@ def _forward_jvm_stderr(fd: int) -> None:
                 pass          # our stderr is gone (exit): keep draining so the JVM never blocks
 
 
-def _launch_gateway(conf) -> None:
+def lower_priority(nice: int) -> None:
+    """Raise the calling thread's niceness to `nice` (Linux schedules threads one by one, and
+    a thread's children inherit it); never lowers it."""
+    tid = threading.get_native_id()
+    try:
+        if os.getpriority(os.PRIO_PROCESS, tid) < nice:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except OSError as exc:          # not permitted, or no per-thread priorities here
+        log.debug("thread priority unchanged: %s", exc)
+
+
+def _launch_gateway(conf, nice: int = 0) -> None:
     """Start the driver JVM (py4j gateway) as pyspark does, but with its stderr through
     `_forward_jvm_stderr`, and make it the gateway of the next SparkContext. A pipe of our own
-    is read from before the JVM starts, so start-up errors (no Java, a bad option) still show."""
+    is read from before the JVM starts, so start-up errors (no Java, a bad option) still show.
+    `nice`: the JVM's niceness (every thread of it inherits it from the launch)."""
     from pyspark import SparkContext
     from pyspark.errors import PySparkRuntimeError
     from pyspark.java_gateway import launch_gateway
@@ -197,7 +209,10 @@ def _launch_gateway(conf) -> None:
                                name="oopscope-jvm-stderr", daemon=True)
     forward.start()
     try:
-        gateway = launch_gateway(conf, popen_kwargs={"stderr": write_fd})
+        popen = {"stderr": write_fd}
+        if nice > 0:
+            popen["preexec_fn"] = lambda: os.nice(nice)   # in the child, before exec
+        gateway = launch_gateway(conf, popen_kwargs=popen)
     except PySparkRuntimeError as exc:
         os.close(write_fd)
         forward.join(2)               # the JVM's own words (above) come before ours
@@ -215,13 +230,15 @@ def _launch_gateway(conf) -> None:
 
 def get_session(master: str | None = None, *, app_name: str = "oopscope",
                 driver_memory: str = "3g", shuffle_partitions: int | None = None,
-                conf: dict[str, str] | None = None, quick_jvm: bool = True):
+                conf: dict[str, str] | None = None, quick_jvm: bool = True, nice: int = 0):
     """The process-wide SparkSession, created on first call and reused afterwards.
 
     `master` is `local[*]` by default, or any Spark master URL (`spark://host:7077`). Asking
     for a different master than the running session's stops it and starts a new one.
     `quick_jvm`: a new local driver JVM starts with `quick_jvm_options` (bounded runs);
     False keeps the JVM's tiered compilation (paced and live runs, which last).
+    `nice`: a new local driver JVM runs at this niceness (`tools.pipeline`: bounded replays,
+    where the low level's threads come first while both run).
     """
     global _SESSION, _MASTER
     master = master or os.environ.get("OOPSCOPE_SPARK_MASTER") or "local[*]"
@@ -267,7 +284,8 @@ def get_session(master: str | None = None, *, app_name: str = "oopscope",
                 [("spark.master", master), ("spark.app.name", app_name),
                  ("spark.driver.memory", driver_memory),
                  ("spark.driver.extraJavaOptions", driver_opts),
-                 ("spark.executor.extraJavaOptions", java_opts), *settings.items()]))
+                 ("spark.executor.extraJavaOptions", java_opts), *settings.items()]),
+                nice if master.startswith("local") else 0)
         session = builder.getOrCreate()
         session.sparkContext.setLogLevel("WARN")
         log.info("Spark %s session on %s", session.version, master)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from urllib.parse import quote, unquote
 
@@ -92,15 +94,59 @@ def spool_columns(name: str, array) -> list[tuple[str, pa.Array]]:
     return [(name, normalise_column(array))]
 
 
+#: Data rows of spool files kept in memory for a reader in the same process (a stage that
+#: closes flow records on the driver, `highlevel.driverrows`): it takes them from here instead
+#: of decoding the file it was just written to (3.4M flow records: 0.6 s). The file is written
+#: all the same (Spark's file source lists it; other readers and restarts read it). At most
+#: CACHE_BYTES are kept, the oldest dropped first.
+CACHE_BYTES = 1 << 30
+_CACHE: OrderedDict[str, pa.Table] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+_cached_bytes = 0
+
+
+def _remember(path: Path, table: pa.Table) -> None:
+    global _cached_bytes
+    size = table.nbytes
+    if size > CACHE_BYTES:
+        return
+    with _CACHE_LOCK:
+        _CACHE[str(path)] = table
+        _cached_bytes += size
+        while _cached_bytes > CACHE_BYTES:
+            _cached_bytes -= _CACHE.popitem(last=False)[1].nbytes
+
+
+def cached_rows(path: str | os.PathLike) -> pa.Table | None:
+    """The data rows of the spool file at `path` as written by this process (and forgets
+    them), or None when they are not kept."""
+    global _cached_bytes
+    with _CACHE_LOCK:
+        table = _CACHE.pop(str(path), None)
+        if table is not None:
+            _cached_bytes -= table.nbytes
+        return table
+
+
 class SpoolWriter:
     """Writes one link's partial rows and punctuation for one query, one atomic file per call.
 
     The low-level driver calls `write(partials, punctuation)` after each flush. A writer
     restarted on the same spool continues the link's sequence numbers.
+
+    `compression`: the Parquet codec. Snappy by default: a kept spool (`--spool`, the files
+    of a live run, which are never pruned) is a third of the size. A bounded run's temporary
+    spool is written and read once and then removed, so it goes uncompressed ("none"): 5.5M
+    flow records wrote in 0.9 s and read in 0.35 s instead of 1.7 s and 1.0 s. Column
+    statistics are never written; nothing reads them (the footer carries the markers).
+    `keep_in_memory`: each file's data rows stay in memory for `cached_rows`.
     """
 
-    def __init__(self, root: str | os.PathLike, query: str, link: str, *, fsync: bool = True):
+    def __init__(self, root: str | os.PathLike, query: str, link: str, *, fsync: bool = True,
+                 compression: str = "snappy", keep_in_memory: bool = False):
         self.query, self.link, self.fsync = query, link, fsync
+        self.compression = compression
+        self.keep_in_memory = keep_in_memory     # see `cached_rows`
         self.dir = partials_dir(root, query)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.seq = self._next_seq()
@@ -158,7 +204,9 @@ class SpoolWriter:
         with open(tmp, "wb") as fh:
             # no dictionary pages: partial columns are mostly distinct values, and trying a
             # dictionary first cost a third of the write
-            with pq.ParquetWriter(fh, out.schema, use_dictionary=False) as writer:
+            with pq.ParquetWriter(fh, out.schema, use_dictionary=False,
+                                  compression=self.compression,
+                                  write_statistics=False) as writer:
                 if n:
                     writer.write_table(out)
                 writer.write_table(last.cast(out.schema))
@@ -168,6 +216,8 @@ class SpoolWriter:
         os.replace(tmp, path)
         if self.fsync:
             _fsync_dir(self.dir)
+        if self.keep_in_memory and n:
+            _remember(path, out)
         self.seq += 1
         self.rows_written += n
         if punctuation is not None:

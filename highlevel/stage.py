@@ -45,11 +45,12 @@ from highlevel.combine import Combiner
 from highlevel.driverrows import DriverRows
 from highlevel.errors import HighLevelError
 from highlevel.finalize import having_column, ip_text_arrow, output_columns
-from highlevel.session import get_session
+from highlevel.parallel import map_ordered
+from highlevel.session import get_session, lower_priority
 from highlevel.sorting import sort_indices
 from highlevel.sinks import Sink
 from highlevel.spec import StageSpec
-from highlevel.spool import LINK, PUNCT, SEQ, partials_dir
+from highlevel.spool import LINK, PUNCT, SEQ, cached_rows, partials_dir
 from highlevel.union import Meld
 from highlevel.windows import window_config
 
@@ -95,6 +96,13 @@ class StageState:
 class Stage:
     """The high level of one query on Spark."""
 
+    #: niceness of the thread that processes this stage's batches (0: unchanged); a bounded
+    #: replay's stages running beside the low level yield to it
+    nice = 0
+    #: remove each spool file once the batch that read it on the driver is committed (a run's
+    #: own temporary spool: the files are never read again, and removing them as the run
+    #: goes costs less than removing the whole spool at its end)
+    prune_spool = False
     cache_input = True     # subclasses (row stages) read their micro-batch several times
 
     def __init__(self, spec: StageSpec, spool: str | os.PathLike, checkpoint: str | os.PathLike,
@@ -231,6 +239,8 @@ class Stage:
     # --- one micro-batch ---------------------------------------------------------------------
     def process_batch(self, df: DataFrame, batch_id: int) -> None:
         started = self.clock()
+        if self.nice:
+            lower_priority(self.nice)
         if getattr(self, "_run_started", None) is not None:
             # Structured Streaming's own start (checkpoint, listing, planning) before batch 1
             log.debug("query %s: stream start to first batch %.3f s", self.spec.query,
@@ -347,6 +357,7 @@ class Stage:
         advanced = self._advanced(prev, state, punctuation)
         if not kept and not advanced:
             self._commit(state)
+            self._prune(files)
             return
         open_dir = self.state_root / prev.open_dir if prev.open_dir is not None else None
         rows = driver.read([(f["path"], f["rows"]) for f in files if f["rows"]], open_dir)
@@ -364,9 +375,17 @@ class Stage:
             driver.write_open(still_open, self.state_root / state.open_dir)
             self._tick("write state")
         self._commit(state)
+        self._prune(files)
         self._tick("commit")
         log.debug("query %s: batch %d timings %s (on the driver)", self.spec.query, batch_id,
                   self._tick.laps)
+
+    def _prune(self, files: list[dict]) -> None:
+        """Remove a committed driver batch's spool files (`prune_spool`)."""
+        if self.prune_spool:
+            for f in files:
+                cached_rows(f["path"])
+                Path(f["path"]).unlink(missing_ok=True)
 
     #: marker columns besides the punctuation that the markers job reads, and further
     #: columns its late condition reads (highlevel.joint)
@@ -507,12 +526,19 @@ class Stage:
     def _emit(self, result: pa.Table, batch_id: int, upto: int | None) -> int:
         """Sort Spark's Arrow result, write it to the sinks once; rows written."""
         spec, win = self.spec, self.window
+        raw_sinks = any(getattr(sink, "raw", False) for sink in self.sinks)
         if result.num_rows > 1:
             # one chunk per column first: sorting and taking across many Arrow batches of
             # 10K rows costs twice as much
             result = result.combine_chunks()
-            result = result.take(sort_indices(result, self._order))
-        table = to_output_table(result, spec)
+            order = sort_indices(result, self._order)
+            if raw_sinks:
+                result = result.take(order)
+                table = to_output_table(result, spec)
+            else:
+                table = sorted_output_table(result, order, spec)
+        else:
+            table = to_output_table(result, spec)
         self._tick("sort+format")
         raw = None
         for sink in self.sinks:
@@ -616,6 +642,19 @@ def raw_output_table(table: pa.Table, spec: StageSpec) -> pa.Table:
     return pa.table(cols)
 
 
+#: rows of a closed batch taken and formatted per part (`sorted_output_table`)
+OUTPUT_PART_ROWS = 1 << 18
+
+
+def sorted_output_table(table: pa.Table, order: np.ndarray, spec: StageSpec,
+                        part_rows: int = OUTPUT_PART_ROWS) -> pa.Table:
+    """`to_output_table(table.take(order))`, one chunk per part of `part_rows` rows, the
+    parts taken and formatted side by side (`highlevel.parallel`)."""
+    parts = [order[i:i + part_rows] for i in range(0, len(order), part_rows)]
+    tables = list(map_ordered(lambda idx: to_output_table(table.take(idx), spec), parts))
+    return pa.concat_tables(tables) if tables else to_output_table(table.slice(0, 0), spec)
+
+
 def to_output_table(table: pa.Table, spec: StageSpec) -> pa.Table:
     """Spark's Arrow result in the output schema (uint64 outputs travel as int64 bits)."""
     schema = spec.output_arrow_schema()
@@ -623,15 +662,19 @@ def to_output_table(table: pa.Table, spec: StageSpec) -> pa.Table:
     names = set(table.column_names)
     for f in schema:
         if f.name not in names and f"{f.name}__hi" in names:
-            arrays.append(ip_text_arrow(table.column(f"{f.name}__hi").combine_chunks(),
-                                        table.column(f"{f.name}__lo").combine_chunks()))
+            arrays.append(ip_text_arrow(_one_chunk(table.column(f"{f.name}__hi")),
+                                        _one_chunk(table.column(f"{f.name}__lo"))))
             continue
-        col = table.column(f.name).combine_chunks()
-        if pa.types.is_uint64(f.type):
-            values = np.asarray(col.fill_null(0)).view(np.uint64)
-            col = pa.array(values, pa.uint64(), mask=np.asarray(col.is_null()))
-        arrays.append(col.cast(f.type))
+        col = _one_chunk(table.column(f.name))
+        if pa.types.is_uint64(f.type) and pa.types.is_int64(col.type):
+            col = col.view(pa.uint64())         # the same bits and nulls, no copy
+        arrays.append(col if col.type == f.type else col.cast(f.type))
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _one_chunk(col: pa.ChunkedArray) -> pa.Array:
+    """The column as one array (`combine_chunks` copies even a single chunk)."""
+    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
 
 
 def warm_up(spark, work: str | os.PathLike) -> float:

@@ -48,6 +48,7 @@ from .flush import (
 )
 from .hashtable import PREFETCH_AHEAD, home_slot, min_resident, prefetch_record
 from .jit import ngjit, ngjit_inline
+from .specialize import specialized
 
 #: IPFIX flowEndReason (IE 136)
 REASON_IDLE, REASON_ACTIVE, REASON_END, REASON_FORCED, REASON_EVICTED = 1, 2, 3, 4, 5
@@ -259,6 +260,7 @@ class FlowAggregator(HashAggregator):
         self._lw = 2 + nkeys
         #: idle flows are looked for at most this often (capture time, ns)
         self.scan_gap = (idle_ns // 16) if idle_ns is not None else self.pane_ns
+        self._kernel = specialized(flow_append, self.ops)
         self._last_scan: int | None = None
         self.max_ts: int | None = None   # the link's largest capture time seen
 
@@ -282,9 +284,9 @@ class FlowAggregator(HashAggregator):
         chunks = []
         start = 0
         while start < n:
-            start, n_out = flow_append(self.table, self.out, self.ctl, self.params, self.fparams,
-                                       self.ops, self.ident, start, panes, ts, keys, ai, au, af,
-                                       ad, valid, ends, homes)
+            start, n_out = self._kernel(self.table, self.out, self.ctl, self.params,
+                                        self.fparams, self.ops, self.ident, start, panes, ts,
+                                        keys, ai, au, af, ad, valid, ends, homes)
             if n_out:
                 chunks.append(self._drain(n_out))
         return chunks

@@ -12,6 +12,14 @@ import numba
 log = logging.getLogger(__name__)
 
 
+def sources_digest() -> str:
+    """sha1 of this package's sources (names and bytes)."""
+    digest = hashlib.sha1()
+    for src in sorted(Path(__file__).resolve().parent.glob("*.py")):
+        digest.update(src.name.encode() + src.read_bytes())
+    return digest.hexdigest()
+
+
 def _drop_stale_cache() -> None:
     """Numba's on-disk cache checks only the source file of the cached function, not the
     modules it calls (a kernel in hashtable.py inlines flush.py and aggregates.py). So the
@@ -21,16 +29,14 @@ def _drop_stale_cache() -> None:
     here = Path(__file__).resolve().parent
     cache = here / "__pycache__"
     try:
-        digest = hashlib.sha1()
-        for src in sorted(here.glob("*.py")):
-            digest.update(src.name.encode() + src.read_bytes())
+        digest = sources_digest()
         stamp = cache / "numba-sources.sha1"
-        if stamp.is_file() and stamp.read_text() == digest.hexdigest():
+        if stamp.is_file() and stamp.read_text() == digest:
             return
         cache.mkdir(exist_ok=True)
         for f in list(cache.glob("*.nbi")) + list(cache.glob("*.nbc")):
             f.unlink(missing_ok=True)
-        stamp.write_text(digest.hexdigest())
+        stamp.write_text(digest)
     except OSError as exc:  # a read-only install: the cache cannot be written either
         log.debug("numba cache check skipped: %s", exc)
 

@@ -212,10 +212,10 @@ class LowLevelOperator:
             self._evaluate_fn = _default_evaluate()
         return self._evaluate_fn(expr, batch)
 
-    def _direct_keys(self) -> list | None:
+    def _direct_keys(self) -> list:
         """Per key, the (physical column, mask) pairs it is when it is a plain packet field
-        of unsigned columns (srcIP, ports, ...), else None: such keys are written straight
-        into the key matrix without the evaluator's temporaries."""
+        of unsigned columns (srcIP, ports, ...), else None (an expression): such keys are
+        written straight into the key matrix without the evaluator's temporaries."""
         from capture.schema import COLUMN_BY_NAME
 
         out = []
@@ -223,19 +223,19 @@ class LowLevelOperator:
                            else self.plan.projections):
             e = k.expr
             cols = getattr(e, "columns", None)
+            direct = None
             if (callable(e) and not hasattr(e, "arg_types")) or type(e).__name__ != "Field" \
-                    or getattr(e, "table", None) is not None or not cols:
-                return None
-            if any(c not in COLUMN_BY_NAME or COLUMN_BY_NAME[c].dtype.kind != "u" for c in cols):
-                return None
-            if spec.type == "ip" and e.type == "ip" and len(cols) == 2:
-                out.append([(cols[0], _ALL64), (cols[1], _ALL64)])
+                    or getattr(e, "table", None) is not None or not cols \
+                    or any(c not in COLUMN_BY_NAME or COLUMN_BY_NAME[c].dtype.kind != "u"
+                           for c in cols):
+                pass
+            elif spec.type == "ip" and e.type == "ip" and len(cols) == 2:
+                direct = [(cols[0], _ALL64), (cols[1], _ALL64)]
             elif spec.type == "ipv4" and e.type == "ipv4" and len(cols) == 1:
-                out.append([(cols[0], _LOW32)])
+                direct = [(cols[0], _LOW32)]
             elif spec.type in ("uint", "ullong") and e.type == spec.type and len(cols) == 1:
-                out.append([(cols[0], _ALL64)])
-            else:
-                return None
+                direct = [(cols[0], _ALL64)]
+            out.append(direct)
         return out
 
     def _grow(self, n: int) -> None:
@@ -254,16 +254,14 @@ class LowLevelOperator:
         specs = self._keys[:self._hashed]
         self._grow(n)
         out = column_major(self._keybuf, n, self._key_words)
-        if self._direct is not None:
-            j = 0
-            for parts in self._direct:
-                for col, mask in parts:
+        j = 0
+        for spec, k, direct in zip(specs, self.plan.keys if self.plan.window else
+                                   self.plan.projections, self._direct):
+            if direct is not None:
+                for col, mask in direct:
                     put_key_column(out, j, batch[col], mask)
                     j += 1
-            return out
-        j = 0
-        for spec, k in zip(specs, self.plan.keys if self.plan.window else
-                           self.plan.projections):
+                continue
             for col in encode_key(self._eval(k.expr, batch), spec.type):
                 out[:, j] = col  # broadcasts constants
                 j += 1

@@ -10,6 +10,8 @@ are written as they are: the caller checks that none needs quoting (`outputs._cs
 
 from __future__ import annotations
 
+import queue
+
 import numpy as np
 import pyarrow as pa
 
@@ -38,18 +40,29 @@ def _kind(t: pa.DataType) -> int | None:
 
 
 def write_csv_rows(table: pa.Table, fh, chunk_rows: int = CHUNK_ROWS) -> None:
-    """Write the rows of `table` (no header) to the binary file `fh`, `chunk_rows` at a time.
-    One output buffer serves every chunk (a fresh one per chunk cost its page faults)."""
+    """Write the rows of `table` (no header) to the binary file `fh`, `chunk_rows` at a time,
+    the chunks formatted side by side (`highlevel.parallel`) and written in order. Output
+    buffers are reused once written (a fresh one per chunk cost its page faults)."""
+    from highlevel.parallel import map_ordered
+
     kinds = np.array([_kind(f.type) for f in table.schema], np.int64)
-    out = np.empty(0, np.uint8)
-    for batch in table.to_batches(max_chunksize=chunk_rows):
-        if batch.num_rows:
-            arrays = kernel_arrays(batch, kinds)
-            size = output_bound(batch.num_rows, kinds, arrays[-1])
-            if len(out) < size:
-                out = np.empty(size, np.uint8)
-            end = format_csv_rows(batch.num_rows, kinds, *arrays, out)
-            fh.write(memoryview(out[:end]))
+    free: queue.SimpleQueue = queue.SimpleQueue()
+
+    def fmt(batch: pa.RecordBatch) -> tuple[np.ndarray, int]:
+        arrays = kernel_arrays(batch, kinds)
+        size = output_bound(batch.num_rows, kinds, arrays[-1])
+        try:
+            out = free.get_nowait()
+        except queue.Empty:
+            out = np.empty(size, np.uint8)
+        if len(out) < size:
+            out = np.empty(size, np.uint8)
+        return out, format_csv_rows(batch.num_rows, kinds, *arrays, out)
+
+    batches = (b for b in table.to_batches(max_chunksize=chunk_rows) if b.num_rows)
+    for out, end in map_ordered(fmt, batches):
+        fh.write(memoryview(out[:end]))
+        free.put(out)
 
 
 def output_bound(n: int, kinds: np.ndarray, str_data: np.ndarray) -> int:

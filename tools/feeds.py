@@ -25,12 +25,16 @@ END_OF_INPUT = (1 << 63) - 1
 class OperatorFeed:
     """One low-level operator of one link and its spool writer, with buffered partial rows."""
 
-    def __init__(self, plan, spool_root, summary):
+    def __init__(self, plan, spool_root, summary, compression: str = "snappy"):
         from highlevel.spool import SpoolWriter
         from lowlevel.operator import HOLD_ROWS, LowLevelOperator
 
         self.op = LowLevelOperator(plan, hold_rows=HOLD_ROWS)
-        self.writer = SpoolWriter(spool_root, plan.query, plan.link, fsync=False)
+        # flow records are closed on the driver of this process (highlevel.driverrows),
+        # which takes their rows from memory
+        flows = (plan.extras or {}).get("flow") is not None
+        self.writer = SpoolWriter(spool_root, plan.query, plan.link, fsync=False,
+                                  compression=compression, keep_in_memory=flows)
         self.summary = summary          # the query's summary: partial rows, spool files
         self.buffer: list = []
         self.buffered = 0

@@ -57,8 +57,9 @@ def display_table(table, outputs):
     types = {o.name: o.type.lower() for o in outputs}
     arrays = []
     for name in table.column_names:
-        col = table.column(name).combine_chunks()
+        col = table.column(name)
         if types.get(name) == "ipv4" and pa.types.is_integer(col.type):
+            col = col.combine_chunks()
             v = np.asarray(col.fill_null(0).cast(pa.uint64())).astype(np.uint64)
             octets = [pa.array(((v >> np.uint64(s)) & np.uint64(255)).astype(np.int64))
                       .cast(pa.string()) for s in (24, 16, 8, 0)]
@@ -66,7 +67,7 @@ def display_table(table, outputs):
             col = pa.array(text.to_numpy(zero_copy_only=False), pa.string(),
                            mask=np.asarray(col.is_null()))
         arrays.append(col)
-    return pa.Table.from_arrays(arrays, names=table.column_names)
+    return pa.Table.from_arrays(arrays, names=table.column_names)   # chunks as they come
 
 
 def format_table(table, header: bool = True) -> str:
@@ -127,13 +128,15 @@ class QueryOutput:
     `buffered`: keep the rows and write them all at `close()` (an aligned table fitted to
     every row; several queries sharing stdout one after the other); otherwise each batch is
     written as it arrives. `title`: a line written before the rows when several queries
-    share stdout."""
+    share stdout. `keep`: the rows written stay in memory too (`table()`); a buffered
+    output always keeps them."""
 
     def __init__(self, query: str, outputs, fmt: str, out: str, schema, *,
-                 buffered: bool = False, title: str | None = None):
+                 buffered: bool = False, title: str | None = None, keep: bool = True):
         self.query, self.outputs, self.format, self.out = query, outputs, fmt, out
         self.schema = schema
         self.buffered = buffered
+        self.keep = keep or buffered
         self.title = title
         self.rows = 0
         self.batches = 0
@@ -148,7 +151,8 @@ class QueryOutput:
     def write(self, batch_id: int, table) -> bool:
         table = display_table(table, self.outputs)
         with self._lock:
-            self._tables.append(table)
+            if self.keep:
+                self._tables.append(table)
             self.rows += table.num_rows
             self.batches += 1
             if not self.buffered and (table.num_rows or self.format != "table"):
@@ -188,7 +192,7 @@ class QueryOutput:
         return {o.name for o in self.outputs if o.type.lower() == "ipv4"}
 
     def table(self):
-        """Every row written so far, in the order written."""
+        """Every row written so far, in the order written (a kept output)."""
         import pyarrow as pa
 
         if not self._tables:

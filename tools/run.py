@@ -165,7 +165,8 @@ def run(query_file: str, links, interfaces, outputs, fmt, speed, duration, sets,
                        master=master, spool=spool, checkpoint=checkpoint,
                        punctuate_every_ns=punctuate_every, speed=_speed(speed),
                        duration_ns=duration, lull_slack_ns=lull_slack, progress=progress,
-                       capture_options=capture_options, extra_sinks=extra)
+                       capture_options=capture_options, extra_sinks=extra,
+                       keep_results=False)
     summary = run_pipeline(config)
     # the summary is the run's report, not a diagnostic: always shown, on stderr
     click.echo(summary.format(), err=True)
