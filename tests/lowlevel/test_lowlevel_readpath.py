@@ -7,6 +7,8 @@ split of a group into rows may differ only if the batches differ, and they must 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -18,6 +20,7 @@ from queries.parser import parse
 from queries.planner import plan_file
 from tools.traffic import NS, TrafficConfig, generate
 
+NETFLOW = Path(__file__).resolve().parents[2] / "queries" / "library" / "netflow.gsql"
 Q8_1 = ("SELECT tb, srcIP, destIP, count(*) FROM main.IPV4 "
         "GROUP BY time/60 AS tb, srcIP, destIP")
 PORTS = ("SELECT tb, srcIP, destPort, count(*), sum(len) AS bytes, max(ttl) AS t FROM main.TCP "
@@ -83,8 +86,23 @@ def test_direct_keys_match_the_evaluator(capture):
     batch = read_all(capture, link="main")
     for text in (Q8_1, V6, PORTS):
         op = LowLevelOperator(_low(text))
-        assert op._direct is not None
+        assert all(d is not None for d in op._direct)
         fast = op._stack_keys(batch)
-        op._direct = None
+        op._direct = [None] * len(op._direct)
         slow = op._stack_keys(batch)
         np.testing.assert_array_equal(fast, slow)
+
+
+def test_direct_keys_beside_expressions(capture):
+    """A key list mixing plain fields and expressions (netflow.gsql's destPort): the plain
+    ones go straight in, the rest through the evaluator, the same matrix."""
+    from capture.reader import read_all
+
+    batch = read_all(capture, link="main")
+    text = NETFLOW.read_text()
+    plan = plan_file(parse(text), ["main"]).query("netflow").low[0]
+    op = LowLevelOperator(plan)
+    assert None in op._direct and any(d is not None for d in op._direct)
+    mixed = op._stack_keys(batch).copy()
+    op._direct = [None] * len(op._direct)
+    np.testing.assert_array_equal(mixed, op._stack_keys(batch))
