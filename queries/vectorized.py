@@ -176,7 +176,7 @@ def compare(op: str, a: Value, b: Value) -> np.ndarray:
         return _compare_arrays(op, a, b)
     a, b = _num(a), _num(b)
     if a.dtype == U64 and b.dtype == I64:
-        res = _compare_arrays(op, a, b.astype(U64))
+        res = _compare_arrays(op, a, b.astype(U64, copy=False))
         return np.where(b < 0, _UNSIGNED_VS_NEGATIVE[op], res)
     if a.dtype == I64 and b.dtype == U64:
         return compare(_FLIP[op], b, a)
@@ -243,9 +243,9 @@ def binary(op: str, a: Value, b: Value) -> Value:
     if op in ("&", "|", "^"):
         dt = I64 if (a.dtype == I64 or b.dtype == I64) else U64
         fn = {"&": np.bitwise_and, "|": np.bitwise_or, "^": np.bitwise_xor}[op]
-        return fn(a.astype(dt), b.astype(dt))
+        return fn(a.astype(dt, copy=False), b.astype(dt, copy=False))
     dt = _arith_dtype(op, a, b)
-    a, b = a.astype(dt), b.astype(dt)
+    a, b = a.astype(dt, copy=False), b.astype(dt, copy=False)
     with np.errstate(all="ignore"):
         if op == "+":
             return a + b
@@ -319,7 +319,7 @@ def if_else(c: Value, a: Value, b: Value) -> Value:
     if a.dtype == b.dtype:
         return np.where(cond, a, b)
     dt = _arith_dtype("+", a, b)
-    return np.where(cond, a.astype(dt), b.astype(dt))
+    return np.where(cond, a.astype(dt, copy=False), b.astype(dt, copy=False))
 
 
 class Evaluator:
@@ -331,19 +331,25 @@ class Evaluator:
         self.params = params or {}
 
     def constant(self, value, kind: str) -> Value:
+        """A literal as n rows: a read-only view of one value (no n-row temporary; numpy
+        reads it with stride 0)."""
         n = self.n
+
+        def rows(v, dtype):
+            return np.broadcast_to(np.asarray(v, dtype), (n,))
+
         if kind == "ipv6":
-            return (np.full(n, value >> 64, U64), np.full(n, value & 0xFFFF_FFFF_FFFF_FFFF, U64))
+            return (rows(value >> 64, U64), rows(value & 0xFFFF_FFFF_FFFF_FFFF, U64))
         if kind == "ip":
-            return np.full(n, value, U64)
+            return rows(value, U64)
         if kind == "bool" or isinstance(value, (bool, np.bool_)):
-            return np.full(n, bool(value), bool)
+            return rows(bool(value), bool)
         if kind == "string" or isinstance(value, str):
             return np.full(n, value, dtype=object)
         if isinstance(value, float) or kind == "float":
-            return np.full(n, value, np.float64)
+            return rows(value, np.float64)
         value = int(value)
-        return np.full(n, value, U64 if value >= 0 else I64)
+        return rows(value, U64 if value >= 0 else I64)
 
     def ev(self, node: E.Node) -> Value:
         if isinstance(node, (E.Field, E.Column)):

@@ -463,7 +463,7 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
     log.debug("Spark session start asked %.2f s into the run", time.perf_counter() - started)
     from highlevel.errors import StageConfigError
     from highlevel.graph import StageGraph
-    from tools.feeds import LinkFeeds, OperatorFeed
+    from tools.feeds import LinkFeeds, OperatorFeed, SpoolQueue
     from tools.outputs import arrow_schema
 
     several = sum(1 for _, out in chosen if out == "-") > 1
@@ -510,6 +510,10 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
         if _input_bytes(sources) >= overlap.MIN_BYTES:
             overlap.start()
     progress = _progress(config, feeds, sources, outputs)
+    spool_queue = SpoolQueue()           # spool files are written beside the low level
+    for f in feeds.values():
+        for feed in f.feeds:
+            feed.spool_queue = spool_queue
     completed = False
     try:
         info: dict = {}
@@ -531,6 +535,7 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
             summary.highlevel_seconds = time.perf_counter() - high_started
         completed = True
     finally:
+        spool_queue.close()
         if overlap is not None and overlap.started:
             for _, stage in graph.stages:     # after an error: no stream left running
                 stage.stop()

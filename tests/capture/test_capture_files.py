@@ -147,6 +147,41 @@ def test_chunk_and_batch_boundaries_lose_nothing(tmp_path, kind, chunk, batch):
     assert r.stats.reasons == {"ok": 120}
 
 
+@pytest.mark.parametrize("kind", ["pcap", "pcapng"])
+@pytest.mark.parametrize("cut", [0, 37])
+def test_mapped_files_read_as_read_ones(tmp_path, monkeypatch, kind, cut):
+    """A large file is mapped, not read into the buffer (the threshold lowered here): the
+    same rows and statistics as the buffered read, decoded pages handed back as it goes,
+    and a file cut inside its last record still ends with that problem."""
+    import capture.reader as R
+
+    fr = frames(400, seed=4)
+    ts = timestamps(400)
+    path = tmp_path / f"m.{kind}"
+    if kind == "pcap":
+        data = pcap_bytes(list(zip(ts, fr)), nano=True)
+    else:
+        items = [("epb", 0, ts_units(t, 9), f) for t, f in zip(ts, fr)]
+        data = pcapng_bytes([Section(interfaces=[Interface(tsresol=9)], items=items)])
+    path.write_bytes(data[:len(data) - cut])
+    with open_capture(path, batch_size=50, chunk_size=4096) as r:
+        assert r._map is None
+        buffered = [b.copy() for b in r]
+    monkeypatch.setattr(R, "DEFAULT_CHUNK", 4096)
+    monkeypatch.setattr(R, "_RELEASE_BYTES", 8192)
+    with open_capture(path, batch_size=50, chunk_size=4096) as m:
+        assert m._map is not None
+        mapped = [b.copy() for b in m]
+        assert m._released > 0
+    assert len(mapped) == len(buffered) and sum(map(len, mapped)) == (400 if not cut else 399)
+    for a, b in zip(mapped, buffered):
+        for k in b.columns:
+            assert np.array_equal(a[k], b[k]), k
+    assert (m.stats.packets, m.stats.bytes, m.stats.problems) == \
+        (r.stats.packets, r.stats.bytes, r.stats.problems)
+    assert bool(cut) == any("ends inside the last" in p for p in m.stats.problems)
+
+
 def test_batches_are_reused_views(tmp_path):
     path = tmp_path / "v.pcap"
     path.write_bytes(pcap_bytes(list(zip(timestamps(10), frames(10)))))
