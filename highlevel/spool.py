@@ -52,24 +52,32 @@ def spool_file_name(link: str, seq: int) -> str:
     return f"{quote(link, safe='')}-{seq:012d}.parquet"
 
 
-def normalise_column(array: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """One column in its spool (Spark-readable) physical type."""
+def normalise_column(array: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """One column in its spool (Spark-readable) physical type. A chunked column stays
+    chunked (the partial rows of one write come in many batches: combining them first copied
+    every column, 0.6 s for 3.4M flow records); uint64 is a view of the same bits."""
     if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
+        return pa.chunked_array([normalise_column(c) for c in array.chunks],
+                                type=_spool_type(array.type))
     t = array.type
     if pa.types.is_uint64(t):
         if array.null_count:
             raise SpoolError("uint64 partial column with nulls cannot be reinterpreted as int64")
-        return pa.array(np.asarray(array).view(np.int64), pa.int64())
-    if pa.types.is_integer(t) and not pa.types.is_int64(t):
-        return array.cast(pa.int64())
-    if pa.types.is_floating(t) and not pa.types.is_float64(t):
-        return array.cast(pa.float64())
+        return array.view(pa.int64())
+    target = _spool_type(t)
+    return array if target == t else array.cast(target)
+
+
+def _spool_type(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_integer(t):
+        return pa.int64()
+    if pa.types.is_floating(t):
+        return pa.float64()
     if pa.types.is_fixed_size_binary(t) or pa.types.is_large_binary(t):
-        return array.cast(pa.binary())
+        return pa.binary()
     if pa.types.is_large_string(t):
-        return array.cast(pa.string())
-    return array
+        return pa.string()
+    return t
 
 
 def register_column(name: str, i: int) -> str:
@@ -80,9 +88,9 @@ def spool_columns(name: str, array) -> list[tuple[str, pa.Array]]:
     """The spool column(s) of one partial column: HyperLogLog registers (fixed-size binary)
     become one int32 column per register, so Spark combines them with plain `max` aggregates
     (higher-order functions over arrays are interpreted and cost seconds per micro-batch)."""
-    if isinstance(array, pa.ChunkedArray):
-        array = array.combine_chunks()
     if pa.types.is_fixed_size_binary(array.type):
+        if isinstance(array, pa.ChunkedArray):
+            array = array.combine_chunks()
         m = array.type.byte_width
         if array.null_count:
             raise SpoolError(f"register column `{name}` has nulls")
