@@ -106,23 +106,25 @@ def spool_columns(name: str, array) -> list[tuple[str, pa.Array]]:
 #: closes flow records on the driver, `highlevel.driverrows`): it takes them from here instead
 #: of decoding the file it was just written to (3.4M flow records: 0.6 s). The file is written
 #: all the same (Spark's file source lists it; other readers and restarts read it). At most
-#: CACHE_BYTES are kept, the oldest dropped first.
+#: CACHE_BYTES are kept, the oldest dropped first; a query whose stage reads with Spark's
+#: job says so (`not_kept`) and its rows are dropped.
 CACHE_BYTES = 1 << 30
-_CACHE: OrderedDict[str, pa.Table] = OrderedDict()
+_CACHE: OrderedDict[str, tuple[str, pa.Table]] = OrderedDict()    # path -> (query, rows)
 _CACHE_LOCK = threading.Lock()
+_NOT_KEPT: set[str] = set()
 _cached_bytes = 0
 
 
-def _remember(path: Path, table: pa.Table) -> None:
+def _remember(path: Path, query: str, table: pa.Table) -> None:
     global _cached_bytes
     size = table.nbytes
-    if size > CACHE_BYTES:
-        return
     with _CACHE_LOCK:
-        _CACHE[str(path)] = table
+        if size > CACHE_BYTES or query in _NOT_KEPT:
+            return
+        _CACHE[str(path)] = (query, table)
         _cached_bytes += size
         while _cached_bytes > CACHE_BYTES:
-            _cached_bytes -= _CACHE.popitem(last=False)[1].nbytes
+            _cached_bytes -= _CACHE.popitem(last=False)[1][1].nbytes
 
 
 def cached_rows(path: str | os.PathLike) -> pa.Table | None:
@@ -130,10 +132,20 @@ def cached_rows(path: str | os.PathLike) -> pa.Table | None:
     them), or None when they are not kept."""
     global _cached_bytes
     with _CACHE_LOCK:
-        table = _CACHE.pop(str(path), None)
-        if table is not None:
-            _cached_bytes -= table.nbytes
-        return table
+        entry = _CACHE.pop(str(path), None)
+        if entry is None:
+            return None
+        _cached_bytes -= entry[1].nbytes
+        return entry[1]
+
+
+def not_kept(query: str) -> None:
+    """The stage of `query` reads its spool files with Spark's job: keep none of its rows."""
+    global _cached_bytes
+    with _CACHE_LOCK:
+        _NOT_KEPT.add(query)
+        for path in [p for p, (q, _) in _CACHE.items() if q == query]:
+            _cached_bytes -= _CACHE.pop(path)[1].nbytes
 
 
 class SpoolWriter:
@@ -225,7 +237,7 @@ class SpoolWriter:
         if self.fsync:
             _fsync_dir(self.dir)
         if self.keep_in_memory and n:
-            _remember(path, out)
+            _remember(path, self.query, out)
         self.seq += 1
         self.rows_written += n
         if punctuation is not None:

@@ -50,7 +50,7 @@ from highlevel.session import get_session, lower_priority
 from highlevel.sorting import sort_indices
 from highlevel.sinks import Sink
 from highlevel.spec import StageSpec
-from highlevel.spool import LINK, PUNCT, SEQ, cached_rows, partials_dir
+from highlevel.spool import LINK, PUNCT, SEQ, cached_rows, not_kept, partials_dir
 from highlevel.union import Meld
 from highlevel.windows import window_config
 
@@ -146,6 +146,8 @@ class Stage:
         self.query = None
         # flow records whose batches can close on the driver (highlevel.driverrows)
         self._driver = DriverRows.for_stage(self)
+        if self._driver is None:
+            not_kept(spec.query)          # no driver here to take the rows from memory
         self.driver_batches = 0
         partials_dir(self.spool, spec.query).mkdir(parents=True, exist_ok=True)
 
