@@ -226,9 +226,20 @@ def output_format(config: RunConfig, out: str) -> str:
 #: waited 8 s for a core. So the driver JVM runs at a lower priority (niceness JVM_NICE), and
 #: so does the Python thread that processes the stages' batches beside the low level
 #: (BACKGROUND_NICE). Once the low level is done, nothing else competes and priorities do
-#: not matter. Paced and live runs keep normal priorities.
-JVM_NICE = 5
-BACKGROUND_NICE = 10
+#: not matter. Paced and live runs keep normal priorities. OOPSCOPE_JVM_NICE and
+#: OOPSCOPE_BACKGROUND_NICE set other values (0: unchanged).
+def _niceness(name: str, default: int) -> int:
+    text = os.environ.get(name, "")
+    try:
+        return max(0, min(19, int(text))) if text else default
+    except ValueError:
+        log.warning("%s=%r is not a niceness (0-19); %d is used", name, text, default)
+        return default
+
+
+JVM_NICE = _niceness("OOPSCOPE_JVM_NICE", 5)
+BACKGROUND_NICE = _niceness("OOPSCOPE_BACKGROUND_NICE", 10)
+
 
 class _SessionStarter(threading.Thread):
     """Starts the Spark session while the low level runs (JVM start-up takes seconds)."""
