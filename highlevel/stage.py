@@ -386,7 +386,7 @@ class Stage:
         """Remove a committed driver batch's spool files (`prune_spool`)."""
         if self.prune_spool:
             for f in files:
-                cached_rows(f["path"])
+                cached_rows(f["path"])          # rows still kept for it (none read) go too
                 Path(f["path"]).unlink(missing_ok=True)
 
     #: marker columns besides the punctuation that the markers job reads, and further

@@ -76,10 +76,9 @@ class SpoolQueue:
 
 class OperatorFeed:
     """One low-level operator of one link and its spool writer, with buffered partial rows.
-    With a `SpoolQueue`, the files are written on its thread."""
+    With a `SpoolQueue` set as `spool_queue`, the files are written on its thread."""
 
-    def __init__(self, plan, spool_root, summary, compression: str = "snappy",
-                 spool_queue: SpoolQueue | None = None):
+    def __init__(self, plan, spool_root, summary, compression: str = "snappy"):
         from highlevel.spool import SpoolWriter
         from lowlevel.operator import HOLD_ROWS, LowLevelOperator
 
@@ -90,7 +89,7 @@ class OperatorFeed:
         self.writer = SpoolWriter(spool_root, plan.query, plan.link, fsync=False,
                                   compression=compression, keep_in_memory=flows)
         self.summary = summary          # the query's summary: partial rows, spool files
-        self.spool_queue = spool_queue
+        self.spool_queue: SpoolQueue | None = None
         self.buffer: list = []
         self.buffered = 0
 

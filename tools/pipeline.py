@@ -220,14 +220,6 @@ def output_format(config: RunConfig, out: str) -> str:
 
 # --- the high level -----------------------------------------------------------------------------
 
-#: Full-speed replays: the low level (the main thread and the read-ahead) is the run's
-#: critical path while it reads, and Spark's work then only has to keep up. With both cores
-#: busy, Linux shares them evenly among runnable threads: the main thread of a 50M-packet run
-#: waited 8 s for a core. So the driver JVM runs at a lower priority (niceness JVM_NICE), and
-#: so does the Python thread that processes the stages' batches beside the low level
-#: (BACKGROUND_NICE). Once the low level is done, nothing else competes and priorities do
-#: not matter. Paced and live runs keep normal priorities. OOPSCOPE_JVM_NICE and
-#: OOPSCOPE_BACKGROUND_NICE set other values (0: unchanged).
 def _niceness(name: str, default: int) -> int:
     text = os.environ.get(name, "")
     try:
@@ -237,6 +229,14 @@ def _niceness(name: str, default: int) -> int:
         return default
 
 
+#: Full-speed replays: the low level (the main thread and the read-ahead) is the run's
+#: critical path while it reads, and Spark's work then only has to keep up. With both cores
+#: busy, Linux shares them evenly among runnable threads: the main thread of a 50M-packet run
+#: waited 8 s for a core. So the driver JVM runs at a lower priority (niceness JVM_NICE), and
+#: so does the Python thread that processes the stages' batches beside the low level
+#: (BACKGROUND_NICE). Once the low level is done, nothing else competes and priorities do
+#: not matter. Paced and live runs keep normal priorities. OOPSCOPE_JVM_NICE and
+#: OOPSCOPE_BACKGROUND_NICE set other values (0: unchanged).
 JVM_NICE = _niceness("OOPSCOPE_JVM_NICE", 5)
 BACKGROUND_NICE = _niceness("OOPSCOPE_BACKGROUND_NICE", 10)
 
@@ -505,8 +505,9 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
     per_link: dict[str, list] = {name: [] for name in config.link_names}
     # a bounded run's own temporary spool is read once and removed: no compression, and its
     # files go as soon as their batch is committed
-    codec = "none" if config.spool is None and not config.streaming else "snappy"
-    graph.prune_spool = config.spool is None and not config.streaming
+    temporary = config.spool is None and not config.streaming
+    codec = "none" if temporary else "snappy"
+    graph.prune_spool = temporary
     for lp in graph.low_plans():
         per_link[lp.link].append(OperatorFeed(lp, spool, queries[graph.query_of(lp)], codec))
     feeds = {name: LinkFeeds(name, fs, config.lull_slack_ns) for name, fs in per_link.items()}
