@@ -105,11 +105,11 @@ def class_data_options() -> str:
     try:
         import hashlib
 
-        import pyspark
+        from highlevel.jvm import spark_home
 
-        jars = Path(pyspark.__file__).parent / "jars"
+        jars = Path(spark_home()) / "jars"
         java_home = os.environ.get("JAVA_HOME", "")
-        ident = f"{pyspark.__version__} {jars} {jars.stat().st_mtime_ns} {java_home}"
+        ident = f"{jars} {jars.stat().st_mtime_ns} {java_home}"
         java = shutil.which("java")
         if java:
             ident += f" {os.path.realpath(java)} {os.stat(os.path.realpath(java)).st_mtime_ns}"
@@ -163,29 +163,6 @@ def quick_jvm_options(master: str) -> str:
     return "-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1 -XX:+UseSerialGC"
 
 
-#: lines the JVM writes on stderr that say nothing to a user: Spark 4's launcher always adds
-#: the incubating vector module, and the JVM warns about it at every start
-_JVM_NOISE = ("WARNING: Using incubator modules",)
-
-
-def _forward_jvm_stderr(fd: int) -> None:
-    """Copy the driver JVM's stderr to ours, line by line, without the noise (until the JVM
-    and every child holding the pipe have exited)."""
-    import sys
-
-    with os.fdopen(fd, "rb", buffering=0) as pipe:
-        for line in iter(pipe.readline, b""):
-            text = line.decode(errors="replace")
-            if text.startswith(_JVM_NOISE):
-                log.debug("JVM: %s", text.rstrip())
-                continue
-            try:
-                sys.stderr.write(text)
-                sys.stderr.flush()
-            except (OSError, ValueError):
-                pass          # our stderr is gone (exit): keep draining so the JVM never blocks
-
-
 def lower_priority(nice: int) -> None:
     """Raise the calling thread's niceness to `nice` (Linux schedules threads one by one, and
     a thread's children inherit it); never lowers it."""
@@ -195,41 +172,6 @@ def lower_priority(nice: int) -> None:
             os.setpriority(os.PRIO_PROCESS, tid, nice)
     except OSError as exc:          # not permitted, or no per-thread priorities here
         log.debug("thread priority unchanged: %s", exc)
-
-
-def _launch_gateway(conf, nice: int = 0) -> None:
-    """Start the driver JVM (py4j gateway) as pyspark does, but with its stderr through
-    `_forward_jvm_stderr`, and make it the gateway of the next SparkContext. A pipe of our own
-    is read from before the JVM starts, so start-up errors (no Java, a bad option) still show.
-    `nice`: the JVM's niceness (every thread of it inherits it from the launch)."""
-    from pyspark import SparkContext
-    from pyspark.errors import PySparkRuntimeError
-    from pyspark.java_gateway import launch_gateway
-
-    from highlevel.errors import HighLevelError
-
-    read_fd, write_fd = os.pipe()
-    forward = threading.Thread(target=_forward_jvm_stderr, args=(read_fd,),
-                               name="oopscope-jvm-stderr", daemon=True)
-    forward.start()
-    try:
-        popen = {"stderr": write_fd}
-        if nice > 0:
-            popen["preexec_fn"] = lambda: os.nice(nice)   # in the child, before exec
-        gateway = launch_gateway(conf, popen_kwargs=popen)
-    except PySparkRuntimeError as exc:
-        os.close(write_fd)
-        forward.join(2)               # the JVM's own words (above) come before ours
-        java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") \
-            if os.environ.get("JAVA_HOME") else shutil.which("java")
-        raise HighLevelError(f"Spark's JVM did not start ({exc.getCondition() or exc}); "
-                             f"java: {java or 'not found on PATH'}"
-                             f"{' (JAVA_HOME)' if os.environ.get('JAVA_HOME') else ''}. "
-                             f"Spark 4 needs Java 17 or later: `bash .ci/install` installs "
-                             f"it, or set JAVA_HOME") from None
-    os.close(write_fd)                # the JVM holds its own copy
-    SparkContext._gateway = gateway   # noqa: SLF001 - what _ensure_initialized would set
-    SparkContext._jvm = gateway.jvm   # noqa: SLF001
 
 
 def get_session(master: str | None = None, *, app_name: str = "oopscope",
@@ -260,16 +202,14 @@ def get_session(master: str | None = None, *, app_name: str = "oopscope",
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         # pyspark warns about pandas >= 3 on first Arrow use; we only use Arrow tables
         warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
-        from pyspark.sql import SparkSession
-
         java_opts = f"-Dlog4j2.configurationFile=file:{log4j2_config()}"
         driver_opts = f"{java_opts} {class_data_options()} {quick_jvm_options(master) if quick_jvm else ''}".strip()
-        builder = (SparkSession.builder.master(master).appName(app_name)
-                   .config("spark.driver.memory", driver_memory)
-                   .config("spark.driver.extraJavaOptions", driver_opts)
-                   .config("spark.executor.extraJavaOptions", java_opts))
-        settings = dict(DEFAULTS, **{"spark.sql.shuffle.partitions": str(shuffle_partitions),
-                                     "spark.default.parallelism": str(shuffle_partitions)})
+        settings = {"spark.master": master, "spark.app.name": app_name,
+                    "spark.driver.memory": driver_memory,
+                    "spark.driver.extraJavaOptions": driver_opts,
+                    "spark.executor.extraJavaOptions": java_opts, **DEFAULTS,
+                    "spark.sql.shuffle.partitions": str(shuffle_partitions),
+                    "spark.default.parallelism": str(shuffle_partitions)}
         if not master.startswith("local"):
             # executors on other hosts must reach the driver; loopback only suits local mode
             # and the loopback test cluster, so keep it only when the master is on loopback.
@@ -277,19 +217,17 @@ def get_session(master: str | None = None, *, app_name: str = "oopscope",
                 settings.pop("spark.driver.bindAddress")
                 settings.pop("spark.driver.host")
         settings.update(conf or {})
+        from highlevel.jvm import gateway_running, launch_gateway
+
+        if not gateway_running():
+            # the JVM reads its options at launch: the builder's settings, as getOrCreate
+            # would pass them; it starts before pyspark is imported
+            launch_gateway(list(settings.items()), nice if master.startswith("local") else 0)
+        from pyspark.sql import SparkSession
+
+        builder = SparkSession.builder
         for key, value in settings.items():
             builder = builder.config(key, value)
-        from pyspark import SparkConf, SparkContext
-
-        if SparkContext._gateway is None and "PYSPARK_GATEWAY_PORT" not in os.environ:  # noqa: SLF001
-            # the JVM reads its options at launch: the builder's settings, as getOrCreate
-            # would pass them
-            _launch_gateway(SparkConf(loadDefaults=False).setAll(
-                [("spark.master", master), ("spark.app.name", app_name),
-                 ("spark.driver.memory", driver_memory),
-                 ("spark.driver.extraJavaOptions", driver_opts),
-                 ("spark.executor.extraJavaOptions", java_opts), *settings.items()]),
-                nice if master.startswith("local") else 0)
         session = builder.getOrCreate()
         session.sparkContext.setLogLevel("WARN")
         log.info("Spark %s session on %s", session.version, master)

@@ -1,0 +1,310 @@
+"""The driver JVM's launch: spark-submit's command, remembered, at our niceness.
+
+pyspark starts the driver JVM through `bin/spark-submit`: two bash scripts, then Spark's
+launcher (a JVM of its own) prints the real `java ...` command, which `spark-class` execs.
+For the same arguments, environment and Spark installation that command is always the same,
+so it is remembered: the first launch reads it back from the running JVM
+(`/proc/<pid>/cmdline` and `environ`), and later launches exec `java` directly. On a busy
+2-core machine the chain took ~0.6 s from the launch to the JVM's first line, ~0.1 s without
+it. The key covers the spark-submit arguments, the environment variables the scripts and
+the launcher read, the Spark scripts and jars, the conf directory and the java binary; with
+a `spark-env.sh` (a script that may read anything) nothing is remembered. A remembered
+command that fails to start the JVM is forgotten and spark-submit runs instead.
+OOPSCOPE_SPARK_LAUNCH_CACHE=0 always runs spark-submit.
+
+The JVM is started here rather than by `pyspark.java_gateway.launch_gateway`, whose own
+`preexec_fn` (ignoring SIGINT) replaces one given in its `popen_kwargs`: the niceness we
+asked for was silently dropped. pyspark still makes the connection (ClientServer and the
+imports), given the port and secret the JVM wrote.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: environment variables the spark-submit scripts and Spark's launcher read (by prefix)
+_ENV_PREFIXES = ("SPARK_", "PYSPARK_", "JAVA", "_JAVA", "JDK_", "HADOOP_", "YARN_",
+                 "CLASSPATH", "PATH")
+#: entries kept in the cache directory (a new key per Spark option set)
+_KEEP = 32
+
+#: lines the JVM writes on stderr that say nothing to a user: Spark 4's launcher always adds
+#: the incubating vector module, and the JVM warns about it at every start
+_JVM_NOISE = ("WARNING: Using incubator modules",)
+
+
+def _forward_jvm_stderr(fd: int) -> None:
+    """Copy the driver JVM's stderr to ours, line by line, without the noise (until the JVM
+    and every child holding the pipe have exited)."""
+    import sys
+
+    with os.fdopen(fd, "rb", buffering=0) as pipe:
+        for line in iter(pipe.readline, b""):
+            text = line.decode(errors="replace")
+            if text.startswith(_JVM_NOISE):
+                log.debug("JVM: %s", text.rstrip())
+                continue
+            try:
+                sys.stderr.write(text)
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass          # our stderr is gone (exit): keep draining so the JVM never blocks
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "oopscope"
+
+
+def spark_home() -> str:
+    """SPARK_HOME, or the pip-installed pyspark's own directory, found without importing
+    pyspark (its import takes ~0.1 s that the JVM's launch need not wait for)."""
+    if "SPARK_HOME" in os.environ:
+        return os.environ["SPARK_HOME"]
+    from importlib.util import find_spec
+
+    spec = find_spec("pyspark")
+    if spec is not None and spec.origin is not None:
+        home = os.path.dirname(spec.origin)
+        if os.path.isfile(os.path.join(home, "bin", "spark-submit")) and \
+                os.path.isdir(os.path.join(home, "jars")):
+            return home
+    from pyspark.find_spark_home import _find_spark_home
+
+    return _find_spark_home()
+
+
+def submit_command(home: str, conf: list[tuple[str, str]]) -> list[str]:
+    """spark-submit's command line for the driver JVM, as pyspark builds it."""
+    command = [os.path.join(home, "bin", "spark-submit")]
+    for key, value in conf:
+        command += ["--conf", f"{key}={value}"]
+    submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "pyspark-shell")
+    if os.environ.get("SPARK_TESTING"):
+        submit_args = "--conf spark.ui.enabled=false " + submit_args
+    return command + shlex.split(submit_args)
+
+
+def gateway_running() -> bool:
+    """A driver JVM of this process is up already (or pyspark was told of one)."""
+    import sys
+
+    context = getattr(sys.modules.get("pyspark"), "SparkContext", None)
+    return "PYSPARK_GATEWAY_PORT" in os.environ or (
+        context is not None and context._gateway is not None)  # noqa: SLF001
+
+
+def _stamp(path: Path) -> list:
+    try:
+        st = path.stat()
+        return [str(path), st.st_mtime_ns, st.st_size]
+    except OSError:
+        return [str(path), None]
+
+
+def launch_key(command: list[str], env: dict[str, str], home: str) -> str | None:
+    """The key of a remembered launch, or None when it must not be remembered."""
+    if os.environ.get("OOPSCOPE_SPARK_LAUNCH_CACHE", "1") in ("0", "false", "no", ""):
+        return None
+    if any("ArchiveClassesAtExit" in arg for arg in command):
+        return None                   # names this process's own dump: never seen again
+    home = Path(home)
+    conf_dir = Path(env.get("SPARK_CONF_DIR") or home / "conf")
+    if (conf_dir / "spark-env.sh").exists():
+        return None
+    java = (Path(env["JAVA_HOME"]) / "bin" / "java") if env.get("JAVA_HOME") else \
+        shutil.which("java", path=env.get("PATH"))
+    material = {
+        "command": command,
+        "env": sorted((k, v) for k, v in env.items() if k.startswith(_ENV_PREFIXES)),
+        "scripts": [_stamp(home / "bin" / n) for n in
+                    ("spark-submit", "spark-class", "load-spark-env.sh", "find-spark-home")],
+        "jars": _stamp(home / "jars"),
+        "conf": sorted(_stamp(p) for p in conf_dir.iterdir()) if conf_dir.is_dir() else [],
+        "java": _stamp(Path(os.path.realpath(java))) if java else None,
+    }
+    return hashlib.sha1(json.dumps(material, default=str).encode()).hexdigest()[:16]
+
+
+def _entry(key: str) -> Path:
+    return cache_dir() / f"jvm-launch-{key}.json"
+
+
+def remembered(key: str | None) -> dict | None:
+    if key is None:
+        return None
+    try:
+        entry = json.loads(_entry(key).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(entry, dict) or not entry.get("argv"):
+        return None
+    return entry
+
+
+def forget(key: str | None) -> None:
+    if key is not None:
+        _entry(key).unlink(missing_ok=True)
+
+
+def remember(key: str | None, pid: int, env: dict[str, str]) -> None:
+    """Store the JVM's own command and what the scripts added to its environment."""
+    if key is None:
+        return
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")[:-1]
+    except OSError as exc:                     # not Linux, or the JVM is gone already
+        log.debug("launch not remembered: %s", exc)
+        return
+    argv = [a.decode() for a in argv]
+    if not argv or os.path.basename(argv[0]) != "java" or \
+            "org.apache.spark.deploy.SparkSubmit" not in argv:
+        log.debug("launch not remembered: pid %d runs %s", pid, argv[:1])
+        return
+    jvm_env = dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+    added = {k: v for k, v in jvm_env.items() if env.get(k) != v}
+    removed = sorted(k for k in env if k not in jvm_env)
+    folder = cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".jvm-launch-{key}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps({"argv": argv, "env": added, "unset": removed}))
+        os.replace(tmp, _entry(key))
+        entries = sorted(folder.glob("jvm-launch-*.json"), key=lambda p: p.stat().st_mtime)
+        for old in entries[:-_KEEP]:
+            old.unlink(missing_ok=True)
+    except OSError as exc:
+        log.debug("launch not remembered: %s", exc)
+
+
+def _start(argv: list[str], env: dict[str, str], stderr_fd: int, nice: int):
+    def child() -> None:                 # in the child, before exec
+        signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is ours to handle
+        if nice > 0:
+            os.nice(nice)                # every thread of the JVM inherits it
+
+    # the JVM exits when its stdin closes: the pipe lives as long as the Popen object
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=stderr_fd, env=env,
+                            preexec_fn=child)
+
+
+def _await_conn_info(proc, path: str) -> tuple[int, str] | None:
+    """The gateway's port and secret once the JVM has written them; None if it exited."""
+    from pyspark.serializers import UTF8Deserializer, read_int
+
+    while proc.poll() is None and not os.path.isfile(path):
+        time.sleep(0.01)
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as info:
+        return read_int(info), UTF8Deserializer().loads(info)
+
+
+def _spawn(conf: list[tuple[str, str]], nice: int, stderr_fd: int, meanwhile):
+    """Start the driver JVM (remembered command, else spark-submit): (Popen, port, secret),
+    or None when it exited before its gateway was up. `meanwhile()` runs once while the
+    first JVM starts."""
+    from highlevel.errors import HighLevelError
+
+    home = spark_home()
+    command = submit_command(home, conf)
+    base = dict(os.environ, SPARK_CONNECT_MODE="0")
+    key = launch_key(command, base, home)
+    entry = remembered(key)
+    folder = tempfile.mkdtemp(prefix="oopscope-gw-")
+    try:
+        for attempt in ("remembered", "spark-submit"):
+            if attempt == "remembered" and entry is None:
+                continue
+            fd, conn_info = tempfile.mkstemp(dir=folder)
+            os.close(fd)
+            os.unlink(conn_info)
+            env = dict(base, _PYSPARK_DRIVER_CONN_INFO_PATH=conn_info)
+            if attempt == "remembered":
+                env.update(entry["env"])
+                for name in entry.get("unset", ()):
+                    env.pop(name, None)
+                argv = entry["argv"]
+            else:
+                argv = command
+            try:
+                proc = _start(argv, env, stderr_fd, nice)
+            except OSError as exc:
+                if attempt == "remembered":
+                    log.debug("remembered JVM launch failed (%s): spark-submit", exc)
+                    forget(key)
+                    continue
+                raise HighLevelError(f"Spark's launcher {argv[0]} did not start: {exc}") \
+                    from None
+            if meanwhile is not None:
+                meanwhile()
+                meanwhile = None
+            got = _await_conn_info(proc, conn_info)
+            if got is not None:
+                if attempt == "spark-submit":
+                    remember(key, proc.pid, env)
+                log.debug("driver JVM pid %d up (%s)", proc.pid, attempt)
+                return proc, got[0], got[1]
+            if attempt == "remembered":
+                log.debug("remembered JVM launch exited with %s: spark-submit", proc.returncode)
+                forget(key)
+        return None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def launch_gateway(conf: list[tuple[str, str]], nice: int = 0) -> None:
+    """Start the driver JVM (py4j gateway) with the Spark settings `conf` and its stderr
+    through `_forward_jvm_stderr`, and make it the gateway of the next SparkContext. A pipe
+    of our own is read from before the JVM starts, so start-up errors (no Java, a bad
+    option) still show. `nice`: the JVM's niceness (every thread of it inherits it from the
+    launch). pyspark is imported while the JVM starts."""
+    from highlevel.errors import HighLevelError
+
+    def imports() -> None:
+        import pyspark.sql  # noqa: F401 - what the session needs next
+
+    read_fd, write_fd = os.pipe()
+    forward = threading.Thread(target=_forward_jvm_stderr, args=(read_fd,),
+                               name="oopscope-jvm-stderr", daemon=True)
+    forward.start()
+    try:
+        started = _spawn(conf, nice, write_fd, imports)
+    finally:
+        os.close(write_fd)                # the JVM holds its own copy
+    if started is None:
+        forward.join(2)                   # the JVM's own words (above) come before ours
+        java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") \
+            if os.environ.get("JAVA_HOME") else shutil.which("java")
+        raise HighLevelError(f"Spark's JVM did not start; java: {java or 'not found on PATH'}"
+                             f"{' (JAVA_HOME)' if os.environ.get('JAVA_HOME') else ''}. "
+                             f"Spark 4 needs Java 17 or later: `bash .ci/install` installs "
+                             f"it, or set JAVA_HOME")
+    from pyspark import SparkContext
+    from pyspark.java_gateway import launch_gateway as connect
+
+    proc, port, secret = started
+    # pyspark connects to a running gateway named by these two variables (its ClientServer
+    # and the imports pyspark's own modules expect); they are ours only for the call
+    os.environ["PYSPARK_GATEWAY_PORT"], os.environ["PYSPARK_GATEWAY_SECRET"] = str(port), secret
+    try:
+        gateway = connect()
+    finally:
+        os.environ.pop("PYSPARK_GATEWAY_PORT", None)
+        os.environ.pop("PYSPARK_GATEWAY_SECRET", None)
+    gateway.proc = proc               # keeps the JVM's stdin open
+    SparkContext._gateway = gateway   # noqa: SLF001 - what _ensure_initialized would set
+    SparkContext._jvm = gateway.jvm   # noqa: SLF001
