@@ -2,9 +2,9 @@
 
 `decode_rows` (capture.decode) runs the general `decode_frame` on every frame, ~70 ns each:
 its generality (every link type, tags, tunnels, IPv6 extension headers, every malformation)
-costs far more than its loads. Here the common frame (Ethernet, IPv4 with a 20-byte header,
-not a fragment, consistent lengths, a complete and valid TCP/UDP/ICMP header or another
-protocol) is decoded by straight-line code (`fast_frame`); every other frame still goes
+costs far more than its loads. Here the common frame (Ethernet; IPv4 with a 20-byte header,
+not a fragment, or IPv6 without extension headers; consistent lengths; a complete and valid
+TCP/UDP/ICMP header or another protocol) is decoded by straight-line code (`fast_frame`); every other frame still goes
 through `decode_frame`, in a second loop (inlined into the first loop it made that loop 3x
 slower), so each row gets exactly the values `decode_rows` gives it. The readers of
 `capture.reader` use these kernels:
@@ -15,7 +15,7 @@ slower), so each row gets exactly the values `decode_rows` gives it. The readers
 - `decode_rows_flow(buf, out, start, stop)`: for a consumer of `FLOW_COLUMNS` only
   (addresses, ports, protocol: flow keys and most low-level queries), without the mask tests.
 
-Both return how many rows needed `decode_frame` (0 for a capture of plain Ethernet/IPv4).
+Both return how many rows needed `decode_frame` (0 for a capture of plain Ethernet/IP).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import numpy as np
 from lowlevel.jit import ngjit
 
 from .decode import (
-    ETH_IPV4, LINK_ETHERNET, R_OK, R_RECORD, R_UNSUPPORTED, _MAPPED, be16, be32, be48,
-    decode_frame, inline_jit,
+    ETH_IPV4, ETH_IPV6, LINK_ETHERNET, R_OK, R_RECORD, R_UNSUPPORTED, _MAPPED, be16, be32,
+    be48, be64, decode_frame, inline_jit,
 )
-from .schema import L_ETH, L_ICMP, L_IPV4, L_TCP, L_UDP
+from .schema import L_ETH, L_ICMP, L_IPV4, L_IPV6, L_TCP, L_UDP
 
 
 def _drop_stale_cache() -> None:
@@ -82,12 +82,15 @@ def column_mask(columns) -> np.ndarray:
 
 @inline_jit
 def fast_frame(buf, off, caplen, wirelen, link, bad):
-    """The fast path of `decode_rows_fast`: for the common frame (Ethernet, IPv4 with a
-    20-byte header, not a fragment, lengths consistent, a complete and valid TCP/UDP/ICMP
-    header or another protocol) (True, layers, protocol, ip_len, srcPort, destPort, flags,
-    seq, ack, win, payload_len, icmp_type, icmp_code), values exactly as `decode_frame`
-    gives them; for any other frame (False, ...) and the caller uses `decode_frame`."""
+    """The fast path of `decode_rows_fast`: for the common frame (Ethernet; IPv4 with a
+    20-byte header, not a fragment, or IPv6 without extension headers; lengths consistent;
+    a complete and valid TCP/UDP/ICMP header or another protocol) (True, version, layers,
+    protocol, ip_len, srcPort, destPort, flags, seq, ack, win, payload_len, icmp_type,
+    icmp_code), values exactly as `decode_frame` gives them; for any other frame
+    (False, ...) and the caller uses `decode_frame`. The caller reads the addresses, TTL and
+    TOS from the frame by the version."""
     fast = False
+    ver = 0
     layers = 0
     proto = 0
     ip_len = 0
@@ -100,47 +103,65 @@ def fast_frame(buf, off, caplen, wirelen, link, bad):
     payload = 0
     itype = 0
     icode = 0
-    if (link == LINK_ETHERNET and caplen >= 34 and not bad
-            and buf[off + 12] == 0x08 and buf[off + 13] == 0x00 and buf[off + 14] == 0x45):
-        ip_len = be16(buf, off + 16)
-        ff = be16(buf, off + 20)
-        # not a fragment, no TSO zero length, the length within the wire length
-        if (ff & 0x3FFF) == 0 and ip_len >= 20 and ip_len <= wirelen - 14:
-            proto = np.int64(buf[off + 23])
-            tl = ip_len - 20   # transport header + payload
-            t = off + 34
-            end = off + caplen
-            layers = L_ETH | L_IPV4
-            if proto == 6:
-                if t + 20 <= end:
-                    doff = (np.int64(buf[t + 12]) >> 4) * 4
-                    if doff >= 20 and doff <= tl:
-                        fast = True
-                        layers |= L_TCP
-                        sport = be16(buf, t)
-                        dport = be16(buf, t + 2)
-                        seq = be32(buf, t + 4)
-                        ack = be32(buf, t + 8)
-                        flags = np.int64(buf[t + 13])
-                        win = be16(buf, t + 14)
-                        payload = tl - doff
-            elif proto == 17:
-                if t + 8 <= end and tl >= 8:
+    t = 0
+    tl = 0
+    if link == LINK_ETHERNET and not bad:
+        e0 = buf[off + 12]
+        e1 = buf[off + 13]
+        if caplen >= 34 and e0 == 0x08 and e1 == 0x00 and buf[off + 14] == 0x45:
+            ip_len = be16(buf, off + 16)
+            ff = be16(buf, off + 20)
+            # not a fragment, no TSO zero length, the length within the wire length
+            if (ff & 0x3FFF) == 0 and ip_len >= 20 and ip_len <= wirelen - 14:
+                ver = 4
+                proto = np.int64(buf[off + 23])
+                tl = ip_len - 20   # transport header + payload
+                t = off + 34
+                layers = L_ETH | L_IPV4
+        elif caplen >= 54 and e0 == 0x86 and e1 == 0xDD and (buf[off + 14] >> 4) == 6:
+            ip_len = be16(buf, off + 18) + 40
+            nxt = np.int64(buf[off + 20])
+            # no extension header (hop-by-hop, routing, fragment, destination options, AH),
+            # the length within the wire length
+            if (ip_len <= wirelen - 14 and nxt != 0 and nxt != 43 and nxt != 44
+                    and nxt != 60 and nxt != 51):
+                ver = 6
+                proto = nxt
+                tl = ip_len - 40
+                t = off + 54
+                layers = L_ETH | L_IPV6
+    if ver != 0:
+        end = off + caplen
+        if proto == 6:
+            if t + 20 <= end:
+                doff = (np.int64(buf[t + 12]) >> 4) * 4
+                if doff >= 20 and doff <= tl:
                     fast = True
-                    layers |= L_UDP
+                    layers |= L_TCP
                     sport = be16(buf, t)
                     dport = be16(buf, t + 2)
-                    payload = tl - 8
-            elif proto == 1:
-                if t + 2 <= end:
-                    fast = True
-                    layers |= L_ICMP
-                    itype = np.int64(buf[t])
-                    icode = np.int64(buf[t + 1])
-            else:
+                    seq = be32(buf, t + 4)
+                    ack = be32(buf, t + 8)
+                    flags = np.int64(buf[t + 13])
+                    win = be16(buf, t + 14)
+                    payload = tl - doff
+        elif proto == 17:
+            if t + 8 <= end and tl >= 8:
                 fast = True
-    return (fast, layers, proto, ip_len, sport, dport, flags, seq, ack, win, payload, itype,
-            icode)
+                layers |= L_UDP
+                sport = be16(buf, t)
+                dport = be16(buf, t + 2)
+                payload = tl - 8
+        elif (proto == 1 and ver == 4) or (proto == 58 and ver == 6):
+            if t + 2 <= end:
+                fast = True
+                layers |= L_ICMP
+                itype = np.int64(buf[t])
+                icode = np.int64(buf[t + 1])
+        else:
+            fast = True
+    return (fast, ver, layers, proto, ip_len, sport, dport, flags, seq, ack, win, payload,
+            itype, icode)
 
 
 #: the columns `decode_rows_flow` writes (with timestamp, len, caplen from the framing)
@@ -174,16 +195,23 @@ def decode_rows_flow(buf, out, start, stop):
         off = c_data[i]
         r = fast_frame(buf, off, np.int64(c_caplen[i]), np.int64(c_len[i]), c_link[i], c_bad[i])
         if r[0]:
-            c_layers[i] = r[1]
+            c_layers[i] = r[2]
             c_reason[i] = R_OK
-            c_ipversion[i] = 4
-            c_src_hi[i] = 0
-            c_src_lo[i] = _MAPPED | np.uint64(be32(buf, off + 26))
-            c_dest_hi[i] = 0
-            c_dest_lo[i] = _MAPPED | np.uint64(be32(buf, off + 30))
-            c_protocol[i] = r[2]
-            c_src_port[i] = r[4]
-            c_dest_port[i] = r[5]
+            if r[1] == 4:
+                c_ipversion[i] = 4
+                c_src_hi[i] = 0
+                c_src_lo[i] = _MAPPED | np.uint64(be32(buf, off + 26))
+                c_dest_hi[i] = 0
+                c_dest_lo[i] = _MAPPED | np.uint64(be32(buf, off + 30))
+            else:
+                c_ipversion[i] = 6
+                c_src_hi[i] = be64(buf, off + 22)
+                c_src_lo[i] = be64(buf, off + 30)
+                c_dest_hi[i] = be64(buf, off + 38)
+                c_dest_lo[i] = be64(buf, off + 46)
+            c_protocol[i] = r[3]
+            c_src_port[i] = r[5]
+            c_dest_port[i] = r[6]
         else:
             c_reason[i] = _PENDING
             pending += 1
@@ -210,9 +238,9 @@ def decode_rows_flow(buf, out, start, stop):
 def decode_rows_fast(buf, out, start, stop, want):
     """`decode_rows` with a fast path and a column mask: the same rows, fewer stores.
 
-    The common frame (Ethernet, IPv4 of 20-byte header, not a fragment, lengths consistent,
-    TCP/UDP/ICMP header complete and valid, or another protocol) is decoded by straight-line
-    code here (~10 ns instead of ~70 ns: `decode_frame`'s generality costs far more than its
+    The common frame (Ethernet; IPv4 of 20-byte header, not a fragment, or IPv6 without
+    extension headers; lengths consistent; TCP/UDP/ICMP header complete and valid, or another
+    protocol) is decoded by straight-line code here (~10 ns instead of ~70 ns: `decode_frame`'s generality costs far more than its
     loads); every other frame goes through `decode_frame`, so each row gets exactly the
     values `decode_rows` gives it. Only the columns with `want[k]` set (k in
     `DECODED_COLUMNS` order; see `column_mask`) are stored: the others keep what they hold.
@@ -256,36 +284,54 @@ def decode_rows_fast(buf, out, start, stop, want):
     pending = 0
     for i in range(start, stop):
         off = c_data[i]
-        (fast, layers, proto, ip_len, sport, dport, flags, seq, ack, win, payload, itype,
+        (fast, ver, layers, proto, ip_len, sport, dport, flags, seq, ack, win, payload, itype,
          icode) = fast_frame(buf, off, np.int64(c_caplen[i]), np.int64(c_len[i]), c_link[i],
                              c_bad[i])
         if fast:
             c_layers[i] = layers
             c_reason[i] = R_OK
-            if w2:
-                c_eth_type[i] = ETH_IPV4
-            if w3:
-                c_vlan[i] = 0
             if w4:
                 c_src_mac[i] = be48(buf, off + 6)
             if w5:
                 c_dest_mac[i] = be48(buf, off)
-            if w6:
-                c_ipversion[i] = 4
-            if w7:
-                c_src_hi[i] = 0
-            if w8:
-                c_src_lo[i] = _MAPPED | np.uint64(be32(buf, off + 26))
-            if w9:
-                c_dest_hi[i] = 0
-            if w10:
-                c_dest_lo[i] = _MAPPED | np.uint64(be32(buf, off + 30))
             if w11:
                 c_protocol[i] = proto
-            if w12:
-                c_ttl[i] = buf[off + 22]
-            if w13:
-                c_tos[i] = buf[off + 15]
+            if ver == 4:
+                if w2:
+                    c_eth_type[i] = ETH_IPV4
+                if w6:
+                    c_ipversion[i] = 4
+                if w7:
+                    c_src_hi[i] = 0
+                if w8:
+                    c_src_lo[i] = _MAPPED | np.uint64(be32(buf, off + 26))
+                if w9:
+                    c_dest_hi[i] = 0
+                if w10:
+                    c_dest_lo[i] = _MAPPED | np.uint64(be32(buf, off + 30))
+                if w12:
+                    c_ttl[i] = buf[off + 22]
+                if w13:
+                    c_tos[i] = buf[off + 15]
+            else:
+                if w2:
+                    c_eth_type[i] = ETH_IPV6
+                if w6:
+                    c_ipversion[i] = 6
+                if w7:
+                    c_src_hi[i] = be64(buf, off + 22)
+                if w8:
+                    c_src_lo[i] = be64(buf, off + 30)
+                if w9:
+                    c_dest_hi[i] = be64(buf, off + 38)
+                if w10:
+                    c_dest_lo[i] = be64(buf, off + 46)
+                if w12:
+                    c_ttl[i] = buf[off + 21]
+                if w13:
+                    c_tos[i] = (be16(buf, off + 14) >> 4) & 0xFF
+            if w3:
+                c_vlan[i] = 0
             if w14:
                 c_ip_len[i] = ip_len
             if w15:
