@@ -196,9 +196,12 @@ def _start(argv: list[str], env: dict[str, str], stderr_fd: int, nice: int):
         if nice > 0:
             os.nice(nice)                # every thread of the JVM inherits it
 
-    # the JVM exits when its stdin closes: the pipe lives as long as the Popen object
-    return subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=stderr_fd, env=env,
-                            preexec_fn=child)
+    # the JVM exits when its stdin closes: the pipe lives as long as the Popen object. Its
+    # stdout goes to the stderr pipe too: the JVM outlives us by its shutdown (~0.4 s, seconds
+    # when it writes a class-data archive), and holding our stdout it kept a reader of it
+    # (`oopscope run ... | cmd`, a caller's capture) waiting for that exit
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=stderr_fd, stderr=stderr_fd,
+                            env=env, preexec_fn=child)
 
 
 def _await_conn_info(proc, path: str) -> tuple[int, str] | None:

@@ -24,7 +24,8 @@ link looks like; it stresses the flow table's evictions and the Spark stage's ro
 
 The capture is metered by:
 - oopscope: `oopscope run netflow --link main=FILE --output netflow=OUT.csv` (a fresh process:
-  Python, Numba and Spark start-up included, as a user runs it);
+  Python, Numba and Spark start-up included, as a user runs it; the time ends when the command
+  exits, and the next run starts once its driver JVM has shut down too);
 - softflowd: `softflowd -r FILE -a -v 9 -d -6 -n 127.0.0.1:PORT` into a running nfcapd (the time
   is softflowd's own run; nfcapd is stopped afterwards and its flow count read);
 - nfpcapd: `nfpcapd -r FILE -w DIR`.
@@ -135,7 +136,21 @@ def run_oopscope(capture: Path, work: Path, timeout: float) -> dict:
                       f"netflow={out}"), timeout, cwd=REPO)
     if res["status"] == "ok" and out.exists():
         res["flows"] = max(0, sum(1 for _ in open(out)) - 1)
+    _await_jvm_exit()
     return res
+
+
+def _await_jvm_exit(limit: float = 30.0) -> None:
+    """Wait until no Spark driver JVM runs: the one of the run just timed shuts down after the
+    command has exited, and the next tool's run must not share the cores with it."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        found = subprocess.run(["pgrep", "-f", "org.apache.spark.deploy.SparkSubmit"],
+                               capture_output=True).returncode == 0
+        if not found:
+            return
+        time.sleep(0.1)
+    log.warning("a Spark driver JVM still runs %.0f s after oopscope exited", limit)
 
 
 def run_softflowd(capture: Path, work: Path, timeout: float) -> dict:

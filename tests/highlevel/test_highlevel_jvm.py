@@ -1,7 +1,7 @@
 """The driver JVM's launch (highlevel.jvm): spark-submit's command is remembered from the running
 JVM and reused (same command line, same session), a remembered command that cannot start falls
-back to spark-submit and is replaced, the key follows what the launch reads, and the niceness
-asked for is the JVM's. Real JVMs, each in a process of its own."""
+back to spark-submit and is replaced, the key follows what the launch reads, the niceness asked
+for is the JVM's, and the JVM does not hold our stdout. Real JVMs, each in a process of its own."""
 
 from __future__ import annotations
 
@@ -26,8 +26,10 @@ _PROBE = textwrap.dedent("""
     pid = SparkContext._gateway.proc.pid
     stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")[:-1]
+    import os
     print(json.dumps({"nice": int(stat[16]), "count": spark.range(7).count(),
-                      "argv": [a.decode() for a in argv]}))
+                      "argv": [a.decode() for a in argv],
+                      "stdout": [os.readlink(f"/proc/{p}/fd/1") for p in ("self", pid)]}))
 """)
 
 
@@ -55,6 +57,10 @@ def test_launch_is_remembered_reused_and_replaced_when_it_fails(tmp_path):
     first, err = _probe(tmp_path, nice=3)
     assert _how(err) == "spark-submit"
     assert first["count"] == 7 and first["nice"] == 3       # the niceness reached the JVM
+    # the JVM does not hold our stdout: a reader of it gets EOF when we exit, not when the
+    # JVM has shut down too
+    ours, jvms = first["stdout"]
+    assert ours != jvms and jvms.startswith("pipe:")
     (entry,) = _entries(tmp_path)
     saved = json.loads(entry.read_text())
     assert saved["argv"] == first["argv"]
@@ -63,7 +69,8 @@ def test_launch_is_remembered_reused_and_replaced_when_it_fails(tmp_path):
 
     second, err = _probe(tmp_path, nice=3)
     assert _how(err) == "remembered"
-    assert second == first                                  # the same JVM command line
+    assert second["argv"] == first["argv"]                  # the same JVM command line
+    assert second["count"] == 7 and second["nice"] == 3
 
     # another niceness is not part of the command: the same entry serves it
     third, err = _probe(tmp_path, nice=0)
