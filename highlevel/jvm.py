@@ -216,98 +216,121 @@ def _await_conn_info(proc, path: str) -> tuple[int, str] | None:
         return read_int(info), UTF8Deserializer().loads(info)
 
 
-def _spawn(conf: list[tuple[str, str]], nice: int, stderr_fd: int, meanwhile):
-    """Start the driver JVM (remembered command, else spark-submit): (Popen, port, secret),
-    or None when it exited before its gateway was up. `meanwhile()` runs once while the
-    first JVM starts."""
-    from highlevel.errors import HighLevelError
+class Launch:
+    """A driver JVM being started (remembered command, else spark-submit). The constructor
+    returns once the process is started; `connect` waits for its gateway and makes it the
+    gateway of the next SparkContext. `conf`: the Spark settings; `nice`: the JVM's
+    niceness (every thread of it inherits it from the launch). Its stdout and stderr go
+    through a pipe of ours (`_forward_jvm_stderr`), read from before the JVM starts, so
+    start-up errors (no Java, a bad option) still show."""
 
-    home = spark_home()
-    command = submit_command(home, conf)
-    base = dict(os.environ, SPARK_CONNECT_MODE="0")
-    key = launch_key(command, base, home)
-    entry = remembered(key)
-    folder = tempfile.mkdtemp(prefix="oopscope-gw-")
-    try:
-        for attempt in ("remembered", "spark-submit"):
-            if attempt == "remembered" and entry is None:
-                continue
-            fd, conn_info = tempfile.mkstemp(dir=folder)
+    def __init__(self, conf: list[tuple[str, str]], nice: int = 0):
+        self.nice = nice
+        home = spark_home()
+        self.command = submit_command(home, conf)
+        self.base = dict(os.environ, SPARK_CONNECT_MODE="0")
+        self.key = launch_key(self.command, self.base, home)
+        entry = remembered(self.key)
+        self.attempts = ([("remembered", entry)] if entry else []) + [("spark-submit", None)]
+        self.folder = tempfile.mkdtemp(prefix="oopscope-gw-")
+        read_fd, self.write_fd = os.pipe()
+        self.forward = threading.Thread(target=_forward_jvm_stderr, args=(read_fd,),
+                                        name="oopscope-jvm-stderr", daemon=True)
+        self.forward.start()
+        self.proc = None
+        try:
+            self._next()
+        except BaseException:
+            self.cancel()
+            raise
+
+    def _next(self) -> None:
+        """Start the next attempt's process (self.proc, self.attempt, self.conn_info)."""
+        from highlevel.errors import HighLevelError
+
+        while self.attempts:
+            self.attempt, entry = self.attempts.pop(0)
+            fd, self.conn_info = tempfile.mkstemp(dir=self.folder)
             os.close(fd)
-            os.unlink(conn_info)
-            env = dict(base, _PYSPARK_DRIVER_CONN_INFO_PATH=conn_info)
-            if attempt == "remembered":
+            os.unlink(self.conn_info)
+            env = dict(self.base, _PYSPARK_DRIVER_CONN_INFO_PATH=self.conn_info)
+            argv = self.command
+            if entry is not None:
                 env.update(entry["env"])
                 for name in entry.get("unset", ()):
                     env.pop(name, None)
                 argv = entry["argv"]
-            else:
-                argv = command
+            self.env = env
             try:
-                proc = _start(argv, env, stderr_fd, nice)
+                self.proc = _start(argv, env, self.write_fd, self.nice)
+                return
             except OSError as exc:
-                if attempt == "remembered":
-                    log.debug("remembered JVM launch failed (%s): spark-submit", exc)
-                    forget(key)
-                    continue
-                raise HighLevelError(f"Spark's launcher {argv[0]} did not start: {exc}") \
-                    from None
-            if meanwhile is not None:
-                meanwhile()
-                meanwhile = None
-            got = _await_conn_info(proc, conn_info)
+                if entry is None:
+                    raise HighLevelError(f"Spark's launcher {argv[0]} did not start: {exc}") \
+                        from None
+                log.debug("remembered JVM launch failed (%s): spark-submit", exc)
+                forget(self.key)
+
+    def _gateway_address(self) -> tuple[int, str] | None:
+        """Wait for the gateway's port and secret (the next attempt when the remembered
+        command's JVM exits first); None when spark-submit's exits too."""
+        while True:
+            got = _await_conn_info(self.proc, self.conn_info)
             if got is not None:
-                if attempt == "spark-submit":
-                    remember(key, proc.pid, env)
-                log.debug("driver JVM pid %d up (%s)", proc.pid, attempt)
-                return proc, got[0], got[1]
-            if attempt == "remembered":
-                log.debug("remembered JVM launch exited with %s: spark-submit", proc.returncode)
-                forget(key)
-        return None
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+                if self.attempt == "spark-submit":
+                    remember(self.key, self.proc.pid, self.env)
+                log.debug("driver JVM pid %d up (%s)", self.proc.pid, self.attempt)
+                return got
+            if self.attempt == "spark-submit" or not self.attempts:
+                return None
+            log.debug("remembered JVM launch exited with %s: spark-submit",
+                      self.proc.returncode)
+            forget(self.key)
+            self._next()
 
+    def connect(self) -> None:
+        from highlevel.errors import HighLevelError
 
-def launch_gateway(conf: list[tuple[str, str]], nice: int = 0) -> None:
-    """Start the driver JVM (py4j gateway) with the Spark settings `conf` and its stderr
-    through `_forward_jvm_stderr`, and make it the gateway of the next SparkContext. A pipe
-    of our own is read from before the JVM starts, so start-up errors (no Java, a bad
-    option) still show. `nice`: the JVM's niceness (every thread of it inherits it from the
-    launch). pyspark is imported while the JVM starts."""
-    from highlevel.errors import HighLevelError
+        import pyspark.sql  # noqa: F401 - what the session needs next, while the JVM starts
+        try:
+            got = self._gateway_address()
+        finally:
+            self._close()
+        if got is None:
+            self.forward.join(2)             # the JVM's own words (above) come before ours
+            java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") \
+                if os.environ.get("JAVA_HOME") else shutil.which("java")
+            raise HighLevelError(f"Spark's JVM did not start; java: "
+                                 f"{java or 'not found on PATH'}"
+                                 f"{' (JAVA_HOME)' if os.environ.get('JAVA_HOME') else ''}. "
+                                 f"Spark 4 needs Java 17 or later: `bash .ci/install` "
+                                 f"installs it, or set JAVA_HOME")
+        from pyspark import SparkContext
+        from pyspark.java_gateway import launch_gateway as connect
 
-    def imports() -> None:
-        import pyspark.sql  # noqa: F401 - what the session needs next
+        port, secret = got
+        # pyspark connects to a running gateway named by these two variables (its
+        # ClientServer and the imports pyspark's own modules expect); ours only for the call
+        os.environ["PYSPARK_GATEWAY_PORT"] = str(port)
+        os.environ["PYSPARK_GATEWAY_SECRET"] = secret
+        try:
+            gateway = connect()
+        finally:
+            os.environ.pop("PYSPARK_GATEWAY_PORT", None)
+            os.environ.pop("PYSPARK_GATEWAY_SECRET", None)
+        gateway.proc = self.proc              # keeps the JVM's stdin open
+        SparkContext._gateway = gateway       # noqa: SLF001 - what _ensure_initialized sets
+        SparkContext._jvm = gateway.jvm       # noqa: SLF001
 
-    read_fd, write_fd = os.pipe()
-    forward = threading.Thread(target=_forward_jvm_stderr, args=(read_fd,),
-                               name="oopscope-jvm-stderr", daemon=True)
-    forward.start()
-    try:
-        started = _spawn(conf, nice, write_fd, imports)
-    finally:
-        os.close(write_fd)                # the JVM holds its own copy
-    if started is None:
-        forward.join(2)                   # the JVM's own words (above) come before ours
-        java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") \
-            if os.environ.get("JAVA_HOME") else shutil.which("java")
-        raise HighLevelError(f"Spark's JVM did not start; java: {java or 'not found on PATH'}"
-                             f"{' (JAVA_HOME)' if os.environ.get('JAVA_HOME') else ''}. "
-                             f"Spark 4 needs Java 17 or later: `bash .ci/install` installs "
-                             f"it, or set JAVA_HOME")
-    from pyspark import SparkContext
-    from pyspark.java_gateway import launch_gateway as connect
+    def cancel(self) -> None:
+        """Stop a launch that will not be connected."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._close()
 
-    proc, port, secret = started
-    # pyspark connects to a running gateway named by these two variables (its ClientServer
-    # and the imports pyspark's own modules expect); they are ours only for the call
-    os.environ["PYSPARK_GATEWAY_PORT"], os.environ["PYSPARK_GATEWAY_SECRET"] = str(port), secret
-    try:
-        gateway = connect()
-    finally:
-        os.environ.pop("PYSPARK_GATEWAY_PORT", None)
-        os.environ.pop("PYSPARK_GATEWAY_SECRET", None)
-    gateway.proc = proc               # keeps the JVM's stdin open
-    SparkContext._gateway = gateway   # noqa: SLF001 - what _ensure_initialized would set
-    SparkContext._jvm = gateway.jvm   # noqa: SLF001
+    def _close(self) -> None:
+        if self.write_fd >= 0:
+            os.close(self.write_fd)          # the JVM holds its own copy
+            self.write_fd = -1
+        shutil.rmtree(self.folder, ignore_errors=True)

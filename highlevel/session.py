@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 _LOCK = threading.Lock()
 _SESSION = None
 _MASTER: str | None = None
+_PENDING = None         # ((settings, nice), highlevel.jvm.Launch) started by launch_jvm
 
 # Spark's default log4j2 profile prints INFO lines (and a banner about the default level) on
 # the console before any setLogLevel call can run; a config file given to the driver JVM at
@@ -174,6 +175,60 @@ def lower_priority(nice: int) -> None:
         log.debug("thread priority unchanged: %s", exc)
 
 
+def _settings(master: str, app_name: str, driver_memory: str, shuffle_partitions: int | None,
+              conf: dict[str, str] | None, quick_jvm: bool) -> dict[str, str]:
+    """The session's Spark settings (the driver JVM reads them at launch)."""
+    if shuffle_partitions is None:
+        # micro-batches of partial rows are small: one shuffle partition per core (at most 4)
+        # measured ~25% less time per batch than 4 partitions on 2 cores
+        shuffle_partitions = max(1, min(4, os.cpu_count() or 1))
+    java_opts = f"-Dlog4j2.configurationFile=file:{log4j2_config()}"
+    driver_opts = f"{java_opts} {class_data_options()} {quick_jvm_options(master) if quick_jvm else ''}".strip()
+    settings = {"spark.master": master, "spark.app.name": app_name,
+                "spark.driver.memory": driver_memory,
+                "spark.driver.extraJavaOptions": driver_opts,
+                "spark.executor.extraJavaOptions": java_opts, **DEFAULTS,
+                "spark.sql.shuffle.partitions": str(shuffle_partitions),
+                "spark.default.parallelism": str(shuffle_partitions)}
+    if not master.startswith("local"):
+        # executors on other hosts must reach the driver; loopback only suits local mode
+        # and the loopback test cluster, so keep it only when the master is on loopback.
+        if "127.0.0.1" not in master and "localhost" not in master:
+            settings.pop("spark.driver.bindAddress")
+            settings.pop("spark.driver.host")
+    settings.update(conf or {})
+    return settings
+
+
+def _master(master: str | None) -> str:
+    master = master or os.environ.get("OOPSCOPE_SPARK_MASTER") or "local[*]"
+    if master.startswith("local") or "127.0.0.1" in master or "localhost" in master:
+        # otherwise Spark warns that the host name resolves to loopback and picks eth0
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    return master
+
+
+def launch_jvm(master: str | None = None, *, app_name: str = "oopscope",
+               driver_memory: str = "3g", shuffle_partitions: int | None = None,
+               conf: dict[str, str] | None = None, quick_jvm: bool = True,
+               nice: int = 0) -> None:
+    """Start the driver JVM of a later `get_session` with the same arguments now, in the
+    calling thread, and return at once (a few milliseconds: `tools.pipeline` calls it before
+    the run's heavy imports, which would otherwise delay a starting thread). Nothing when a
+    session or a JVM is up already."""
+    from highlevel.jvm import Launch, gateway_running
+
+    global _PENDING
+    with _LOCK:
+        if _SESSION is not None or _PENDING is not None or gateway_running():
+            return
+        master = _master(master)
+        settings = _settings(master, app_name, driver_memory, shuffle_partitions, conf,
+                             quick_jvm)
+        nice = nice if master.startswith("local") else 0
+        _PENDING = ((settings, nice), Launch(list(settings.items()), nice))
+
+
 def get_session(master: str | None = None, *, app_name: str = "oopscope",
                 driver_memory: str = "3g", shuffle_partitions: int | None = None,
                 conf: dict[str, str] | None = None, quick_jvm: bool = True, nice: int = 0):
@@ -186,43 +241,30 @@ def get_session(master: str | None = None, *, app_name: str = "oopscope",
     `nice`: a new local driver JVM runs at this niceness (`tools.pipeline`: bounded replays,
     where the low level's threads come first while both run).
     """
-    global _SESSION, _MASTER
-    master = master or os.environ.get("OOPSCOPE_SPARK_MASTER") or "local[*]"
-    if shuffle_partitions is None:
-        # micro-batches of partial rows are small: one shuffle partition per core (at most 4)
-        # measured ~25% less time per batch than 4 partitions on 2 cores
-        shuffle_partitions = max(1, min(4, os.cpu_count() or 1))
+    global _SESSION, _MASTER, _PENDING
+    from highlevel.jvm import Launch, gateway_running
+
+    master = _master(master)
     with _LOCK:
         if _SESSION is not None and _MASTER == master and not _stopped(_SESSION):
             return _SESSION
         if _SESSION is not None:
             stop_session()
-        if master.startswith("local") or "127.0.0.1" in master or "localhost" in master:
-            # otherwise Spark warns that the host name resolves to loopback and picks eth0
-            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         # pyspark warns about pandas >= 3 on first Arrow use; we only use Arrow tables
         warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
-        java_opts = f"-Dlog4j2.configurationFile=file:{log4j2_config()}"
-        driver_opts = f"{java_opts} {class_data_options()} {quick_jvm_options(master) if quick_jvm else ''}".strip()
-        settings = {"spark.master": master, "spark.app.name": app_name,
-                    "spark.driver.memory": driver_memory,
-                    "spark.driver.extraJavaOptions": driver_opts,
-                    "spark.executor.extraJavaOptions": java_opts, **DEFAULTS,
-                    "spark.sql.shuffle.partitions": str(shuffle_partitions),
-                    "spark.default.parallelism": str(shuffle_partitions)}
-        if not master.startswith("local"):
-            # executors on other hosts must reach the driver; loopback only suits local mode
-            # and the loopback test cluster, so keep it only when the master is on loopback.
-            if "127.0.0.1" not in master and "localhost" not in master:
-                settings.pop("spark.driver.bindAddress")
-                settings.pop("spark.driver.host")
-        settings.update(conf or {})
-        from highlevel.jvm import gateway_running, launch_gateway
-
+        settings = _settings(master, app_name, driver_memory, shuffle_partitions, conf,
+                             quick_jvm)
+        nice = nice if master.startswith("local") else 0
+        pending, _PENDING = _PENDING, None
+        if pending is not None and pending[0] != (settings, nice):
+            pending[1].cancel()              # started for other settings
+            pending = None
         if not gateway_running():
             # the JVM reads its options at launch: the builder's settings, as getOrCreate
             # would pass them; it starts before pyspark is imported
-            launch_gateway(list(settings.items()), nice if master.startswith("local") else 0)
+            launch = pending[1] if pending is not None else Launch(list(settings.items()),
+                                                                    nice)
+            launch.connect()
         from pyspark.sql import SparkSession
 
         builder = SparkSession.builder
@@ -242,7 +284,9 @@ def _stopped(session) -> bool:
 
 def stop_session() -> None:
     """Stop the process-wide session (tests and the CLI call this at exit)."""
-    global _SESSION, _MASTER
+    global _SESSION, _MASTER, _PENDING
     if _SESSION is not None:
         _SESSION.stop()
-    _SESSION, _MASTER = None, None
+    if _PENDING is not None:
+        _PENDING[1].cancel()
+    _SESSION, _MASTER, _PENDING = None, None, None

@@ -250,7 +250,21 @@ class _SessionStarter(threading.Thread):
         self.master, self.session, self.error = master, None, None
         self.quick_jvm, self.nice = quick_jvm, nice
 
+    def start(self) -> None:
+        """Launch the JVM here (milliseconds), then connect and make the session on the
+        thread: started from the thread, the launch waited ~0.15 s for the GIL behind the
+        main thread's imports."""
+        try:
+            from highlevel.session import launch_jvm
+
+            launch_jvm(self.master, quick_jvm=self.quick_jvm, nice=self.nice)
+        except BaseException as exc:  # handed to the main thread by result()
+            self.error = exc
+        super().start()
+
     def run(self) -> None:
+        if self.error is not None:
+            return
         try:
             from highlevel.session import get_session
 
