@@ -31,8 +31,10 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -57,6 +59,9 @@ from highlevel.windows import window_config
 log = logging.getLogger(__name__)
 
 DEFAULT_TRIGGER = "200 milliseconds"
+#: the session setting a driver-closed stage's stream runs with (`Stage._start`)
+_WHOLE_STAGE = "spark.sql.codegen.wholeStage"
+_START_LOCK = threading.Lock()
 INT64_MAX = (1 << 63) - 1
 
 
@@ -129,13 +134,8 @@ class Stage:
         self.state_root.mkdir(parents=True, exist_ok=True)
         self.state = self._load_latest()
         self.batch_seconds: list[float] = []
-        # built once: every py4j call building an expression costs driver time per batch
-        self._outputs = output_columns(spec)
-        self._having = having_column(spec)
         self._correct = spec.late == "correct"
-        self._correction_outputs = correction_columns(spec) if self._correct else None
-        self._combine = Combiner(spec.states, spec.distinct_registers)
-        self._order, self._hidden = order_columns(spec)
+        self._order = order_plan(spec)[0]
         # rows unique per (window, keys), e.g. flow records keyed by their flow id: combining
         # is the identity, so no groupBy (and no shuffle) at all
         self.unique_rows = bool(spec.extras.get("unique_rows"))
@@ -148,8 +148,36 @@ class Stage:
         self._driver = DriverRows.for_stage(self)
         if self._driver is None:
             not_kept(spec.query)          # no driver here to take the rows from memory
+            # Spark's expressions now: building them checks the outputs and HAVING (a
+            # driver path's layout resolved every output already, and it has no HAVING)
+            _ = (self._outputs, self._having, self._correction_outputs, self._combine,
+                 self._hidden)
         self.driver_batches = 0
         partials_dir(self.spool, spec.query).mkdir(parents=True, exist_ok=True)
+
+    # --- Spark expressions ---------------------------------------------------------------------
+    # built once, on first use: every py4j call building an expression costs driver time (the
+    # netflow stage's took 0.18 s), and a stage that closes its batches on the driver never
+    # needs them
+    @cached_property
+    def _outputs(self) -> list[Column]:
+        return output_columns(self.spec)
+
+    @cached_property
+    def _having(self) -> Column | None:
+        return having_column(self.spec)
+
+    @cached_property
+    def _correction_outputs(self) -> list[Column] | None:
+        return correction_columns(self.spec) if self._correct else None
+
+    @cached_property
+    def _combine(self) -> Combiner:
+        return Combiner(self.spec.states, self.spec.distinct_registers)
+
+    @cached_property
+    def _hidden(self) -> list[Column]:
+        return order_columns(self.spec)[1]
 
     # --- state versions ----------------------------------------------------------------------
     def _version_dir(self, batch: int) -> Path:
@@ -216,15 +244,37 @@ class Stage:
 
     def start(self):
         """Start the continuous stage (micro-batches every `trigger`); returns the query."""
-        self.query = self._writer().trigger(processingTime=self.trigger).start()
+        self.query = self._start(self._writer().trigger(processingTime=self.trigger))
         return self.query
+
+    def _start(self, writer):
+        """`writer.start()`. A stage that closes its batches on the driver starts its stream
+        without whole-stage code generation, in the stream's own session (Spark clones the
+        session when the query starts; the shared one is set back at once): Spark's
+        foreachBatch sink turns each micro-batch's scan into an RDD, which compiles generated
+        code (0.17 s at the first batch: Janino's classes come from a signed jar, outside the
+        class-data archive) for rows the driver path never reads through Spark. Its rare Spark
+        jobs (rows that may be late) then run interpreted."""
+        if getattr(self, "_driver", None) is None:     # row stages have no driver path
+            return writer.start()
+        with _START_LOCK:
+            conf = self.spark.conf
+            before = conf.get(_WHOLE_STAGE, None)
+            conf.set(_WHOLE_STAGE, "false")
+            try:
+                return writer.start()
+            finally:
+                if before is None:
+                    conf.unset(_WHOLE_STAGE)
+                else:
+                    conf.set(_WHOLE_STAGE, before)
 
     def run_available(self) -> None:
         """Process every file in the spool now, then return (for finite runs and tests)."""
         from pyspark.errors import StreamingQueryException
 
         self._run_started = self.clock()
-        query = self._writer().trigger(availableNow=True).start()
+        query = self._start(self._writer().trigger(availableNow=True))
         try:
             query.awaitTermination()
         except StreamingQueryException as exc:
@@ -265,12 +315,13 @@ class Stage:
 
     def _process(self, df: DataFrame, batch_id: int) -> None:
         spec, win, prev = self.spec, self.window, self.state
-        is_row = F.col("window").isNotNull()
-        late, keep = self._late_columns(is_row, prev.punctuation)
         tick = self._tick = Ticker(self.clock)
         files = self._footer_markers(batch_id, prev.punctuation)
         on_driver = files is not None and self._driver is not None
+        late = keep = None
         if files is None:
+            is_row = F.col("window").isNotNull()
+            late, keep = self._late_columns(is_row, prev.punctuation)
             more = self.marker_columns
             files = (df.select(LINK, SEQ, PUNCT, "window", *more, *self.late_reads)
                      .groupBy(LINK, SEQ)
@@ -287,6 +338,8 @@ class Stage:
         if on_driver and not late_rows:
             self._process_on_driver(files, prev, state, punctuation, kept)
             return
+        if late is None:          # rows from the footers' markers: Spark's job after all
+            late, keep = self._late_columns(F.col("window").isNotNull(), prev.punctuation)
         columns = [f.name for f in spec.partial_schema().fields]
         corrections = None
         if late_rows:
