@@ -29,6 +29,8 @@ class PacketBatch:
     columns: Mapping[str, np.ndarray]
     #: byte offset in the source file of each packet record (for error messages), optional
     offsets: np.ndarray | None = None
+    #: the timestamps are known not to decrease (set by the readers, from `tally`)
+    in_order: bool = False
     _derived: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -63,7 +65,8 @@ class PacketBatch:
     def slice(self, start: int, stop: int) -> "PacketBatch":
         """Rows [start, stop) as views."""
         offs = None if self.offsets is None else self.offsets[start:stop]
-        return PacketBatch(self.link, {k: v[start:stop] for k, v in self.columns.items()}, offs)
+        return PacketBatch(self.link, {k: v[start:stop] for k, v in self.columns.items()}, offs,
+                           self.in_order)
 
     def take(self, mask_or_index: np.ndarray) -> "PacketBatch":
         """Rows selected by a boolean mask or an index array (copies)."""
@@ -93,13 +96,17 @@ def column_dtype(name: str) -> np.dtype:
 
 
 @ngjit
-def tally(length, caplen, reason, reason_counts):
-    """(wire bytes, captured bytes) of a batch's packets, and their reasons counted into
-    `reason_counts` [256]: the per-batch statistics of readers and rings, in one pass."""
+def tally(length, caplen, reason, reason_counts, timestamp):
+    """(wire bytes, captured bytes, in order) of a batch's packets, and their reasons counted
+    into `reason_counts` [256]: the per-batch statistics of readers and rings, in one pass.
+    `in order`: the timestamps never decrease (a replay then needs no running maximum)."""
     wire = 0
     captured = 0
+    in_order = True
     for i in range(len(length)):
         wire += length[i]
         captured += caplen[i]
         reason_counts[reason[i]] += 1
-    return wire, captured
+        if i and timestamp[i] < timestamp[i - 1]:
+            in_order = False
+    return wire, captured, in_order

@@ -93,7 +93,8 @@ class LiveStats(ReaderStats):
 
     def count(self, cols: dict[str, np.ndarray]) -> None:
         self.packets += len(cols["len"])
-        wire, captured = tally(cols["len"], cols["caplen"], cols["reason"], self.reason_counts)
+        wire, captured, _ = tally(cols["len"], cols["caplen"], cols["reason"], self.reason_counts,
+                                  cols["timestamp"])
         self.bytes += int(wire)
         self.captured_bytes += int(captured)
 

@@ -351,10 +351,11 @@ class CaptureReader:
             self._last_sec = int(cols["timestamp"][n - 1]) // 1_000_000_000
         st = self.stats
         st.packets += n
-        wire, captured = tally(cols["len"], cols["caplen"], cols["reason"], st.reason_counts)
+        wire, captured, in_order = tally(cols["len"], cols["caplen"], cols["reason"],
+                                         st.reason_counts, cols["timestamp"])
         st.bytes += int(wire)
         st.captured_bytes += int(captured)
-        return PacketBatch(self.link, cols, out.record_offset[:n])
+        return PacketBatch(self.link, cols, out.record_offset[:n], bool(in_order))
 
     def _finish_truncated(self) -> None:
         left = self._fill - self._pos

@@ -80,9 +80,12 @@ class FileLink:
             if len(batch) == 0:
                 continue
             ts = batch["timestamp"]
-            cummax = np.maximum.accumulate(ts)
-            if self.max_seen is not None:
-                np.maximum(cummax, self.max_seen, out=cummax)
+            if batch.in_order and (self.max_seen is None or ts[0] >= self.max_seen):
+                cummax = ts       # already its running max: no pass, no fresh array
+            else:
+                cummax = np.maximum.accumulate(ts)
+                if self.max_seen is not None and self.max_seen > cummax[0]:
+                    np.maximum(cummax, self.max_seen, out=cummax)
             self._batch, self._cummax, self._pos = batch, cummax, 0
             self.max_seen = int(cummax[-1])
         return True
