@@ -157,6 +157,7 @@ class LowLevelOperator:
         self._engine_holds = self.engine is not None and self._flow is None \
             and self.engine.hold_rows > 0
         self._direct = self._direct_keys()
+        self._direct_arg = self._direct_args()
         # per-batch arrays reused across batches, grown to the largest one (`_grow`)
         self._key_words = sum(key_width(s.type) for s in self._keys[:self._hashed])
         self._cap = 0
@@ -238,6 +239,32 @@ class LowLevelOperator:
             out.append(direct)
         return out
 
+    def _direct_args(self) -> dict[str, str]:
+        """Sub-aggregate name -> the physical column its argument is, when the argument is a
+        plain packet field (len, flags, timestamp, ...) whose evaluated value is that column
+        widened to its argument bank's kind: written straight into the bank (numpy casts on
+        assignment, as the evaluator's astype does) without the evaluator's copy."""
+        from capture.schema import COLUMN_BY_NAME
+
+        out = {}
+        for sub in self.plan.subaggs:
+            if sub.name not in self.layout.arg_columns:
+                continue
+            bank = self.layout.arg_columns[sub.name][0]
+            e = sub.arg
+            cols = getattr(e, "columns", None) or ((e.name,) if type(e).__name__ == "Field"
+                                                   else None)
+            if (bank == "d" or type(e).__name__ != "Field"
+                    or getattr(e, "table", None) is not None or not cols or len(cols) != 1
+                    or cols[0] not in COLUMN_BY_NAME
+                    or COLUMN_BY_NAME[cols[0]].dtype.kind not in "iu"
+                    or e.type in ("ip", "ipv4", "bool")):
+                continue
+            if (e.type == "float") != (bank == "f"):
+                continue        # a float value into an integer bank (or back): not the same
+            out[sub.name] = cols[0]
+        return out
+
     def _grow(self, n: int) -> None:
         """Make the reused key matrix, argument banks and all-true mask hold n packets (the
         callers slice them to the batch and overwrite keys and arguments whole)."""
@@ -278,6 +305,10 @@ class LowLevelOperator:
             if s.name not in self.layout.arg_columns:
                 continue
             bank, col = self.layout.arg_columns[s.name]
+            direct = self._direct_arg.get(s.name)
+            if direct is not None:
+                banks["iufd".index(bank)][:, col] = batch[direct]
+                continue
             v = self._eval(s.arg, batch)
             if bank == "d":
                 v = distinct_hashes(v)

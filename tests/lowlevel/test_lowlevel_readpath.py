@@ -106,3 +106,25 @@ def test_direct_keys_beside_expressions(capture):
     mixed = op._stack_keys(batch).copy()
     op._direct = [None] * len(op._direct)
     np.testing.assert_array_equal(mixed, op._stack_keys(batch))
+
+
+@pytest.mark.parametrize("query", ["netflow", "ports"])
+def test_direct_arguments_match_the_evaluator(capture, query):
+    """Plain-field sub-aggregate arguments (len, timestamp, flags, tos, ...) go straight into
+    their banks; the evaluator path must fill the banks with the same values."""
+    from capture.reader import read_all
+
+    batch = read_all(capture, link="main")
+    if query == "netflow":
+        low = plan_file(parse(NETFLOW.read_text()), ["main"]).query("netflow").low[0]
+    else:
+        low = _low(PORTS)
+    op = LowLevelOperator(low)
+    assert op._direct_arg, "no argument took the direct path"
+    fast = [b.copy() for b in op._args(batch)]
+    op._direct_arg = {}
+    slow = op._args(batch)
+    assert len(fast) == len(slow)
+    for f, s in zip(fast, slow):
+        assert f.dtype == s.dtype
+        np.testing.assert_array_equal(f, s)
