@@ -297,39 +297,37 @@ def decode_rows_fast(buf, out, start, stop, want):
             if w11:
                 c_protocol[i] = proto
             if ver == 4:
-                if w2:
-                    c_eth_type[i] = ETH_IPV4
-                if w6:
-                    c_ipversion[i] = 4
-                if w7:
-                    c_src_hi[i] = 0
-                if w8:
-                    c_src_lo[i] = _MAPPED | np.uint64(be32(buf, off + 26))
-                if w9:
-                    c_dest_hi[i] = 0
-                if w10:
-                    c_dest_lo[i] = _MAPPED | np.uint64(be32(buf, off + 30))
-                if w12:
-                    c_ttl[i] = buf[off + 22]
-                if w13:
-                    c_tos[i] = buf[off + 15]
+                eth = ETH_IPV4
+                shi = np.uint64(0)
+                slo = _MAPPED | np.uint64(be32(buf, off + 26))
+                dhi = np.uint64(0)
+                dlo = _MAPPED | np.uint64(be32(buf, off + 30))
+                ttl = np.int64(buf[off + 22])
+                tos = np.int64(buf[off + 15])
             else:
-                if w2:
-                    c_eth_type[i] = ETH_IPV6
-                if w6:
-                    c_ipversion[i] = 6
-                if w7:
-                    c_src_hi[i] = be64(buf, off + 22)
-                if w8:
-                    c_src_lo[i] = be64(buf, off + 30)
-                if w9:
-                    c_dest_hi[i] = be64(buf, off + 38)
-                if w10:
-                    c_dest_lo[i] = be64(buf, off + 46)
-                if w12:
-                    c_ttl[i] = buf[off + 21]
-                if w13:
-                    c_tos[i] = (be16(buf, off + 14) >> 4) & 0xFF
+                eth = ETH_IPV6
+                shi = be64(buf, off + 22)
+                slo = be64(buf, off + 30)
+                dhi = be64(buf, off + 38)
+                dlo = be64(buf, off + 46)
+                ttl = np.int64(buf[off + 21])
+                tos = (be16(buf, off + 14) >> 4) & 0xFF
+            if w2:
+                c_eth_type[i] = eth
+            if w6:
+                c_ipversion[i] = ver
+            if w7:
+                c_src_hi[i] = shi
+            if w8:
+                c_src_lo[i] = slo
+            if w9:
+                c_dest_hi[i] = dhi
+            if w10:
+                c_dest_lo[i] = dlo
+            if w12:
+                c_ttl[i] = ttl
+            if w13:
+                c_tos[i] = tos
             if w3:
                 c_vlan[i] = 0
             if w14:

@@ -255,6 +255,7 @@ class LowLevelOperator:
             cols = getattr(e, "columns", None) or ((e.name,) if type(e).__name__ == "Field"
                                                    else None)
             if (bank == "d" or type(e).__name__ != "Field"
+                    or e.name in ("link", "time", "timestamp_ms")    # derived values
                     or getattr(e, "table", None) is not None or not cols or len(cols) != 1
                     or cols[0] not in COLUMN_BY_NAME
                     or COLUMN_BY_NAME[cols[0]].dtype.kind not in "iu"
