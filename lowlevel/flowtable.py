@@ -261,6 +261,7 @@ class FlowAggregator(HashAggregator):
         #: idle flows are looked for at most this often (capture time, ns)
         self.scan_gap = (idle_ns // 16) if idle_ns is not None else self.pane_ns
         self._kernel = specialized(flow_append, self.ops)
+        self._panes = self._homes = None      # `_scratch`
         self._last_scan: int | None = None
         self.max_ts: int | None = None   # the link's largest capture time seen
 
@@ -272,15 +273,20 @@ class FlowAggregator(HashAggregator):
     def append(self, ts: np.ndarray, keys: np.ndarray, args=None,
                valid: np.ndarray | None = None, ends: np.ndarray | None = None) -> list[Partials]:
         """As `HashAggregator.append`, plus `ends`: bool [n], packets that end their flow."""
-        if len(ts):
-            self.observe(int(np.max(ts)))
         ts, keys, (ai, au, af, ad), valid = self._prepare(ts, keys, args, valid, self.hash_keys)
         n = len(ts)
         ends = np.zeros(n, bool) if ends is None else np.ascontiguousarray(ends, dtype=bool)
         if ends.shape != (n,):
             raise ValueError(f"ends has shape {ends.shape}, expected {(n,)}")
-        panes = self.pane_of(ts)
-        homes = np.empty(n, np.int64)
+        panes, homes = self._scratch(n)
+        if n:
+            low, high = int(ts.min()), int(ts.max())
+            self.observe(high)
+            if self.pane_of(low) == self.pane_of(high):
+                panes.fill(self.pane_of(low))      # a batch within one pane: no division
+            else:
+                np.add(ts, self.offset_ns, out=panes)
+                np.floor_divide(panes, self.pane_ns, out=panes)
         chunks = []
         start = 0
         while start < n:
@@ -290,6 +296,13 @@ class FlowAggregator(HashAggregator):
             if n_out:
                 chunks.append(self._drain(n_out))
         return chunks
+
+    def _scratch(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(panes, homes) for n packets: views of buffers reused from batch to batch (the
+        kernel reads and writes them only during `append`)."""
+        if self._panes is None or len(self._panes) < n:
+            self._panes, self._homes = np.empty(n, np.int64), np.empty(n, np.int64)
+        return self._panes[:n], self._homes[:n]
 
     def punctuate(self, p_ns: int) -> tuple[list[Partials], int | None]:
         """Input punctuation p: flows due by min(p, largest capture time) leave; returns rows
