@@ -289,6 +289,8 @@ class Launch:
             self._next()
 
     def connect(self) -> None:
+        """Wait for the gateway, then make it the next SparkContext's (HighLevelError when
+        no JVM came up)."""
         from highlevel.errors import HighLevelError
 
         import pyspark.sql  # noqa: F401 - what the session needs next, while the JVM starts
@@ -306,7 +308,7 @@ class Launch:
                                  f"Spark 4 needs Java 17 or later: `bash .ci/install` "
                                  f"installs it, or set JAVA_HOME")
         from pyspark import SparkContext
-        from pyspark.java_gateway import launch_gateway as connect
+        from pyspark.java_gateway import launch_gateway as pyspark_connect
 
         port, secret = got
         # pyspark connects to a running gateway named by these two variables (its
@@ -314,7 +316,7 @@ class Launch:
         os.environ["PYSPARK_GATEWAY_PORT"] = str(port)
         os.environ["PYSPARK_GATEWAY_SECRET"] = secret
         try:
-            gateway = connect()
+            gateway = pyspark_connect()
         finally:
             os.environ.pop("PYSPARK_GATEWAY_PORT", None)
             os.environ.pop("PYSPARK_GATEWAY_SECRET", None)
