@@ -252,14 +252,14 @@ class LowLevelOperator:
                 continue
             bank = self.layout.arg_columns[sub.name][0]
             e = sub.arg
-            cols = getattr(e, "columns", None) or ((e.name,) if type(e).__name__ == "Field"
-                                                   else None)
             if (bank == "d" or type(e).__name__ != "Field"
                     or e.name in ("link", "time", "timestamp_ms")    # derived values
-                    or getattr(e, "table", None) is not None or not cols or len(cols) != 1
-                    or cols[0] not in COLUMN_BY_NAME
-                    or COLUMN_BY_NAME[cols[0]].dtype.kind not in "iu"
+                    or getattr(e, "table", None) is not None
                     or e.type in ("ip", "ipv4", "bool")):
+                continue
+            cols = e.columns or (e.name,)          # as `batch_field` reads it
+            if len(cols) != 1 or cols[0] not in COLUMN_BY_NAME \
+                    or COLUMN_BY_NAME[cols[0]].dtype.kind not in "iu":
                 continue
             if (e.type == "float") != (bank == "f"):
                 continue        # a float value into an integer bank (or back): not the same
