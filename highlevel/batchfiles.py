@@ -104,8 +104,11 @@ def batch_markers(stream: Path, batch_id: int, earliest_end, before: int | None)
     (`earliest_end(min_window)`, the end of the first window a file's earliest pane counts
     in, after `before`); else None."""
     paths = batch_files(stream, batch_id)
-    if paths is None:
-        return None
+    return None if paths is None else files_markers(paths, earliest_end, before)
+
+
+def files_markers(paths: list[Path], earliest_end, before: int | None):
+    """`batch_markers` of these spool files."""
     out = []
     for path in paths:
         m = file_markers(path)

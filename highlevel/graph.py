@@ -24,10 +24,12 @@ the side stage's name `<query>@<alias>` (the spool directory to write), and
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import replace
 from pathlib import Path
 
 from highlevel.errors import StageConfigError
+from highlevel.session import lower_priority
 from highlevel.sinks import Sink, SpoolSink
 from highlevel.stage import DEFAULT_TRIGGER, Stage
 
@@ -67,6 +69,7 @@ class StageGraph:
                                              for q in self.queries}
         self._low: list = []
         self._query_of: dict[str, str] = {}
+        self._over_links: set[str] = set()      # plain aggregations over links (`speculate`)
         # the stages are made when first needed (they need the Spark session): the low-level
         # plans are known at once, so packets can flow while the JVM starts
         self._makers: list[tuple[str, object]] = []     # side stages first, as _build finds them
@@ -84,6 +87,36 @@ class StageGraph:
         """Use this Spark session (started elsewhere, e.g. while the low level ran)."""
         if self._stages is None:
             self._spark = spark
+        else:                       # made before Spark was up (`speculate`)
+            for _, stage in self._stages:
+                stage.spark = spark
+
+    def speculate(self, nice: int = 0) -> threading.Thread | None:
+        """Compute on a thread of its own what each stage's next batch would write over its
+        spool as it is now (`Stage.speculate`), for the stages that have not begun a batch
+        yet: a bounded run calls this when its low level ends, while Spark starts or while
+        the streaming queries start. Stages not made yet are made now, before Spark is up,
+        when every one is an aggregation over links (those need no session to be made);
+        `nice`: the thread's niceness (Spark's start is the run's critical path)."""
+        if self._stages is None and set(self.queries) != self._over_links:
+            return None
+        stages = [stage for _, stage in self.stages
+                  if getattr(stage, "_driver", None) is not None and not stage.driver_batches]
+        if not stages:
+            return None
+
+        def run() -> None:
+            if nice:
+                lower_priority(nice)
+            for stage in stages:
+                try:
+                    stage.speculate()
+                except Exception as exc:  # noqa: BLE001 - the batch computes its own then
+                    log.debug("query %s: nothing computed ahead: %s", stage.spec.query, exc)
+
+        thread = threading.Thread(target=run, name="oopscope-ahead", daemon=True)
+        thread.start()
+        return thread
 
     @property
     def spark(self):
@@ -150,7 +183,7 @@ class StageGraph:
         return aliases.index(alias) if alias in aliases else None
 
     def _kw(self):
-        return dict(spark=self.spark, trigger=self.trigger)
+        return dict(spark=self._spark, master=self._master, trigger=self.trigger)
 
     def _side_stage(self, qp, alias: str, link_column: str | None, prefix: str):
         """The selection stage unioning one join/MERGE side's links into the query's spool."""
@@ -197,6 +230,8 @@ class StageGraph:
             if h.input_kind == "links":
                 self._add_low(qp)
                 spec = from_high_level(h, qp.low)
+                if kind is Stage:
+                    self._over_links.add(name)
                 return lambda: kind(spec, self.spool, self._ck(name), self.sinks[name],
                                     **self._kw())
             (up,) = h.inputs

@@ -52,7 +52,7 @@ from highlevel.session import get_session, lower_priority
 from highlevel.sorting import sort_indices
 from highlevel.sinks import Sink
 from highlevel.spec import StageSpec
-from highlevel.spool import LINK, PUNCT, SEQ, cached_rows, not_kept, partials_dir
+from highlevel.spool import LINK, PUNCT, SEQ, cached_rows, list_spool, not_kept, partials_dir
 from highlevel.union import Meld
 from highlevel.windows import window_config
 
@@ -124,7 +124,7 @@ class Stage:
         self.spool = Path(spool)
         self.checkpoint = Path(checkpoint)
         self.sinks = list(sinks)
-        self.spark = spark or get_session(master)
+        self._spark, self._master = spark, master
         self.trigger = trigger
         self.keep_versions = keep_versions
         self.max_files_per_trigger = max_files_per_trigger
@@ -150,10 +150,25 @@ class Stage:
             not_kept(spec.query)          # no driver here to take the rows from memory
             # Spark's expressions now: building them checks the outputs and HAVING (a
             # driver path's layout resolved every output already, and it has no HAVING)
-            _ = (self._outputs, self._having, self._correction_outputs, self._combine,
-                 self._hidden)
+            _ = (self.spark, self._outputs, self._having, self._correction_outputs,
+                 self._combine, self._hidden)
         self.driver_batches = 0
+        self.ahead_batches = 0          # driver batches that found `speculate`'s result
+        # what `speculate` computed for the next batch: (inputs, done event, result holder)
+        self._speculation: tuple | None = None
         partials_dir(self.spool, spec.query).mkdir(parents=True, exist_ok=True)
+
+    @property
+    def spark(self):
+        """The Spark session. A stage that closes its batches on the driver can be made
+        before Spark is up (`speculate`): it gets the session when it first needs it."""
+        if self._spark is None:
+            self._spark = get_session(self._master)
+        return self._spark
+
+    @spark.setter
+    def spark(self, session) -> None:
+        self._spark = session
 
     # --- Spark expressions ---------------------------------------------------------------------
     # built once, on first use: every py4j call building an expression costs driver time (the
@@ -414,16 +429,22 @@ class Stage:
             self._commit(state)
             self._prune(files)
             return
-        open_dir = self.state_root / prev.open_dir if prev.open_dir is not None else None
-        rows = driver.read([(f["path"], f["rows"]) for f in files if f["rows"]], open_dir)
-        self._tick("read")
-        still_open = rows
-        if advanced and not rows.num_rows:
-            state.punctuation = punctuation       # nothing open, nothing new: no sink write
-        elif advanced:
-            closed, still_open = driver.split(rows, prev.punctuation, punctuation)
-            state.closed_rows += self._emit(driver.result(closed), batch_id, punctuation)
+        ready = self._speculated(files, prev, punctuation) if advanced else None
+        if ready is not None:
+            table, still_open = ready
+            state.closed_rows += self._emit(None, batch_id, punctuation, table)
             state.punctuation = punctuation
+        else:
+            open_dir = self.state_root / prev.open_dir if prev.open_dir is not None else None
+            rows = driver.read([(f["path"], f["rows"]) for f in files if f["rows"]], open_dir)
+            self._tick("read")
+            still_open = rows
+            if advanced and not rows.num_rows:
+                state.punctuation = punctuation   # nothing open, nothing new: no sink write
+            elif advanced:
+                closed, still_open = driver.split(rows, prev.punctuation, punctuation)
+                state.closed_rows += self._emit(driver.result(closed), batch_id, punctuation)
+                state.punctuation = punctuation
         state.open_dir = None
         if still_open.num_rows:
             state.open_dir = f"open-{batch_id:010d}"
@@ -434,6 +455,58 @@ class Stage:
         self._tick("commit")
         log.debug("query %s: batch %d timings %s (on the driver)", self.spec.query, batch_id,
                   self._tick.laps)
+
+    # --- speculation -------------------------------------------------------------------------
+    def speculate(self) -> bool:
+        """Compute what the next micro-batch would write if it read every spool file there
+        is now: its closed rows, sorted and in the sinks' layout, and the rows left open.
+
+        A bounded run whose low level ended before Spark was up calls this while Spark
+        starts: the streaming query's start takes most of a second on a fresh JVM, on one
+        core, and the batch then finds its rows ready (`_process_on_driver`). The batch uses
+        them when its files, state and punctuation are the ones computed with, and computes
+        its own otherwise. Only for a stage that closes its batches on the driver and has no
+        raw sinks. Returns whether there was something to compute."""
+        from highlevel.batchfiles import files_markers
+
+        driver, prev = self._driver, self.state
+        if driver is None or any(getattr(sink, "raw", False) for sink in self.sinks) \
+                or self.prepare is not None or self.marker_columns or self.late_reads:
+            return False
+        paths = [path for _, _, path in list_spool(self.spool, self.spec.query)]
+        files = files_markers(paths, self._earliest_end, prev.punctuation) if paths else None
+        if not files:
+            return False
+        state = prev.for_batch(prev.batch + 1)
+        punctuation = self._meld(state, files)
+        if not self._advanced(prev, state, punctuation):
+            return False
+        done, holder = threading.Event(), []
+        self._speculation = (_inputs(files, prev, punctuation), done, holder)
+        try:
+            open_dir = self.state_root / prev.open_dir if prev.open_dir is not None else None
+            rows = driver.read([(f["path"], f["rows"]) for f in files if f["rows"]], open_dir)
+            closed, still_open = driver.split(rows, prev.punctuation, punctuation)
+            holder.append((self._output_table(driver.result(closed)), still_open))
+        finally:
+            done.set()
+        log.debug("query %s: next batch computed ahead over %d spool files: %d rows close",
+                  self.spec.query, len(files), holder[0][0].num_rows if holder else 0)
+        return True
+
+    def _speculated(self, files, prev: StageState, punctuation) -> tuple | None:
+        """`speculate`'s (output table, open rows) when it computed them for these inputs
+        (waiting for it when it is still at work), else None."""
+        if self._speculation is None:
+            return None
+        inputs, done, holder = self._speculation
+        done.wait()
+        self._speculation = None
+        if not holder or inputs != _inputs(files, prev, punctuation):
+            log.debug("query %s: the batch computed ahead is not this one", self.spec.query)
+            return None
+        self.ahead_batches += 1
+        return holder[0]
 
     def _prune(self, files: list[dict]) -> None:
         """Remove a committed driver batch's spool files (`prune_spool`)."""
@@ -455,13 +528,13 @@ class Stage:
             return None
         from highlevel.batchfiles import batch_markers
 
+        return batch_markers(self.checkpoint / "stream", batch_id, self._earliest_end, before)
+
+    def _earliest_end(self, pane: int) -> int:
+        """The end of the first window a pane counts in."""
         win = self.window
-        if self._correct:
-            def earliest_end(pane):
-                return win.window_end(win.windows_of_pane(pane)[0])
-        else:
-            earliest_end = win.pane_end
-        return batch_markers(self.checkpoint / "stream", batch_id, earliest_end, before)
+        return win.window_end(win.windows_of_pane(pane)[0]) if self._correct \
+            else win.pane_end(pane)
 
     def _advanced(self, prev: StageState, state: StageState, punctuation) -> bool:
         """Whether this batch's punctuation closes more than the last one did."""
@@ -578,22 +651,27 @@ class Stage:
             result = pa.concat_tables([corrections, result.cast(corrections.schema)])
         return self._emit(result, batch_id, upto) - extra
 
-    def _emit(self, result: pa.Table, batch_id: int, upto: int | None) -> int:
-        """Sort Spark's Arrow result, write it to the sinks once; rows written."""
+    def _output_table(self, result: pa.Table) -> pa.Table:
+        """Spark's Arrow result sorted, in the output schema."""
+        if result.num_rows <= 1:
+            return to_output_table(result, self.spec)
+        # one chunk per column first: sorting and taking across many Arrow batches of 10K
+        # rows costs twice as much
+        result = result.combine_chunks()
+        return sorted_output_table(result, sort_indices(result, self._order), self.spec)
+
+    def _emit(self, result: pa.Table | None, batch_id: int, upto: int | None,
+              table: pa.Table | None = None) -> int:
+        """Sort Spark's Arrow result, write it to the sinks once; rows written. `table`:
+        the result's `_output_table` already (no raw sinks)."""
         spec, win = self.spec, self.window
-        raw_sinks = any(getattr(sink, "raw", False) for sink in self.sinks)
-        if result.num_rows > 1:
-            # one chunk per column first: sorting and taking across many Arrow batches of
-            # 10K rows costs twice as much
-            result = result.combine_chunks()
-            order = sort_indices(result, self._order)
-            if raw_sinks:
-                result = result.take(order)
-                table = to_output_table(result, spec)
-            else:
-                table = sorted_output_table(result, order, spec)
-        else:
+        if table is None and any(getattr(sink, "raw", False) for sink in self.sinks):
+            if result.num_rows > 1:
+                result = result.combine_chunks()
+                result = result.take(sort_indices(result, self._order))
             table = to_output_table(result, spec)
+        elif table is None:
+            table = self._output_table(result)
         self._tick("sort+format")
         raw = None
         for sink in self.sinks:
@@ -611,6 +689,13 @@ class Stage:
         log.info("query %s: batch %d closed windows up to P=%s: %d rows", spec.query, batch_id,
                  upto, table.num_rows)
         return table.num_rows
+
+
+def _inputs(files: list[dict], prev: StageState, punctuation) -> tuple:
+    """What a driver batch's result depends on: its files (path and rows), the open state it
+    starts from, and the punctuations it closes between."""
+    return (frozenset((str(f["path"]), f["rows"]) for f in files), prev.open_dir,
+            prev.punctuation, punctuation)
 
 
 def correction_columns(spec: StageSpec) -> list:

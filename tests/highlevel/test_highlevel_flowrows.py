@@ -126,6 +126,48 @@ def test_flow_batches_closed_on_the_driver_equal_spark_s(spark, flows, tmp_path,
         pd.testing.assert_frame_equal(results[name], results["spark"], obj=name)
 
 
+def test_a_batch_computed_ahead_is_used_for_its_own_inputs_only(spark, flows, tmp_path):
+    """`Stage.speculate` (a run's low level ended before Spark's stream started): the next
+    batch finds its closed and open rows computed, and writes what it would have computed;
+    a batch over other files (one came after) computes its own."""
+    import shutil
+
+    qp, files, _, _ = flows
+    spec = from_high_level(qp.high, qp.low)
+
+    def run(name, speculate: bool, late_files=()):
+        spool, sink = tmp_path / name, ListSink()
+        d = spool / "netflow" / "partials"
+        d.mkdir(parents=True)
+        for f in files[:3]:
+            shutil.copy(f, d / f.name)
+        stage = Stage(spec, spool, tmp_path / f"ck-{name}", [sink])
+        stage.prune_spool = True          # as in a run: the next batch's files are the spool
+        if speculate:
+            assert stage.speculate()
+        for f in late_files:
+            shutil.copy(f, d / f.name)
+        stage.run_available()
+        first = (stage.ahead_batches, stage.state.open_dir is not None)
+        for f in files[3 + len(late_files):]:
+            shutil.copy(f, d / f.name)
+        again = Stage(spec, spool, tmp_path / f"ck-{name}", [sink])
+        again.prune_spool = True
+        assert again.speculate()          # the rest, over the open rows the first one left
+        again.run_available()
+        assert again.ahead_batches == 1 and again.state.open_dir is None
+        return sink.table().to_pandas(), first
+
+    plain, (ahead, left_open) = run("plain", False)
+    assert ahead == 0 and left_open
+    used, (ahead, left_open) = run("ahead", True)
+    assert ahead == 1 and left_open
+    pd.testing.assert_frame_equal(used, plain)
+    other, (ahead, _) = run("other", True, late_files=files[3:4])
+    assert ahead == 0                     # its files are not the ones computed with
+    pd.testing.assert_frame_equal(other, plain)
+
+
 def test_the_driver_path_is_only_taken_where_it_is_exact(spark, flows, tmp_path, monkeypatch):
     """Outputs that need an expression, HAVING, or a combine keep Spark's job."""
     from highlevel.driverrows import DriverRows
