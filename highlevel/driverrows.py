@@ -78,13 +78,15 @@ class DriverRows:
         return cls(schema, layout, stage.window, spec.window.scale, spec.window.shift)
 
     # --- rows --------------------------------------------------------------------------------
-    def read(self, files: list[tuple[Path, int]], open_dir: Path | None) -> pa.Table:
+    def read(self, files: list[tuple[Path, int]], open_dir: Path | None,
+             keep: bool = False) -> pa.Table:
         """The partial rows of the batch's spool files ((path, data rows) each: the rows
         come first, the marker row last) and of the open state, one chunk per column. Every
-        copy of a column costs here: fresh memory is page-faulted in at about 1 s per GB."""
+        copy of a column costs here: fresh memory is page-faulted in at about 1 s per GB.
+        `keep`: rows kept in memory stay there (`cached_rows`)."""
         tables = []
         for path, rows in files:
-            kept = cached_rows(path)      # written by this process a moment ago
+            kept = cached_rows(path, keep)      # written by this process a moment ago
             tables.append(kept.select(self.columns) if kept is not None and kept.num_rows == rows
                           else pq.read_table(path, columns=self.columns).slice(0, rows))
         if open_dir is not None:

@@ -127,15 +127,17 @@ def _remember(path: Path, query: str, table: pa.Table) -> None:
             _cached_bytes -= _CACHE.popitem(last=False)[1][1].nbytes
 
 
-def cached_rows(path: str | os.PathLike) -> pa.Table | None:
+def cached_rows(path: str | os.PathLike, keep: bool = False) -> pa.Table | None:
     """The data rows of the spool file at `path` as written by this process (and forgets
-    them), or None when they are not kept."""
+    them unless `keep`: a batch computed ahead leaves them for the batch itself), or None
+    when they are not kept."""
     global _cached_bytes
     with _CACHE_LOCK:
-        entry = _CACHE.pop(str(path), None)
+        entry = _CACHE.get(str(path)) if keep else _CACHE.pop(str(path), None)
         if entry is None:
             return None
-        _cached_bytes -= entry[1].nbytes
+        if not keep:
+            _cached_bytes -= entry[1].nbytes
         return entry[1]
 
 

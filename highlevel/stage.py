@@ -458,22 +458,27 @@ class Stage:
 
     # --- speculation -------------------------------------------------------------------------
     def speculate(self) -> bool:
-        """Compute what the next micro-batch would write if it read every spool file there
-        is now: its closed rows, sorted and in the sinks' layout, and the rows left open.
+        """Compute what the next micro-batch will write: its closed rows, sorted and in the
+        sinks' layout, and the rows left open. Its files are those the stream's log names
+        when the stream planned it already, else every spool file there is now.
 
-        A bounded run whose low level ended before Spark was up calls this while Spark
-        starts: the streaming query's start takes most of a second on a fresh JVM, on one
-        core, and the batch then finds its rows ready (`_process_on_driver`). The batch uses
-        them when its files, state and punctuation are the ones computed with, and computes
-        its own otherwise. Only for a stage that closes its batches on the driver and has no
-        raw sinks. Returns whether there was something to compute."""
-        from highlevel.batchfiles import files_markers
+        A bounded run whose low level ended before the first batch began calls this: the
+        streaming query's start or its first planning take most of a second on a fresh JVM,
+        on one core, and the batch then finds its rows ready (`_process_on_driver`). The
+        batch uses them when its files, state and punctuation are the ones computed with,
+        and computes its own otherwise; rows kept in memory for it stay there. Only for a
+        stage that closes its batches on the driver and has no raw sinks. Returns whether
+        there was something to compute."""
+        from highlevel.batchfiles import batch_files, files_markers
 
         driver, prev = self._driver, self.state
         if driver is None or any(getattr(sink, "raw", False) for sink in self.sinks) \
                 or self.prepare is not None or self.marker_columns or self.late_reads:
             return False
-        paths = [path for _, _, path in list_spool(self.spool, self.spec.query)]
+        # a batch the stream planned already reads the files its log names; else every file
+        paths = batch_files(self.checkpoint / "stream", prev.batch + 1)
+        if paths is None:
+            paths = [path for _, _, path in list_spool(self.spool, self.spec.query)]
         files = files_markers(paths, self._earliest_end, prev.punctuation) if paths else None
         if not files:
             return False
@@ -485,7 +490,8 @@ class Stage:
         self._speculation = (_inputs(files, prev, punctuation), done, holder)
         try:
             open_dir = self.state_root / prev.open_dir if prev.open_dir is not None else None
-            rows = driver.read([(f["path"], f["rows"]) for f in files if f["rows"]], open_dir)
+            rows = driver.read([(f["path"], f["rows"]) for f in files if f["rows"]], open_dir,
+                               keep=True)
             closed, still_open = driver.split(rows, prev.punctuation, punctuation)
             holder.append((self._output_table(driver.result(closed)), still_open))
         finally:

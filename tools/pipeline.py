@@ -336,6 +336,7 @@ class _Overlap(threading.Thread):
         self.ready = threading.Event()
         self._lock = threading.Lock()
         self._low_done = False
+        self.late = False
 
     def run(self) -> None:
         try:
@@ -358,11 +359,14 @@ class _Overlap(threading.Thread):
             self.ready.set()
 
     def low_level_done(self) -> bool:
-        """The low level has ended: True when the stages run continuously (finish them)."""
+        """The low level has ended: True when the stages run continuously (finish them).
+        `late` then says whether their streaming queries were still starting: their first
+        batches read every spool file."""
         with self._lock:
             self._low_done = True
             started = self.started
         if started:
+            self.late = not self.ready.is_set()
             self.ready.wait()
         return started
 
@@ -557,7 +561,8 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
             continuous.finish()
             summary.highlevel_seconds = time.perf_counter() - low_done
         elif overlap.low_level_done():
-            graph.speculate(nice=BACKGROUND_NICE)    # when no batch has begun (Spark was late)
+            if overlap.late:
+                graph.speculate(nice=BACKGROUND_NICE)
             overlap.finish()
             summary.highlevel_seconds = time.perf_counter() - low_done
         else:

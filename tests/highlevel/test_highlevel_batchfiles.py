@@ -81,3 +81,18 @@ def test_possible_late_rows_and_foreign_files_go_to_the_spark_job(spark, tmp_pat
     plain = tmp_path / "plain-000000000000.parquet"
     pq.write_table(pa.table({"window": pa.array([1], pa.int64())}), plain)
     assert file_markers(plain) is None
+
+
+def test_rows_kept_in_memory_stay_for_a_look_ahead_and_go_with_their_reader(tmp_path):
+    """`cached_rows(path, keep=True)` (a batch computed ahead) leaves the rows for the batch
+    itself; the batch's own read takes them, and they are gone after."""
+    from highlevel.spool import cached_rows
+
+    rng = np.random.default_rng(3)
+    rows = random_partials(rng, [1, 2], 30, registers=4, query="kept")
+    path = SpoolWriter(tmp_path / "spool", "kept", "a", keep_in_memory=True).write([rows], 5)
+    ahead = cached_rows(path, keep=True)
+    assert ahead is not None and ahead.num_rows == rows.num_rows
+    assert cached_rows(path, keep=True).equals(ahead)
+    assert cached_rows(path).equals(ahead)
+    assert cached_rows(path) is None and cached_rows(path, keep=True) is None
