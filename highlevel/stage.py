@@ -435,8 +435,7 @@ class Stage:
             state.closed_rows += self._emit(None, batch_id, punctuation, table)
             state.punctuation = punctuation
         else:
-            open_dir = self.state_root / prev.open_dir if prev.open_dir is not None else None
-            rows = driver.read([(f["path"], f["rows"]) for f in files if f["rows"]], open_dir)
+            rows = self._driver_rows(files, prev)
             self._tick("read")
             still_open = rows
             if advanced and not rows.num_rows:
@@ -455,6 +454,12 @@ class Stage:
         self._tick("commit")
         log.debug("query %s: batch %d timings %s (on the driver)", self.spec.query, batch_id,
                   self._tick.laps)
+
+    def _driver_rows(self, files, prev: StageState, keep: bool = False) -> pa.Table:
+        """The partial rows of a driver batch: its files' and the open state's."""
+        open_dir = self.state_root / prev.open_dir if prev.open_dir is not None else None
+        return self._driver.read([(f["path"], f["rows"]) for f in files if f["rows"]],
+                                 open_dir, keep)
 
     # --- speculation -------------------------------------------------------------------------
     def speculate(self) -> bool:
@@ -489,9 +494,7 @@ class Stage:
         done, holder = threading.Event(), []
         self._speculation = (_inputs(files, prev, punctuation), done, holder)
         try:
-            open_dir = self.state_root / prev.open_dir if prev.open_dir is not None else None
-            rows = driver.read([(f["path"], f["rows"]) for f in files if f["rows"]], open_dir,
-                               keep=True)
+            rows = self._driver_rows(files, prev, keep=True)
             closed, still_open = driver.split(rows, prev.punctuation, punctuation)
             holder.append((self._output_table(driver.result(closed)), still_open))
         finally:

@@ -273,8 +273,7 @@ class _SessionStarter(threading.Thread):
             self.error = exc
 
     def ready(self) -> bool:
-        """Whether the session is up (or failed to start); the thread runs from `_run`'s
-        start."""
+        """Whether the session is up or failed to start (`_run` starts the thread first)."""
         return not self.is_alive()
 
     def result(self):
