@@ -16,7 +16,7 @@ import socket
 import numpy as np
 from numpy.dtypes import StringDType
 
-from lowlevel.jit import ngjit
+from common.jit import ngjit
 
 TEXT = StringDType()
 _MAPPED_HI_MASK = np.uint64(0xFFFF_FFFF_0000_0000)

@@ -7,11 +7,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lowlevel.jit import ngjit
+from capture.schema import COLUMN_BY_NAME, COLUMNS
+from common.jit import ngjit
+from common.units import NS_PER_S as _NS
 
-from .schema import COLUMN_BY_NAME, COLUMNS
-
-_NS = 1_000_000_000
 _NAMES = frozenset(c.name for c in COLUMNS)
 
 

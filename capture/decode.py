@@ -36,9 +36,19 @@ from collections import namedtuple
 import numba
 import numpy as np
 
-from lowlevel.jit import ngjit
-
-from .schema import COLUMNS, L_ETH, L_FRAG, L_ICMP, L_IPV4, L_IPV6, L_TCP, L_UDP, L_VLAN, REASON_CODES
+from capture.schema import (
+    COLUMNS,
+    L_ETH,
+    L_FRAG,
+    L_ICMP,
+    L_IPV4,
+    L_IPV6,
+    L_TCP,
+    L_UDP,
+    L_VLAN,
+    REASON_CODES,
+)
+from common.jit import ngjit
 
 # `decode_frame` is inlined into `decode_rows` at Numba-IR level (same options as ngjit
 # otherwise): as a real call it measured ~20% slower; the small byte readers are left to LLVM,

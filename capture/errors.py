@@ -1,10 +1,8 @@
-"""The one error hierarchy of oopscope: every user-facing error says what went wrong and where."""
+"""Errors of packet sources: captures, rings, interfaces (the root classes are in common/errors.py)."""
 
 from __future__ import annotations
 
-
-class OopscopeError(Exception):
-    """Base of every error oopscope reports to a user (the CLI prints it as one line, exit 1)."""
+from common.errors import LinkError, OopscopeError
 
 
 class CaptureError(OopscopeError):
@@ -35,12 +33,6 @@ class RingError(OopscopeError):
     """Misuse of a packet ring (wrong schema, capacity too small)."""
 
 
-class LinkError(OopscopeError):
-    """A query names a link the run was not given, or a link is given twice."""
-
-
-class ConfigError(OopscopeError):
-    """A run option or DEFINE override is not valid (says what is allowed)."""
 
 
 class InterfaceError(LinkError, CaptureError):

@@ -22,41 +22,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from lowlevel.jit import ngjit
-
-from .decode import (
-    ETH_IPV4, ETH_IPV6, LINK_ETHERNET, R_OK, R_RECORD, R_UNSUPPORTED, _MAPPED, be16, be32,
-    be48, be64, decode_frame, inline_jit,
+from capture.decode import (
+    _MAPPED,
+    ETH_IPV4,
+    ETH_IPV6,
+    LINK_ETHERNET,
+    R_OK,
+    R_RECORD,
+    R_UNSUPPORTED,
+    be16,
+    be32,
+    be48,
+    be64,
+    decode_frame,
+    inline_jit,
 )
-from .schema import L_ETH, L_ICMP, L_IPV4, L_IPV6, L_TCP, L_UDP
-
-
-def _drop_stale_cache() -> None:
-    """Numba's disk cache of these kernels is checked against this file only, but they
-    inline `decode.decode_frame`: drop the cache when decode.py changed (as lowlevel.jit
-    does for its package)."""
-    import hashlib
-    import os
-    from pathlib import Path
-
-    if os.environ.get("NUMBA_CACHE_DIR"):
-        return
-    here = Path(__file__).resolve().parent
-    cache = here / "__pycache__"
-    try:
-        digest = hashlib.sha1((here / "decode.py").read_bytes()).hexdigest()
-        stamp = cache / "fastdecode-decode.sha1"
-        if stamp.is_file() and stamp.read_text() == digest:
-            return
-        cache.mkdir(exist_ok=True)
-        for f in list(cache.glob("fastdecode.*.nbi")) + list(cache.glob("fastdecode.*.nbc")):
-            f.unlink(missing_ok=True)
-        stamp.write_text(digest)
-    except OSError:
-        pass  # a read-only install cannot have written a cache either
-
-
-_drop_stale_cache()
+from capture.schema import L_ETH, L_ICMP, L_IPV4, L_IPV6, L_TCP, L_UDP
+from common.jit import ngjit
 
 #: a reason code no frame gets: marks rows left for `decode_frame` in `decode_rows_fast`
 _PENDING = 255

@@ -43,16 +43,36 @@ from typing import Iterator
 
 import numpy as np
 
-from .batch import PacketBatch, tally
-from .decode import LINK_ETHERNET, LINK_RAW, DecodeColumns, decode_rows, make_columns
-from .errors import ConfigError, InterfaceError
-from .reader import ReaderStats
-from .schema import COLUMNS
-from .tpacket import (
-    ETH_P_ALL, MAX_SNAPLEN, PACKET_RX_RING, SOL_PACKET, W_WRAPPED, add_promiscuous, attach_snaplen_filter, block_ready,
-    frame_size_for, map_ring, read_statistics, release_blocks, ring_request, ring_views, set_version_v3,
+from capture.batch import PacketBatch, tally
+from capture.decode import (
+    LINK_ETHERNET,
+    LINK_RAW,
+    DecodeColumns,
+    decode_rows,
+    make_columns,
+)
+from capture.errors import InterfaceError
+from capture.reader import ReaderStats
+from capture.schema import COLUMNS
+from capture.tpacket import (
+    ETH_P_ALL,
+    MAX_SNAPLEN,
+    PACKET_RX_RING,
+    SOL_PACKET,
+    W_WRAPPED,
+    add_promiscuous,
+    attach_snaplen_filter,
+    block_ready,
+    frame_size_for,
+    map_ring,
+    read_statistics,
+    release_blocks,
+    ring_request,
+    ring_views,
+    set_version_v3,
     walk_blocks,
 )
+from common.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -16,12 +16,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lowlevel.jit import ngjit
+from capture.decode import LINK_NAMES, SUPPORTED_LINKS
+from capture.errors import CaptureFormatError
+from common.jit import ngjit
+from common.units import NS_PER_S as _NS
 
-from .decode import LINK_NAMES, SUPPORTED_LINKS
-from .errors import CaptureFormatError
-
-_NS = 1_000_000_000
 _INT64_MAX = np.int64(0x7FFF_FFFF_FFFF_FFFF)
 PCAP_HEADER_LEN = 24
 

@@ -31,17 +31,34 @@ from typing import Iterator
 
 import numpy as np
 
-from .batch import PacketBatch, tally
-from .decode import LINK_NAMES, DecodeColumns, make_columns
-from .fastdecode import FLOW_COLUMNS, column_mask, decode_rows_fast, decode_rows_flow
-from .errors import CaptureError, CaptureFormatError, TruncatedCaptureError
-from .pcapfile import (
-    PCAP_HEADER_LEN, PCAP_MAGIC_NS, PCAP_MAGIC_US, PCAP_MAX_SNAPLEN, PCAPNG_SHB, ST_BAD_RECORD,
-    ST_BATCH_FULL, ST_NEED_DATA, ST_SPECIAL_BLOCK, Interfaces, frame_pcap, frame_pcapng,
-    parse_interface, parse_pcap_header, parse_section_header,
+from capture.batch import PacketBatch, tally
+from capture.decode import LINK_NAMES, DecodeColumns, make_columns
+from capture.errors import CaptureError, CaptureFormatError, TruncatedCaptureError
+from capture.fastdecode import (
+    FLOW_COLUMNS,
+    column_mask,
+    decode_rows_fast,
+    decode_rows_flow,
 )
-from .resync import RS_FOUND, TIME_WINDOW_S, resync_pcap, resync_pcapng
-from .schema import COLUMNS, REASONS
+from capture.pcapfile import (
+    PCAP_HEADER_LEN,
+    PCAP_MAGIC_NS,
+    PCAP_MAGIC_US,
+    PCAP_MAX_SNAPLEN,
+    PCAPNG_SHB,
+    ST_BAD_RECORD,
+    ST_BATCH_FULL,
+    ST_NEED_DATA,
+    ST_SPECIAL_BLOCK,
+    Interfaces,
+    frame_pcap,
+    frame_pcapng,
+    parse_interface,
+    parse_pcap_header,
+    parse_section_header,
+)
+from capture.resync import RS_FOUND, TIME_WINDOW_S, resync_pcap, resync_pcapng
+from capture.schema import COLUMNS, REASONS
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +259,7 @@ class CaptureReader:
         self._started = True
         if self.prefetch == 0:
             return (batch for batch, _ in self._batches(lambda: self._out))
-        from .prefetch import ReadAhead
+        from capture.prefetch import ReadAhead
 
         pool = [self._out] + [make_columns(self.batch_size) for _ in range(self.prefetch)]
         self._ahead = ReadAhead(self._batches, pool, name=f"read-ahead {self.link}")

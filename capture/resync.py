@@ -21,12 +21,18 @@ reports that one as truncated).
 
 from __future__ import annotations
 
-from lowlevel.jit import ngjit
-
-from .pcapfile import (
-    BT_EPB, BT_IDB, BT_OPB, BT_SPB, MAX_RECORD, PCAP_RECORD_HEADER_LEN, PCAPNG_BOM,
-    PCAPNG_SHB, rd32,
+from capture.pcapfile import (
+    BT_EPB,
+    BT_IDB,
+    BT_OPB,
+    BT_SPB,
+    MAX_RECORD,
+    PCAP_RECORD_HEADER_LEN,
+    PCAPNG_BOM,
+    PCAPNG_SHB,
+    rd32,
 )
+from common.jit import ngjit
 
 #: consecutive plausible records that make a resynchronisation point
 RESYNC_CHAIN = 4

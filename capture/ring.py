@@ -50,11 +50,10 @@ from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
-from lowlevel.jit import ngjit
-
-from .batch import PacketBatch
-from .errors import RingError
-from .schema import COLUMNS
+from capture.batch import PacketBatch
+from capture.errors import RingError
+from capture.schema import COLUMNS
+from common.jit import ngjit
 
 log = logging.getLogger(__name__)
 

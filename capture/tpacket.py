@@ -25,7 +25,7 @@ import struct
 
 import numpy as np
 
-from lowlevel.jit import ngjit
+from common.jit import ngjit
 
 # --- socket options (linux/if_packet.h, asm-generic/socket.h) ---------------------------------
 SOL_PACKET = 263

@@ -21,7 +21,7 @@ from urllib.parse import unquote, urlparse
 
 import pyarrow.parquet as pq
 
-from highlevel.spool import LINK, SEQ, parse_spool_name
+from common.spool import LINK, SEQ, parse_spool_name
 
 log = logging.getLogger(__name__)
 

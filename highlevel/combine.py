@@ -2,7 +2,7 @@
 
 count/sum -> sum, min -> min, max -> max, and/or/xor -> bit_and/bit_or/bit_xor, first -> the
 value at the smallest time, last -> the value at the largest time, distinct -> register-wise
-max of HyperLogLog registers (one column per register, see `highlevel.spool`). The combined rows have the same columns as the partial rows, so
+max of HyperLogLog registers (one column per register, see `common.spool`). The combined rows have the same columns as the partial rows, so
 the stage's open state and new partials combine with one `groupBy`.
 
 uint64 values travel as int64 with the same bits (Spark has no unsigned type): sums and bit
@@ -11,14 +11,12 @@ operations are bit-exact; min/max flip the sign bit to compare as unsigned.
 
 from __future__ import annotations
 
-
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from common.spool import register_column
 from highlevel.errors import StageConfigError
-from highlevel.spool import register_column
-from queries.sketch import hll_alpha
-
+from lowlevel.hll import hll_alpha
 
 
 def _sign() -> Column:
@@ -35,7 +33,7 @@ def hll_estimate_col(name: str, m: int) -> Column:
     raw = F.lit(alpha * m * m) / inverse
     zeros = sum(((r == 0).cast("int") for r in regs), F.lit(0))
     small = F.lit(float(m)) * F.log(F.lit(float(m)) / zeros)
-    # rounded like queries.sketch.estimate, the reference evaluator's estimate
+    # rounded like lowlevel.hll.estimate, the reference evaluator's estimate
     return F.rint(F.when((raw <= F.lit(2.5 * m)) & (zeros > 0), small).otherwise(raw))
 
 

@@ -29,7 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from highlevel.spool import cached_rows
+from common import settings
+from common.spool import cached_rows
 from queries import expressions as E
 
 #: Spark's type of an output column, as `finalize.output_columns` casts it, in Arrow
@@ -43,7 +44,7 @@ _SPARK_ARROW = {"bigint": pa.int64(), "double": pa.float64(), "string": pa.strin
 
 
 def enabled() -> bool:
-    return os.environ.get("OOPSCOPE_DRIVER_ROWS", "1") not in ("0", "false", "no", "")
+    return settings.driver_rows()
 
 
 class DriverRows:

@@ -1,16 +1,12 @@
-"""Errors of the high level (spool, Spark stage, sinks), derived from the one oopscope hierarchy."""
+"""Errors of the high level (Spark stage, sinks), derived from the one oopscope hierarchy."""
 
 from __future__ import annotations
 
-from capture.errors import ConfigError, OopscopeError
+from common.errors import ConfigError, OopscopeError
 
 
 class HighLevelError(OopscopeError):
     """The Spark stage cannot run a query: says which query and what is wrong."""
-
-
-class SpoolError(HighLevelError):
-    """A spool file or a write to the spool is not valid (names query, link and the problem)."""
 
 
 class StageConfigError(HighLevelError, ConfigError):

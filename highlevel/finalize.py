@@ -12,13 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
+from common.jit import ngjit, ngjit_inline
 from highlevel.combine import hll_estimate_col
 from highlevel.errors import StageConfigError
-from lowlevel.jit import ngjit, ngjit_inline
 from queries import expressions as E
 
 
@@ -244,7 +243,7 @@ def ip_text_arrow(hi: pa.Array, lo: pa.Array) -> pa.Array:
 
 
 # --- the kernel of ip_text_arrow -----------------------------------------------------------------
-# As in `tools.csvwrite`: indices cast to unsigned (`_U(o)`) skip Numba's negative-index
+# As in `tools.run.csvwrite`: indices cast to unsigned (`_U(o)`) skip Numba's negative-index
 # wraparound, and the loop writes `data` itself (helpers taking arrays left reference-count calls
 # in it). Each octet or group is stored as one 4-byte word and `o` advances by its length: the
 # bytes past it are overwritten by what follows (an IPv4 address went from 27 to 4 ns).

@@ -211,8 +211,8 @@ class StageGraph:
     def _build(self, qp):
         from highlevel.join import JoinStage
         from highlevel.rowplans import prepare_function
-        from highlevel.rowstage import MergeStage, SelectStage
         from highlevel.rows import raw_schema
+        from highlevel.rowstage import MergeStage, SelectStage
         from highlevel.spec import from_high_level
 
         h, name = qp.high, qp.name
@@ -240,8 +240,8 @@ class StageGraph:
             side, markers = self._join_side(up, h.window), ()
             if h.window2 is not None:
                 # both sides' times: the join's individual and joint punctuation
+                from common.spool import JOINT_MARKERS as markers
                 from highlevel.joint import JointStage as kind
-                from highlevel.spool import JOINT_MARKERS as markers
                 if side is None:
                     raise StageConfigError(f"query {name!r}: its first temporal group item "
                                            f"must read one side's time of join {up!r}")

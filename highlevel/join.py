@@ -42,10 +42,10 @@ import pyarrow.compute  # noqa: F401  (pa.compute.coalesce)
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from common.spool import LINK
 from highlevel import rows as R
 from highlevel.errors import StageConfigError
 from highlevel.rowstage import INT64_MAX, RowSpec, RowStage, form_value
-from highlevel.spool import LINK
 from queries import expressions as E
 from queries.inference import type_of
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
+from common.spool import JOINT_MARKERS
 from highlevel.errors import StageConfigError
-from highlevel.spool import JOINT_MARKERS
 from highlevel.stage import Stage, StageState
 from highlevel.windows import TumblingWindow, floor_div
 

@@ -291,9 +291,9 @@ class Launch:
     def connect(self) -> None:
         """Wait for the gateway, then make it the next SparkContext's (HighLevelError when
         no JVM came up)."""
-        from highlevel.errors import HighLevelError
-
         import pyspark.sql  # noqa: F401 - what the session needs next, while the JVM starts
+
+        from highlevel.errors import HighLevelError
         try:
             got = self._gateway_address()
         finally:

@@ -30,8 +30,8 @@ import logging
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from common.spool import LINK, PUNCT, SEQ, register_column
 from highlevel.errors import StageConfigError
-from highlevel.spool import LINK, PUNCT, SEQ, register_column
 from highlevel.stage import INT64_MAX, Stage, StageState, Ticker
 
 log = logging.getLogger(__name__)

@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from common.spool import JOINT_MARKERS, LINK, PUNCT, SEQ, register_column
 from highlevel import rows as R
-from highlevel.spool import JOINT_MARKERS, LINK, PUNCT, SEQ, register_column
-from queries.sketch import registers_of
+from lowlevel.hll import registers_of
 
 
 def state_arrays(sub, v, n: int, registers: int) -> dict[str, pa.Array]:

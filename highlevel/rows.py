@@ -9,7 +9,7 @@ read as 0, as the reference evaluator's `without_nulls` does.
 
 Row expressions (WHERE over an input query, the group keys and sub-aggregate arguments of a
 row plan, join keys, residuals and outputs) run inside Spark with `DataFrame.mapInArrow`: each
-Arrow batch is turned into the evaluated columns of `queries.vectorized` and evaluated by the
+Arrow batch is turned into the evaluated columns of `lowlevel.evaluate` and evaluated by the
 same vectorised evaluator the low level and the reference use, so integer division, unsigned
 wrap-around and IP promotion have exactly the GSQL semantics (no second implementation of the
 expression language in Spark SQL to drift from the oracle).
@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql import types as T
 
-from highlevel.spool import LINK, PUNCT, SEQ
-from queries import vectorized as V
+from common.spool import LINK, PUNCT, SEQ
+from lowlevel import evaluate as V
 
 UNSIGNED = ("uint", "ullong", "ipv4", "mac", "uint64")
 SIGNED = ("int", "llong", "int64")
@@ -76,7 +76,7 @@ def _np(col: pa.Array | pa.ChunkedArray, fill=0) -> np.ndarray:
 
 
 def to_value(table, name: str, gsql: str, prefix: str = ""):
-    """One raw column of `table` as a `queries.vectorized` value (nulls read as 0)."""
+    """One raw column of `table` as a `lowlevel.evaluate` value (nulls read as 0)."""
     if gsql == "ip":
         hi = _np(table.column(f"{prefix}{name}__hi")).astype(np.int64).view(np.uint64)
         lo = _np(table.column(f"{prefix}{name}__lo")).astype(np.int64).view(np.uint64)
@@ -179,7 +179,6 @@ def split_markers(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, pa.RecordBatch
 
 
 import pyarrow.compute  # noqa: E402  (pa.compute above)
-
 
 # --- display ----------------------------------------------------------------------------------
 

@@ -25,15 +25,14 @@ import pyarrow as pa
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from common.spool import LINK, PUNCT, SEQ, partials_dir
+from common.units import INT64_MAX
 from highlevel import rows as R
 from highlevel.session import get_session
-from highlevel.spool import LINK, PUNCT, SEQ, partials_dir
 from highlevel.stage import DEFAULT_TRIGGER, Stage
-from highlevel.union import Meld
 
 log = logging.getLogger(__name__)
 
-INT64_MAX = (1 << 63) - 1
 
 
 @dataclass(frozen=True)

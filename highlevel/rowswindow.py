@@ -30,9 +30,9 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from common.spool import LINK, PUNCT, SEQ
 from highlevel import rows as R
 from highlevel.rowplans import state_arrays
-from highlevel.spool import LINK, PUNCT, SEQ
 from highlevel.stage import INT64_MAX, Stage, StageState, Ticker
 from queries.plan import ROW_WINDOW_INDEX
 

@@ -53,7 +53,7 @@ class Sink:
 class SpoolSink(Sink):
     """Feeds a reading stage: each micro-batch's rows and output punctuation become one spool
     file of the reader (`ROOT/<reader>/partials/<link>-<batch>.parquet`, the atomic format of
-    `highlevel.spool`), link name = `link` (the upstream query, or the join/MERGE alias).
+    `common.spool`), link name = `link` (the upstream query, or the join/MERGE alias).
 
     The file's sequence number is the micro-batch id, so a batch replayed after a crash finds
     its file and writes nothing twice, and the reader applies the punctuation in batch order.
@@ -69,7 +69,7 @@ class SpoolSink(Sink):
 
     def __init__(self, root, reader: str, link: str, prefix: str = "", side: int | None = None,
                  joint: bool = False):
-        from highlevel.spool import SpoolWriter
+        from common.spool import SpoolWriter
 
         self.writer = SpoolWriter(root, reader, link, fsync=False)
         self.prefix = prefix
@@ -86,7 +86,7 @@ class SpoolSink(Sink):
         return True
 
     def end_batch(self, batch_id: int, punctuation) -> None:
-        from highlevel.spool import JOINT_MARKERS, spool_file_name
+        from common.spool import JOINT_MARKERS, spool_file_name
 
         table = self.pending.pop(batch_id, None)
         if (self.writer.dir / spool_file_name(self.writer.link, batch_id)).exists():

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lowlevel.jit import ngjit
+from common.jit import ngjit
 
 #: segments of at most this many rows are ranked by comparing all pairs
 _SMALL = 24

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 from pyspark.sql import types as T
 
+from common.spool import JOINT_MARKERS, LINK, PUNCT, SEQ, register_column
 from highlevel.errors import StageConfigError
-from highlevel.spool import JOINT_MARKERS, LINK, PUNCT, SEQ, register_column
 from queries.plan import SUBAGG_KINDS, LowLevelPlan, SubAggregate, WindowPlan
 
 KEY_TYPES = ("ip", "int64", "uint64", "float64", "string", "bool")
@@ -26,7 +26,7 @@ STATE_DTYPES = ("int64", "uint64", "float64")
 @dataclass(frozen=True)
 class KeySpec:
     """A group key: `ip` is the two spool columns `name__hi`, `name__lo`; others one column.
-    Integer types of any width arrive as int64 in the spool (see `highlevel.spool`)."""
+    Integer types of any width arrive as int64 in the spool (see `common.spool`)."""
 
     name: str
     type: str

@@ -43,16 +43,25 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from common.spool import (
+    LINK,
+    PUNCT,
+    SEQ,
+    cached_rows,
+    list_spool,
+    not_kept,
+    partials_dir,
+)
+from common.units import INT64_MAX
 from highlevel.combine import Combiner
 from highlevel.driverrows import DriverRows
 from highlevel.errors import HighLevelError
 from highlevel.finalize import having_column, ip_text_arrow, output_columns
 from highlevel.parallel import map_ordered
 from highlevel.session import get_session, lower_priority
-from highlevel.sorting import sort_indices
 from highlevel.sinks import Sink
+from highlevel.sorting import sort_indices
 from highlevel.spec import StageSpec
-from highlevel.spool import LINK, PUNCT, SEQ, cached_rows, list_spool, not_kept, partials_dir
 from highlevel.union import Meld
 from highlevel.windows import window_config
 
@@ -62,7 +71,6 @@ DEFAULT_TRIGGER = "200 milliseconds"
 #: the session setting a driver-closed stage's stream runs with (`Stage._start`)
 _WHOLE_STAGE = "spark.sql.codegen.wholeStage"
 _START_LOCK = threading.Lock()
-INT64_MAX = (1 << 63) - 1
 
 
 @dataclass
@@ -731,9 +739,8 @@ def order_plan(spec: StageSpec) -> tuple[list[str], list[tuple[str, str]]]:
     than fetched twice: with flow records every key but the flow id is an output, and the
     Arrow transfer to the driver costs per column. The window id is always fetched, as
     `__window` (the raw layout's window end is computed from it)."""
-    from queries import expressions as E
-
     from highlevel.finalize import unwrap_ip_str
+    from queries import expressions as E
 
     spark_type = {"int64": "long", "uint64": "long", "float64": "double", "string": "string",
                   "bool": "boolean", "ip": "ip"}
@@ -831,7 +838,7 @@ def warm_up(spark, work: str | os.PathLike) -> float:
     scan, markers, combine, close, Arrow to the driver. A fresh JVM loads and compiles these
     paths on first use (seconds); done while the low level runs, the real stage finds them
     ready. Returns the seconds it took."""
-    from highlevel.spool import SpoolWriter
+    from common.spool import SpoolWriter
     from highlevel.testing import ListSink, demo_spec, random_partials
 
     started = time.perf_counter()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from common.spool import END_OF_INPUT
 from highlevel.sinks import Sink
 from highlevel.spec import KeySpec, OutputColumn, StageSpec
 from queries import expressions as E
@@ -136,7 +137,6 @@ def batch_frame(spark, spec: StageSpec, paths) -> "object":
     return spark.read.schema(spec.spool_schema()).parquet(*[str(p) for p in paths])
 
 
-END_OF_INPUT = (1 << 63) - 1
 
 
 def feed_spool(low_plans, batches: dict, spool, *, pieces: int = 4, disorder_ns: int = 0,
@@ -147,7 +147,7 @@ def feed_spool(low_plans, batches: dict, spool, *, pieces: int = 4, disorder_ns:
     operator of the link gets the punctuation `arrival key - disorder_ns` (valid: no later
     packet is older), its partial rows and output punctuation go to one spool file; at the end
     `finish()` and END_OF_INPUT. Returns {plan.query: operator counters summed}."""
-    from highlevel.spool import SpoolWriter
+    from common.spool import SpoolWriter
     from lowlevel.operator import LowLevelOperator
 
     rng = np.random.default_rng(seed)

@@ -15,7 +15,7 @@ and `h` (uint8 HyperLogLog registers). The steps:
 First/last keep the time (ns) of their value in an int64 column `<name>__t`: first is the value
 with the smallest time (ties: the smaller value), last the largest (ties: the larger value), so
 the result does not depend on arrival order or on how rows were split. Distinct keeps HLL
-registers of `queries.sketch.hash64` values (the wrapper hashes, the kernel takes the hash),
+registers of `lowlevel.hll.hash64` values (the wrapper hashes, the kernel takes the hash),
 bit-exact with the reference evaluator's sketch.
 """
 
@@ -26,9 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from queries.sketch import estimate, hash64, index_and_rank
-
-from .jit import ngjit, ngjit_inline
+from common.jit import ngjit_inline
+from lowlevel.hll import estimate, hash64, index_and_rank
 
 OP_COUNT = 0
 OP_SUM_I, OP_SUM_U, OP_SUM_F = 1, 2, 3
@@ -246,7 +245,7 @@ def _clz64(x):
 
 @ngjit_inline
 def hll_position(h, bits):
-    """(register, rank) of a 64-bit hash in an HLL of 2**bits registers (queries.sketch)."""
+    """(register, rank) of a 64-bit hash in an HLL of 2**bits registers (lowlevel.hll)."""
     reg = np.int64(h >> np.uint64(64 - bits))
     w = h << np.uint64(bits)
     if w == 0:
@@ -297,7 +296,7 @@ def update_slot(ti, tu, tf, th, s, i, ops, ts, ai, au, af, ad):
             tu[s, dst] ^= au[i, src]
         elif op <= OP_LAST_F:
             # first: smallest time, ties by the smaller value; last: largest time, ties by the
-            # larger value (order independent, as queries.reference and the high level)
+            # larger value (order independent, as tests.oracles.reference and the high level)
             t = ts[i]
             aux = ops[a, 3]
             tc = ti[s, aux]
@@ -320,7 +319,7 @@ def update_slot(ti, tu, tf, th, s, i, ops, ts, ai, au, af, ad):
                     continue
                 tf[s, dst] = vf
             ti[s, aux] = t
-        else:  # OP_DISTINCT: the argument bank holds queries.sketch.hash64 of the values
+        else:  # OP_DISTINCT: the argument bank holds lowlevel.hll.hash64 of the values
             reg, rank = hll_position(ad[i, src], ops[a, 3])
             if rank > th[s, dst + reg]:
                 th[s, dst + reg] = rank
@@ -370,7 +369,7 @@ def update_op(ti, tu, tf, th, s, i, op, src, dst, aux, ts, ai, au, af, ad):
         tu[s, dst] ^= au[i, src]
     elif op <= OP_LAST_F:
         # first: smallest time, ties by the smaller value; last: largest time, ties by the
-        # larger value (order independent, as queries.reference and the high level)
+        # larger value (order independent, as tests.oracles.reference and the high level)
         t = ts[i]
         tc = ti[s, aux]
         first = op <= OP_FIRST_F
@@ -392,7 +391,7 @@ def update_op(ti, tu, tf, th, s, i, op, src, dst, aux, ts, ai, au, af, ad):
                 return
             tf[s, dst] = vf
         ti[s, aux] = t
-    else:  # OP_DISTINCT: the argument bank holds queries.sketch.hash64 of the values
+    else:  # OP_DISTINCT: the argument bank holds lowlevel.hll.hash64 of the values
         reg, rank = hll_position(ad[i, src], aux)
         if rank > th[s, dst + reg]:
             th[s, dst + reg] = rank
@@ -449,7 +448,7 @@ def combine_states(layout: StateLayout, keys: list[np.ndarray],
 
 
 def hll_estimate(registers: np.ndarray) -> np.ndarray:
-    """Distinct-count estimates of HLL register rows (n, R): `queries.sketch.estimate`."""
+    """Distinct-count estimates of HLL register rows (n, R): `lowlevel.hll.estimate`."""
     return estimate(np.asarray(registers, dtype=np.uint8))
 
 
@@ -474,7 +473,7 @@ def _mix64_np(x: np.ndarray) -> np.ndarray:
 
 
 def distinct_hashes(values) -> np.ndarray:
-    """The argument of a distinct sub-aggregate: `queries.sketch.hash64` of the values (an
+    """The argument of a distinct sub-aggregate: `lowlevel.hll.hash64` of the values (an
     `ip` value as its (hi, lo) tuple), so registers match the reference sketch bit for bit."""
     return hash64(values)
 

@@ -31,12 +31,30 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .aggregates import StateLayout
-from .flush import (
-    C_CAUSE, C_CUR, C_FORCED, C_LATE, C_RESIDENT, C_WINDOWS, CAUSES, EMPTY, NPARAMS, P_EVERY,
-    P_LATE, P_M, P_MASK, P_OFFSET, P_PANE, P_POLICY, P_PROBES, P_SHIFT, POLICIES, make_ctl,
+from lowlevel.aggregates import StateLayout
+from lowlevel.flush import (
+    C_CAUSE,
+    C_CUR,
+    C_FORCED,
+    C_LATE,
+    C_RESIDENT,
+    C_WINDOWS,
+    CAUSES,
+    EMPTY,
+    NPARAMS,
+    P_EVERY,
+    P_LATE,
+    P_M,
+    P_MASK,
+    P_OFFSET,
+    P_PANE,
+    P_POLICY,
+    P_PROBES,
+    P_SHIFT,
+    POLICIES,
+    make_ctl,
 )
-from .hashtable import advance, append, finish, min_resident, round_slots
+from lowlevel.hashtable import advance, append, finish, min_resident, round_slots
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from capture.errors import OopscopeError
+from common.errors import OopscopeError
 
 
 class LowLevelError(OopscopeError):

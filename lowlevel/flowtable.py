@@ -40,15 +40,28 @@ import zlib
 
 import numpy as np
 
-from .aggregates import StateLayout, update_slot
-from .engine import HashAggregator, Partials
-from .flush import (
-    C_CUR, C_LATE, C_RESIDENT, CAUSE_BOUND, CAUSE_EVICT, CAUSE_FINISH, EMPTY, NCTL, P_LATE,
-    P_MASK, P_PROBES, P_SHIFT, count_pane, emit, move_cur,
+from common.jit import ngjit, ngjit_inline
+from lowlevel.aggregates import StateLayout, update_slot
+from lowlevel.engine import HashAggregator, Partials
+from lowlevel.flush import (
+    C_CUR,
+    C_LATE,
+    C_RESIDENT,
+    CAUSE_BOUND,
+    CAUSE_EVICT,
+    CAUSE_FINISH,
+    EMPTY,
+    NCTL,
+    P_LATE,
+    P_MASK,
+    P_PROBES,
+    P_SHIFT,
+    count_pane,
+    emit,
+    move_cur,
 )
-from .hashtable import PREFETCH_AHEAD, home_slot, min_resident, prefetch_record
-from .jit import ngjit, ngjit_inline
-from .specialize import specialized
+from lowlevel.hashtable import PREFETCH_AHEAD, home_slot, min_resident, prefetch_record
+from lowlevel.specialize import specialized
 
 #: IPFIX flowEndReason (IE 136)
 REASON_IDLE, REASON_ACTIVE, REASON_END, REASON_FORCED, REASON_EVICTED = 1, 2, 3, 4, 5

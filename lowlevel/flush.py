@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .jit import ngjit, ngjit_inline
+from common.jit import ngjit, ngjit_inline
 
 EMPTY = np.iinfo(np.int64).min
 

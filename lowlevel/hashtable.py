@@ -21,16 +21,43 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .aggregates import update_slot
-from .flush import (
-    C_BOUND, C_CUR, C_LATE, C_PACE, C_RESIDENT, C_STALE, C_TICK, C_WALKING, CAUSE_BOUND,
-    CAUSE_EVICT, CAUSE_FINISH, EMPTY,
-    P_EVERY, P_LATE, P_MASK, P_M, P_OFFSET, P_PANE, P_POLICY, P_PROBES, P_SHIFT, POLICY_IOP_SLOW,
+from common.jit import ngjit, ngjit_inline
+from lowlevel.aggregates import update_slot
+from lowlevel.flush import (
+    C_ANCIENT,
+    C_BOUND,
+    C_CUR,
+    C_LATE,
+    C_RESIDENT,
+    C_RING,
+    C_STALE,
+    C_TICK,
+    C_WALKING,
+    CAUSE_BOUND,
+    CAUSE_EVICT,
+    CAUSE_FINISH,
+    EMPTY,
+    P_EVERY,
+    P_LATE,
+    P_M,
+    P_MASK,
+    P_OFFSET,
+    P_PANE,
+    P_POLICY,
+    P_PROBES,
+    P_SHIFT,
+    PANE_RING,
+    POLICY_IOP_SLOW,
     POLICY_OOP_LAZY,
-    C_ANCIENT, C_RING, PANE_RING, count_pane, emit_row, flush_below, forced_full_flush, new_window,
-    pace_threshold, paced_sweep, slow_flush_step,
+    count_pane,
+    emit_row,
+    flush_below,
+    forced_full_flush,
+    new_window,
+    pace_threshold,
+    paced_sweep,
+    slow_flush_step,
 )
-from .jit import ngjit, ngjit_inline
 
 _SEED = np.uint64(0x9E3779B97F4A7C15)
 _K1 = np.uint64(0xBF58476D1CE4E5B9)

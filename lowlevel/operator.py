@@ -3,7 +3,7 @@
 A thin layer over `engine.HashAggregator`: per batch it selects the rows of the plan's
 protocol (rows lacking the protocol's layer bits are skipped; counted as malformed when their
 decode `reason` is not benign), evaluates WHERE, the group keys and the sub-aggregate
-arguments with `queries.vectorized.evaluate` (vectorised, once per batch), and hands plain
+arguments with `lowlevel.evaluate.evaluate` (vectorised, once per batch), and hands plain
 arrays to the jitted kernel. Partial rows come back as Arrow RecordBatches (`partials.py`
 describes the layout) together with the operator's punctuation.
 
@@ -38,14 +38,13 @@ import pyarrow as pa
 
 from capture.batch import PacketBatch
 from capture.schema import BENIGN_REASONS, L_TCP, protocol_mask
+from common.jit import ngjit
+from lowlevel.aggregates import AggSpec, StateLayout, distinct_hashes
+from lowlevel.engine import HashAggregator, Partials
+from lowlevel.errors import LowLevelError
+from lowlevel.flowtable import FlowAggregator
+from lowlevel.partials import KeySpec, PartialSchema, encode_key, key_width
 from queries.plan import FLUSH_POLICIES, LowLevelPlan
-
-from .aggregates import AggSpec, StateLayout, distinct_hashes
-from .engine import HashAggregator, Partials
-from .errors import LowLevelError
-from .flowtable import FlowAggregator
-from .jit import ngjit
-from .partials import KeySpec, PartialSchema, encode_key, key_width
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +75,7 @@ def count_in_protocol(layers, mask):
 
 
 def _default_evaluate():
-    from queries.vectorized import evaluate  # written beside this package; imported late
+    from lowlevel.evaluate import evaluate  # written beside this package; imported late
 
     return evaluate
 
@@ -89,7 +88,7 @@ class LowLevelOperator:
     """Run one `LowLevelPlan` over the packet batches of its link.
 
     `evaluate(expr, batch) -> np.ndarray` (an `(hi, lo)` tuple for ip values) defaults to
-    `queries.vectorized.evaluate`; an expression that is a plain Python callable is called
+    `lowlevel.evaluate.evaluate`; an expression that is a plain Python callable is called
     with the batch instead (handy for tools that build plans without GSQL text).
     """
 

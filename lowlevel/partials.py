@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from .aggregates import StateLayout, combine_states
-from .engine import Partials
+from lowlevel.aggregates import StateLayout, combine_states
+from lowlevel.engine import Partials
 
 _KEY_DTYPES = {"llong": np.int64, "int": np.int64, "float": np.float64, "bool": np.bool_}
 _BANK_ARROW = {"i": pa.int64(), "u": pa.uint64(), "f": pa.float64()}

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .aggregates import StateLayout, combine_states, hll_registers
-from .engine import HashAggregator, Partials
+from lowlevel.aggregates import StateLayout, combine_states, hll_registers
+from lowlevel.engine import HashAggregator, Partials
 
 ORDERS = ("in_order", "band", "block")
 
@@ -215,9 +215,8 @@ def finalize(qp, table) -> pd.DataFrame:
     finished as the high level does: finals, then the SELECT outputs (ip as 128-bit ints)."""
     import pyarrow as pa
 
-    from queries.vectorized import evaluate_columns
-
-    from .aggregates import hll_estimate
+    from lowlevel.aggregates import hll_estimate
+    from lowlevel.evaluate import evaluate_columns
 
     hp = qp.high
     w = hp.window

@@ -12,16 +12,15 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from capture.errors import ConfigError
 from capture.schema import PROTOCOLS, protocol_fields
-
-from . import expressions as E
-from . import types as T
-from .definitions import FLOW_KEYS, check_define, parse_param_value
-from .errors import QueryError
-from .inference import conjoin, conjuncts, form_of, sides_of, type_of, unit_ns
-from .naming import generated_name, unique_names
-from .scope import GroupedScope, Scope
+from common.errors import ConfigError
+from queries import expressions as E
+from queries import types as T
+from queries.definitions import FLOW_KEYS, check_define, parse_param_value
+from queries.errors import QueryError
+from queries.inference import conjoin, conjuncts, form_of, sides_of, type_of, unit_ns
+from queries.naming import generated_name, unique_names
+from queries.scope import GroupedScope, Scope
 
 
 @dataclass(frozen=True)

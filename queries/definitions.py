@@ -5,10 +5,9 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from capture.errors import ConfigError
-
-from .expressions import Duration
-from .plan import FLUSH_POLICIES
+from common.errors import ConfigError
+from queries.expressions import Duration
+from queries.plan import FLUSH_POLICIES
 
 LATE_POLICIES = ("drop", "correct")
 FLOW_ENDS = ("fin_rst", "none")

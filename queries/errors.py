@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable
 
-from capture.errors import OopscopeError
+from common.errors import OopscopeError
 
 if TYPE_CHECKING:
     from queries.expressions import Node

@@ -9,10 +9,17 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
-from . import expressions as E
-from .plan import ROW_WINDOW_INDEX, FilePlan, HighLevelPlan, LowLevelPlan, QueryPlan, WindowPlan
+from common.units import NS_PER_S as _NS
+from queries import expressions as E
+from queries.plan import (
+    ROW_WINDOW_INDEX,
+    FilePlan,
+    HighLevelPlan,
+    LowLevelPlan,
+    QueryPlan,
+    WindowPlan,
+)
 
-_NS = 10**9
 #: precedence of binary operators, loosest first (for parentheses)
 _PREC = {"OR": 1, "AND": 2, "=": 4, "<>": 4, "<": 4, ">": 4, "<=": 4, ">=": 4,
          "|": 5, "^": 6, "&": 7, "<<": 8, ">>": 8, "+": 9, "-": 9, "*": 10, "/": 10, "%": 10}
@@ -304,8 +311,8 @@ def explain_text(text: str, path: str | None = None, links: list[str] | None = N
                  params: dict[str, str] | None = None,
                  overrides: dict[str, str] | None = None) -> str:
     """Parse, plan and format query text (QueryError / ConfigError when it is wrong)."""
-    from .parser import parse
-    from .planner import plan_file
+    from queries.parser import parse
+    from queries.planner import plan_file
 
     tree = parse(text, path=path)
     if not links:

@@ -8,8 +8,8 @@ them by `/ const`, `* const`, `+ const`, `- const` and integer casts.
 
 from __future__ import annotations
 
-from . import expressions as E
-from . import types as T
+from queries import expressions as E
+from queries import types as T
 
 
 def type_of(expr: E.Expr, params: dict[str, str] | None = None) -> str:

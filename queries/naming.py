@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import expressions as E
+from queries import expressions as E
 
 _AGG_PREFIX = {"COUNT": "COUNT", "SUM": "SUM", "MIN": "MIN", "MAX": "MAX", "AVG": "AVG",
                "AND_AGGR": "AND", "OR_AGGR": "OR", "XOR_AGGR": "XOR", "FIRST": "FIRST",

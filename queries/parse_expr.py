@@ -13,7 +13,18 @@ from typing import Callable, ClassVar
 
 from queries.errors import QueryError
 from queries.expressions import (
-    Aggregate, Binary, Column, Duration, Expr, Func, In, Literal, Param, Pos, Star, Unary,
+    Aggregate,
+    Binary,
+    Column,
+    Duration,
+    Expr,
+    Func,
+    In,
+    Literal,
+    Param,
+    Pos,
+    Star,
+    Unary,
     WindowSpec,
 )
 from queries.tokens import RESERVED, Kind, Token
@@ -282,7 +293,7 @@ class ExpressionParser(TokenCursor):
             distinct = self.match_kw("DISTINCT")
             if distinct is not None:
                 if name != "COUNT":
-                    raise self.error(f"DISTINCT is only allowed in COUNT(DISTINCT x)", distinct)
+                    raise self.error("DISTINCT is only allowed in COUNT(DISTINCT x)", distinct)
                 name = "COUNT_DISTINCT"
             arg = self._parse_expression()
         self._leave()

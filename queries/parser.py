@@ -17,8 +17,19 @@ from typing import Callable, ClassVar
 from capture.schema import PROTOCOLS
 from queries.errors import QueryError
 from queries.expressions import (
-    Column, Duration, Expr, GroupItem, Literal, Merge, Node, Query, QueryFile, Select, SelectItem,
-    Source, Unary,
+    Column,
+    Duration,
+    Expr,
+    GroupItem,
+    Literal,
+    Merge,
+    Node,
+    Query,
+    QueryFile,
+    Select,
+    SelectItem,
+    Source,
+    Unary,
 )
 from queries.parse_expr import ExpressionParser
 from queries.tokens import RESERVED, Kind, Token, tokenize

@@ -2,7 +2,7 @@
 
 The planner (`queries.planner`) builds these; `lowlevel/` and `highlevel/` consume them.
 Nothing here is code to exec: expressions are `queries.expressions` trees, evaluated over
-packet batches by `queries.vectorized.evaluate`.
+packet batches by `lowlevel.evaluate.evaluate`.
 
 How the low level runs a `LowLevelPlan` over a packet batch (the reference of every detail is
 `tests/queries/test_queries_split.py`, a naive executor checked against the reference evaluator):
@@ -10,7 +10,7 @@ rows of `protocol` (`capture.schema.protocol_mask`), then `vectorized.evaluate_p
 pane id `vectorized.pane_ids(window, batch)`; group keys `evaluate(key.expr)` (an `ip` key is a
 (hi, lo) pair); each sub-aggregate's argument `evaluate(sub.arg)` cast to `sub.dtype`, FIRST/LAST
 paired with `timestamp` (ns), COUNT_DISTINCT hashed into `distinct_registers` uint8 registers by
-`queries.sketch`. Parameters are already bound (literals) in every expression.
+`lowlevel.hll`. Parameters are already bound (literals) in every expression.
 """
 
 from __future__ import annotations

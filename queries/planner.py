@@ -13,16 +13,29 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from capture.errors import ConfigError, LinkError
-
-from . import expressions as E
-from . import types as T
-from .analysis import AnalysedQuery, analyse_file
-from .definitions import FLOW_KEYS
-from .inference import conjoin, conjuncts, type_of, unit_ns
-from .plan import (ROW_WINDOW_INDEX, SUPERAGG_OF, FilePlan, FinalAggregate, HighLevelPlan, JoinPlan, JoinSide,
-                   KeyColumn, LowLevelPlan, OutputColumn, QueryPlan, RowsWindow, SubAggregate,
-                   SuperAggregate, WindowPlan)
+from common.errors import ConfigError, LinkError
+from queries import expressions as E
+from queries import types as T
+from queries.analysis import AnalysedQuery, analyse_file
+from queries.definitions import FLOW_KEYS
+from queries.inference import conjoin, conjuncts, type_of, unit_ns
+from queries.plan import (
+    ROW_WINDOW_INDEX,
+    SUPERAGG_OF,
+    FilePlan,
+    FinalAggregate,
+    HighLevelPlan,
+    JoinPlan,
+    JoinSide,
+    KeyColumn,
+    LowLevelPlan,
+    OutputColumn,
+    QueryPlan,
+    RowsWindow,
+    SubAggregate,
+    SuperAggregate,
+    WindowPlan,
+)
 
 DEFAULT_SLOTS = 1 << 16
 DEFAULT_SLOW_FLUSH = {"oop_slow": 160, "iop_slow": 1, "oop_lazy": 160}
@@ -37,7 +50,7 @@ _SUB_OF = {"COUNT": "count", "SUM": "sum", "MIN": "min", "MAX": "max", "AND_AGGR
 def plan_text(text: str, links: list[str], params: dict[str, str] | None = None,
               overrides: dict[str, str] | None = None, path: str | None = None) -> FilePlan:
     """Parse and plan query text (errors show the offending source line)."""
-    from .parser import parse
+    from queries.parser import parse
 
     return plan_file(parse(text, path=path), links, params, overrides, source=text)
 
@@ -174,7 +187,7 @@ def flow_settings(aq: AnalysedQuery, split: AggregateSplit, taken: set[str]) -> 
 
 
 def format_agg(agg: E.Aggregate) -> str:
-    from .explain import format_expr
+    from queries.explain import format_expr
 
     return format_expr(agg)
 

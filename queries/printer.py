@@ -12,8 +12,26 @@ import ipaddress
 from typing import Any, Callable
 
 from queries.expressions import (
-    Aggregate, Binary, Column, Duration, Field, Func, GroupItem, In, Literal, Merge, Node, Param,
-    Query, QueryFile, Select, SelectItem, Source, Star, Unary, WindowSpec,
+    Aggregate,
+    Binary,
+    Column,
+    Duration,
+    Field,
+    Func,
+    GroupItem,
+    In,
+    Literal,
+    Merge,
+    Node,
+    Param,
+    Query,
+    QueryFile,
+    Select,
+    SelectItem,
+    Source,
+    Star,
+    Unary,
+    WindowSpec,
 )
 from queries.parse_expr import BINARY_PRECEDENCE, COMPARISON, NOT_PRECEDENCE
 from queries.tokens import RESERVED, quote_string

@@ -11,13 +11,12 @@ import difflib
 from typing import TYPE_CHECKING, Callable
 
 from capture.schema import protocol_fields
-
-from . import expressions as E
-from . import types as T
-from .errors import QueryError
+from queries import expressions as E
+from queries import types as T
+from queries.errors import QueryError
 
 if TYPE_CHECKING:
-    from .analysis import Analyser, GroupInfo, SourceInfo
+    from queries.analysis import Analyser, GroupInfo, SourceInfo
 
 Hook = Callable[[E.Node], "E.Expr | None"]
 

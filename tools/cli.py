@@ -15,12 +15,12 @@ import click
 
 # command name -> (module, attribute); loaded on first use
 COMMANDS: dict[str, tuple[str, str]] = {
-    "decode": ("tools.decode", "decode"),
-    "gen": ("tools.gen", "gen"),
-    "explain": ("tools.explain", "explain"),
-    "run": ("tools.run", "run"),
-    "bench": ("tools.bench", "bench"),
-    "export": ("tools.netflow.export", "export"),
+    "decode": ("tools.commands.decode", "decode"),
+    "gen": ("tools.commands.gen", "gen"),
+    "explain": ("tools.commands.explain", "explain"),
+    "run": ("tools.commands.run", "run"),
+    "bench": ("tools.commands.bench", "bench"),
+    "export": ("tools.commands.export", "export"),
 }
 
 
@@ -57,7 +57,7 @@ def cli(verbose: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors become one line on stderr and exit status 1, never a traceback."""
-    from capture.errors import OopscopeError
+    from common.errors import OopscopeError
 
     # Numba imports scipy.linalg, when SciPy is installed, to look for a BLAS the first time it
     # loads a kernel: 0.6 s of the start of every run. No oopscope kernel uses a BLAS (np.dot,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from capture.errors import ConfigError, LinkError, OopscopeError
+from common.errors import ConfigError, LinkError, OopscopeError
 
 
 class RunError(OopscopeError):

@@ -9,19 +9,29 @@ from __future__ import annotations
 import struct
 
 import pytest
+from scapy.contrib.mpls import MPLS
 from scapy.layers.inet import GRE, ICMP, IP, TCP, UDP, IPOption_RR, fragment
 from scapy.layers.inet6 import (
-    ICMPv6EchoRequest, IPv6, IPv6ExtHdrDestOpt, IPv6ExtHdrFragment, IPv6ExtHdrHopByHop, IPv6ExtHdrRouting,
+    ICMPv6EchoRequest,
+    IPv6,
+    IPv6ExtHdrDestOpt,
+    IPv6ExtHdrFragment,
+    IPv6ExtHdrHopByHop,
+    IPv6ExtHdrRouting,
 )
 from scapy.layers.l2 import ARP, CookedLinux, CookedLinuxV2, Dot1AD, Dot1Q, Ether
-from scapy.contrib.mpls import MPLS
 from scapy.packet import Raw
 
 from capture import schema
 from capture.reader import read_all
 from capture.schema import REASON_CODES
-
-from tests.capture.capture_writers import NS, Interface, Section, pcap_bytes, pcapng_bytes
+from tests.capture.capture_writers import (
+    NS,
+    Interface,
+    Section,
+    pcap_bytes,
+    pcapng_bytes,
+)
 
 T0 = 1_700_000_000 * NS + 123_456_000
 ETH = dict(src="02:00:00:00:00:01", dst="02:00:00:00:00:02")

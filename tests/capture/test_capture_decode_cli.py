@@ -20,7 +20,7 @@ from capture import addresses
 from tests.capture.capture_writers import NS, pcap_bytes
 from tests.conftest import require_tool
 from tools.cli import cli, main
-from tools.decode import FIELDS
+from tools.commands.decode import FIELDS
 
 T0 = 1_650_000_000 * NS + 5
 MACS = dict(src="0a:1b:2c:3d:4e:5f", dst="ff:ee:dd:cc:bb:aa")

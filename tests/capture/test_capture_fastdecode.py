@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scapy.layers.inet import ICMP, IP, TCP, UDP
 from scapy.layers.inet6 import ICMPv6EchoRequest, IPv6, IPv6ExtHdrFragment
 from scapy.layers.l2 import Ether
@@ -21,7 +22,6 @@ from capture.fastdecode import DECODED_COLUMNS, column_mask, decode_rows_fast
 from capture.pcapfile import frame_pcap
 from capture.reader import open_capture, read_all
 from capture.schema import COLUMNS
-
 from tests.capture.capture_writers import NS, pcap_bytes
 from tests.conftest import shared_pcaps
 

@@ -19,11 +19,19 @@ from scapy.layers.inet6 import IPv6
 from scapy.layers.l2 import Dot1Q, Ether
 from scapy.packet import Raw
 
-from capture.errors import CaptureError, CaptureFormatError, OopscopeError, TruncatedCaptureError
+from capture.errors import CaptureError, CaptureFormatError, TruncatedCaptureError
 from capture.reader import open_capture, read_all
 from capture.schema import REASONS
+from common.errors import OopscopeError
+from tests.capture.capture_writers import (
+    NS,
+    Interface,
+    Section,
+    pcap_bytes,
+    pcapng_bytes,
+    ts_units,
+)
 from tests.conftest import require_tool
-from tests.capture.capture_writers import NS, Interface, Section, pcap_bytes, pcapng_bytes, ts_units
 
 T0 = 1_600_000_000 * NS
 

@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 from capture.batch import PacketBatch
-from capture.errors import CaptureError, ConfigError, InterfaceError, LinkError
+from capture.errors import CaptureError, InterfaceError
 from capture.live import LiveCapture, open_interface
+from common.errors import ConfigError, LinkError
 from tests.conftest import REPO, require_tool
-from tools.vethpair import VethPair, can_make_pairs
+from tools.gen.veth import VethPair, can_make_pairs
 
 pytestmark = pytest.mark.needs_root
 
@@ -248,7 +249,7 @@ def test_without_cap_net_raw_the_message_says_so():
     if setpriv is None:
         pytest.skip("setpriv (util-linux) is not installed")
     code = ("from capture.live import open_interface\n"
-            "from capture.errors import OopscopeError\n"
+            "from common.errors import OopscopeError\n"
             "try:\n    open_interface('lo')\n"
             "except OopscopeError as e:\n    print('ERROR', e)\n")
     res = subprocess.run([setpriv, "--bounding-set=-net_raw", "--inh-caps=-net_raw", sys.executable, "-c", code],

@@ -16,7 +16,13 @@ import pytest
 
 from capture.errors import CaptureFormatError
 from capture.reader import open_capture
-from tests.capture.capture_writers import Interface, Section, pcap_bytes, pcapng_bytes, ts_units
+from tests.capture.capture_writers import (
+    Interface,
+    Section,
+    pcap_bytes,
+    pcapng_bytes,
+    ts_units,
+)
 from tests.capture.test_capture_files import frames, timestamps
 
 N = 120

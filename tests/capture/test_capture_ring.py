@@ -295,7 +295,7 @@ def test_numba_nogil_producer_in_a_thread():
 
 @pytest.mark.parametrize("lossless", [True, False])
 def test_processes_through_shared_memory(lossless):
-    from tools.bench_ring import _producer
+    from bench.ring import _producer
 
     rows, batch = 200_000, 4096
     ring = PacketRing.create(16384, link="shm", shared=True)

@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from common.spool import LINK, PUNCT, SEQ, SpoolWriter, list_spool
 from highlevel.batchfiles import batch_files, batch_markers, file_markers
-from highlevel.spool import LINK, PUNCT, SEQ, SpoolWriter, list_spool
 from highlevel.stage import Stage
 from highlevel.testing import ListSink, demo_spec, random_partials
 
@@ -86,7 +86,7 @@ def test_possible_late_rows_and_foreign_files_go_to_the_spark_job(spark, tmp_pat
 def test_rows_kept_in_memory_stay_for_a_look_ahead_and_go_with_their_reader(tmp_path):
     """`cached_rows(path, keep=True)` (a batch computed ahead) leaves the rows for the batch
     itself; the batch's own read takes them, and they are gone after."""
-    from highlevel.spool import cached_rows
+    from common.spool import cached_rows
 
     rng = np.random.default_rng(3)
     rows = random_partials(rng, [1, 2], 30, registers=4, query="kept")

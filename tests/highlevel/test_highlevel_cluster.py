@@ -8,9 +8,9 @@ import sys
 import numpy as np
 import pytest
 
+from common.spool import SpoolWriter
 from highlevel.cluster import LocalCluster
 from highlevel.sinks import ParquetSink
-from highlevel.spool import SpoolWriter
 from highlevel.stage import Stage
 from highlevel.testing import demo_spec, random_partials
 

@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from common.spool import SpoolWriter, list_spool
 from highlevel.sinks import ParquetSink
-from highlevel.spool import SpoolWriter, list_spool
 from highlevel.stage import Stage
 from highlevel.testing import ListSink, batch_frame, demo_spec, random_partials
-from queries.sketch import estimate
+from lowlevel.hll import estimate
 
 SECOND = 10**9
 

@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from common.spool import list_spool
 from highlevel.spec import from_high_level
-from highlevel.spool import list_spool
 from highlevel.stage import Stage
 from highlevel.testing import ListSink, batch_frame, feed_spool
 from queries.library import __file__ as library_init
@@ -24,8 +24,8 @@ NS = 1_000_000_000
 def flows(tmp_path_factory):
     """netflow.gsql over a generated link (3 minutes, many short flows), spooled in 6 pieces."""
     from capture.reader import read_all
-    from queries.reference import evaluate_file
-    from tools.traffic import TrafficConfig, generate
+    from tests.oracles.reference import evaluate_file
+    from tools.gen.traffic import TrafficConfig, generate
 
     work = tmp_path_factory.mktemp("flowrows")
     cfg = TrafficConfig(packets=20_000, duration_ns=180 * NS, groups=800, flows=2_000,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from highlevel.errors import StageConfigError
@@ -19,8 +18,8 @@ from highlevel.sinks import Sink, SpoolSink
 from highlevel.testing import ListSink, canonical_rows, feed_spool
 from queries.library import __file__ as library_init
 from queries.planner import plan_text
-from queries.reference import evaluate_file
-from queries.samples import random_batch
+from tests.oracles.reference import evaluate_file
+from tests.oracles.samples import random_batch
 
 HERE = Path(__file__).parent / "queries"
 LIBRARY = Path(library_init).parent

@@ -11,13 +11,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from common.spool import SpoolWriter
 from highlevel.graph import output_columns_of
 from highlevel.join import JoinStage
-from highlevel.spool import SpoolWriter
 from highlevel.testing import ListSink, batch_frame, canonical_rows
 from queries.planner import plan_text
-from queries.reference import evaluate_file
-from queries.samples import random_batch
+from tests.oracles.reference import evaluate_file
+from tests.oracles.samples import random_batch
 
 MINUTE = 60 * 10**9
 END = (1 << 63) - 1

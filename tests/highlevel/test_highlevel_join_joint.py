@@ -8,7 +8,8 @@ for every pair inside the band and is produced when the later of its two rows ar
 
 from __future__ import annotations
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from highlevel.join import group_closed, individual_punctuation, joint_punctuation
 

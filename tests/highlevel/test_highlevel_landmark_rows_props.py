@@ -1,7 +1,7 @@
 """Landmark and tuple-count windows end to end (low level -> spool -> Spark stage) = reference.
 
 For random streams in a disordered arrival order with grammatical punctuation, at two
-punctuation frequencies (every 10 ms over several micro-batches, only at the end of input), the stage's rows equal the reference evaluator's (`queries.reference`, brute force
+punctuation frequencies (every 10 ms over several micro-batches, only at the end of input), the stage's rows equal the reference evaluator's (`tests.oracles.reference`, brute force
 from the definition) for
 - a landmark window `[RANGE ALL, SLIDE s]` (running totals per group; rows up to the window of
   the last packet, whatever punctuation passed beyond it) and `[RANGE ALL]`;
@@ -19,15 +19,15 @@ import pandas as pd
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from common.spool import SpoolWriter
 from highlevel.graph import StageGraph
-from highlevel.spool import SpoolWriter
 from highlevel.testing import ListSink
 from lowlevel.operator import LowLevelOperator
 from lowlevel.testing import arrival_order
 from queries.planner import plan_text
-from queries.reference import evaluate_file
-from queries.samples import random_batch
-from tools.disorder import source_punctuation
+from tests.oracles.reference import evaluate_file
+from tests.oracles.samples import random_batch
+from tools.experiments.windowgrid import source_punctuation
 
 MS = 1_000_000
 END_OF_INPUT = (1 << 63) - 1

@@ -13,14 +13,14 @@ import numpy as np
 import pandas as pd
 
 from capture.batch import PacketBatch
+from common.spool import SpoolWriter
 from highlevel.spec import from_high_level
-from highlevel.spool import SpoolWriter
 from highlevel.stage import Stage
 from highlevel.testing import ListSink
 from lowlevel.operator import LATE_MARKER, LowLevelOperator
 from lowlevel.testing import PATENT_MINUTES, patent_segments
 from queries.planner import plan_text
-from queries.reference import evaluate_file
+from tests.oracles.reference import evaluate_file
 
 NS = 1_000_000_000
 END_OF_INPUT = (1 << 63) - 1

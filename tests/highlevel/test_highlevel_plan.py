@@ -10,9 +10,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
+from common.spool import SpoolWriter, list_spool
 from highlevel.errors import StageConfigError
 from highlevel.spec import OutputColumn, from_high_level
-from highlevel.spool import SpoolWriter, list_spool
 from highlevel.stage import Stage
 from highlevel.testing import ListSink, batch_frame, col, demo_spec
 from highlevel.windows import SlidingWindow

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from common.spool import SpoolWriter
 from highlevel.sinks import ParquetSink
-from highlevel.spool import SpoolWriter
 from highlevel.testing import random_partials
 
 SECOND = 10**9

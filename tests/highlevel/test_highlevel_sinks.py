@@ -10,9 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from highlevel.errors import SinkError, SpoolError
+from common.errors import SpoolError
+from common.spool import LINK, PUNCT, SEQ, SpoolWriter, list_spool, read_spool
+from highlevel.errors import SinkError
 from highlevel.sinks import ConsoleSink, CsvSink, JsonLinesSink, ParquetSink, make_sink
-from highlevel.spool import LINK, PUNCT, SEQ, SpoolWriter, list_spool, read_spool
 from highlevel.testing import demo_spec, random_partials
 
 

@@ -15,16 +15,16 @@ import numpy as np
 import pandas as pd
 
 from capture.batch import PacketBatch
+from common.spool import SpoolWriter
 from highlevel.spec import from_high_level
-from highlevel.spool import SpoolWriter
 from highlevel.stage import Stage
 from highlevel.testing import ListSink
 from lowlevel.operator import LowLevelOperator
 from lowlevel.testing import arrival_order, patent_segments
 from queries.planner import plan_text
-from queries.reference import evaluate_file
-from queries.samples import random_batch
-from tools.disorder import WidOperator, WindowGrid, source_punctuation
+from tests.oracles.reference import evaluate_file
+from tests.oracles.samples import random_batch
+from tools.experiments.windowgrid import WidOperator, WindowGrid, source_punctuation
 
 MS = 1_000_000
 NS = 1_000_000_000

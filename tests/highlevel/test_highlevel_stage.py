@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from highlevel.spool import SpoolWriter, list_spool
+from common.spool import SpoolWriter, list_spool
 from highlevel.stage import Stage
 from highlevel.testing import ListSink, batch_frame, demo_spec, random_partials
 

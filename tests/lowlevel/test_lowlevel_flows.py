@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pytest
 
 from capture.reader import read_all
@@ -19,8 +18,8 @@ from lowlevel.partials import combine_partials
 from lowlevel.testing import finalize
 from queries.parser import parse
 from queries.planner import plan_file
-from queries.reference import evaluate_file
-from tools.traffic import NS, TrafficConfig, generate
+from tests.oracles.reference import evaluate_file
+from tools.gen.traffic import NS, TrafficConfig, generate
 
 NETFLOW = Path(__file__).resolve().parents[2] / "queries" / "library" / "netflow.gsql"
 TUPLE = ["srcIP", "destIP", "srcPort", "destPort", "protocol"]

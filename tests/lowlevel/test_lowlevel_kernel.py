@@ -13,13 +13,18 @@ import pandas as pd
 import pytest
 
 from lowlevel.aggregates import (
-    AggSpec, StateLayout, average, combine_states, distinct_hashes, hll_estimate,
+    AggSpec,
+    StateLayout,
+    average,
+    combine_states,
+    distinct_hashes,
+    hll_estimate,
     hll_registers,
 )
-from queries.sketch import registers_of
 from lowlevel.engine import HashAggregator, Partials
 from lowlevel.flush import CAUSE_EVICT, CAUSE_FORCED
 from lowlevel.hashtable import home_slot, round_slots
+from lowlevel.hll import registers_of
 from lowlevel.testing import Stream, combined, reference_groups, run_stream
 
 KINDS = [("count", "int64"), ("sum", "int64"), ("sum", "uint64"), ("sum", "float64"),
@@ -226,7 +231,7 @@ def test_iop_with_second_probe_uses_the_old_neighbour():
 
 NOJIT_SCRIPT = textwrap.dedent("""
     import numpy as np, pandas as pd
-    from queries.sketch import hash64
+    from lowlevel.hll import hash64
     from lowlevel.aggregates import AggSpec, StateLayout
     from lowlevel.engine import HashAggregator
     from lowlevel.testing import (Stream, arrival_order, combined, grammatical_punctuation,

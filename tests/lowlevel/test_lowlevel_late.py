@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from capture.batch import PacketBatch
 from lowlevel.operator import LATE_MARKER, LowLevelOperator

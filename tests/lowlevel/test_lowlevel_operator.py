@@ -17,8 +17,8 @@ from lowlevel.partials import combine_partials
 from lowlevel.testing import finalize
 from queries.parser import parse
 from queries.planner import plan_file
-from queries.reference import evaluate_file
-from tools.traffic import NS, TrafficConfig, generate
+from tests.oracles.reference import evaluate_file
+from tools.gen.traffic import NS, TrafficConfig, generate
 
 Q8_1 = ("SELECT tb, srcIP, destIP, count(*) FROM main.IPV4 "
         "GROUP BY time/60 AS tb, srcIP, destIP")

@@ -9,10 +9,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lowlevel.aggregates import AggSpec, StateLayout
-from queries.sketch import hash64
 from lowlevel.engine import HashAggregator
+from lowlevel.hll import hash64
 from lowlevel.testing import (
-    ORDERS, Stream, arrival_order, combined, grammatical_punctuation, reference_groups,
+    ORDERS,
+    Stream,
+    arrival_order,
+    combined,
+    grammatical_punctuation,
+    reference_groups,
     run_stream,
 )
 

@@ -18,7 +18,7 @@ from lowlevel.operator import LowLevelOperator
 from lowlevel.partials import combine_partials
 from queries.parser import parse
 from queries.planner import plan_file
-from tools.traffic import NS, TrafficConfig, generate
+from tools.gen.traffic import NS, TrafficConfig, generate
 
 NETFLOW = Path(__file__).resolve().parents[2] / "queries" / "library" / "netflow.gsql"
 Q8_1 = ("SELECT tb, srcIP, destIP, count(*) FROM main.IPV4 "

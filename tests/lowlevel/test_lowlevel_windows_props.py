@@ -2,13 +2,13 @@
 
 Window-id property (SEMANTICS.md 2): for any RANGE r, SLIDE s (s need not divide r), origin
 offset and time t, `w in wids(t) <=> t in extent(w)`, for each place that computes window ids:
-the planner's `WindowPlan` with `queries.vectorized.pane_ids`, the high level's `WindowLogic`,
-and `tools.disorder.WindowGrid`; the oracle is the extent definition checked window by window.
+the planner's `WindowPlan` with `lowlevel.evaluate.pane_ids`, the high level's `WindowLogic`,
+and `tools.experiments.windowgrid.WindowGrid`; the oracle is the extent definition checked window by window.
 
 Results (SEMANTICS.md 1, 6): the real low level (`LowLevelOperator`) over packets in a random
 arrival order with grammatical punctuation every 10 ms, every second or only at the end, its
 pane rows assembled into windows when its punctuation passes their end (a plain pandas window
-level written here), equals the WID model (`tools.disorder.WidOperator`) fed the same arrivals,
+level written here), equals the WID model (`tools.experiments.windowgrid.WidOperator`) fed the same arrivals,
 equals the reference evaluator, for COUNT, SUM, AVG, MIN, MAX per group.
 """
 
@@ -24,14 +24,14 @@ from hypothesis import strategies as st
 
 from capture.batch import PacketBatch
 from highlevel.windows import WindowLogic
+from lowlevel.evaluate import pane_ids
 from lowlevel.operator import LowLevelOperator
 from lowlevel.testing import arrival_order
 from queries.plan import WindowPlan
 from queries.planner import plan_text
-from queries.reference import evaluate_file
-from queries.samples import random_batch
-from queries.vectorized import pane_ids
-from tools.disorder import WidOperator, WindowGrid, source_punctuation
+from tests.oracles.reference import evaluate_file
+from tests.oracles.samples import random_batch
+from tools.experiments.windowgrid import WidOperator, WindowGrid, source_punctuation
 
 MS = 1_000_000
 

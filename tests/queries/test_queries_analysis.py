@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from capture.errors import ConfigError
+from common.errors import ConfigError
 from queries import expressions as E
 from queries.analysis import analyse_file
 from queries.errors import QueryError

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tools.explain import explain
+from tools.commands.explain import explain
 
 REPO = Path(__file__).resolve().parents[2]
 LIBRARY = REPO / "queries" / "library"

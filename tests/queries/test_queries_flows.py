@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from capture.errors import ConfigError
 from capture.reader import read_all
+from common.errors import ConfigError
 from lowlevel.operator import LowLevelOperator
 from lowlevel.partials import combine_partials
 from lowlevel.testing import finalize
 from queries.errors import QueryError
 from queries.parser import parse
 from queries.planner import plan_file, plan_text
-from queries.reference import evaluate_file
+from tests.oracles.reference import evaluate_file
 
 NETFLOW = Path(__file__).resolve().parents[2] / "queries" / "library" / "netflow.gsql"
 FLOW = ("SELECT tb, srcIP, END_REASON() AS r, count(*) FROM main.IP "

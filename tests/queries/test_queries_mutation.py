@@ -13,8 +13,8 @@ from queries.errors import QueryError
 from queries.explain import mentioned_links
 from queries.parser import parse
 from queries.planner import plan_file
-from queries.reference import evaluate_file
-from queries.samples import random_batch
+from tests.oracles.reference import evaluate_file
+from tests.oracles.samples import random_batch
 
 LIBRARY = Path(__file__).resolve().parents[2] / "queries" / "library"
 TOKEN = re.compile(r"\$?\w+|'[^']*'|<>|!=|<=|>=|<<|>>|[^\w\s]")

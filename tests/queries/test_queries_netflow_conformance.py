@@ -36,7 +36,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pytest
 
 from capture.reader import read_all
@@ -46,8 +45,8 @@ from lowlevel.partials import combine_partials
 from lowlevel.testing import finalize
 from queries.parser import parse
 from queries.planner import plan_file
-from queries.reference import evaluate_file
 from tests.conftest import require_tool, shared_pcaps
+from tests.oracles.reference import evaluate_file
 
 NETFLOW = Path(__file__).resolve().parents[2] / "queries" / "library" / "netflow.gsql"
 KEY = ["sa", "da", "sp", "dp", "pr"]

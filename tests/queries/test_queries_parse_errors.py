@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from capture.errors import OopscopeError
+from common.errors import OopscopeError
 from queries.errors import QueryError
 from queries.expressions import Column, Pos
 from queries.parser import parse, parse_file

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from capture.errors import ConfigError
+from common.errors import ConfigError
 from queries import expressions as E
 from queries.errors import QueryError
 from queries.explain import explain_text

@@ -12,11 +12,11 @@ import pytest
 
 from capture.batch import PacketBatch
 from capture.schema import L_IPV4, L_TCP, L_UDP
+from lowlevel.hll import estimate, hash64, registers_of
 from queries.parser import parse
 from queries.planner import plan_file
-from queries.reference import evaluate_file
-from queries.samples import NS, random_batch
-from queries.sketch import estimate, hash64, registers_of
+from tests.oracles.reference import evaluate_file
+from tests.oracles.samples import NS, random_batch
 
 LIBRARY = Path(__file__).resolve().parents[2] / "queries" / "library"
 

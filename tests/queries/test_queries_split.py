@@ -4,7 +4,7 @@ A plain-numpy stand-in for the two stages follows the plan only: the "low level"
 LowLevelPlan (WHERE, pane id, keys, sub-aggregates) and cuts every (pane, group) into several
 partial rows at random, like hash-table evictions; the "high level" combines partials with the
 super-aggregates, assembles panes into windows (Paned-WID), finalises, applies HAVING and
-computes the outputs. Whatever the cut, the result must equal `queries.reference` (SEMANTICS.md
+computes the outputs. Whatever the cut, the result must equal `tests.oracles.reference` (SEMANTICS.md
 section 4: results never depend on how many partial rows the low level produced).
 """
 
@@ -15,14 +15,19 @@ import pandas as pd
 import pytest
 
 from capture.schema import protocol_mask
-from queries import expressions as E
+from lowlevel.evaluate import (
+    evaluate,
+    evaluate_columns,
+    evaluate_predicate,
+    pane_ids,
+    truthy,
+)
+from lowlevel.hll import registers_of
 from queries.parser import parse
 from queries.plan import HighLevelPlan, LowLevelPlan
 from queries.planner import plan_file
-from queries.reference import evaluate_file, group_codes
-from queries.samples import random_batch
-from queries.sketch import registers_of
-from queries.vectorized import evaluate, evaluate_columns, evaluate_predicate, pane_ids, truthy
+from tests.oracles.reference import evaluate_file, group_codes
+from tests.oracles.samples import random_batch
 
 _UFUNC = {"sum": np.add, "min": np.minimum, "max": np.maximum, "and": np.bitwise_and,
           "or": np.bitwise_or, "xor": np.bitwise_xor}

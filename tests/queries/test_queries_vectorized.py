@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lowlevel.evaluate import evaluate, evaluate_columns
 from queries import expressions as E
-from queries.samples import random_batch
-from queries.vectorized import evaluate, evaluate_columns
+from tests.oracles.samples import random_batch
 
 M64 = 1 << 64
 

@@ -9,8 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tools.bench_disorder import Workload, format_report, plot_report, run_workload
-from tools.disorder import WindowGrid, exact_windows, slack_windows
+from tools.experiments.disorder import (
+    Workload,
+    format_report,
+    plot_report,
+    run_workload,
+)
+from tools.experiments.windowgrid import WindowGrid, exact_windows, slack_windows
 
 
 def simulate(ts, values, grid: WindowGrid, slack: int, mode: str):

@@ -1,4 +1,4 @@
-"""The traffic generator (`oopscope gen`, tools.traffic, tools.pcapwrite) checked against tshark, dpkt and scapy."""
+"""The traffic generator (`oopscope gen`, tools.gen.traffic, tools.gen.pcapwrite) checked against tshark, dpkt and scapy."""
 
 from __future__ import annotations
 
@@ -15,7 +15,16 @@ from click.testing import CliRunner
 
 from tests.conftest import require_tool
 from tools.cli import cli
-from tools.traffic import NS, TrafficConfig, build_frames, flow_table, generate, link_packets, manifest_path, write_pcap
+from tools.gen.traffic import (
+    NS,
+    TrafficConfig,
+    build_frames,
+    flow_table,
+    generate,
+    link_packets,
+    manifest_path,
+    write_pcap,
+)
 
 #: small chunks, so the per-flow state and the disorder carry cross chunk boundaries
 CHUNK = 1000

@@ -17,7 +17,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from tests.conftest import PCAPS, require_tool
+from tests.conftest import require_tool
 from tools.netflow.exporter import Exporter, make_encoder
 from tools.netflow.records import address_text, from_table
 
@@ -60,7 +60,7 @@ def _query_flows(path: Path) -> pa.Table | None:
     """The shipped `netflow` query's rows by the reference evaluator (None if it has none)."""
     from capture.reader import read_all
     from queries.planner import plan_text
-    from queries.reference import evaluate_file
+    from tests.oracles.reference import evaluate_file
 
     text = (Path(__file__).resolve().parents[2] / "queries/library/netflow.gsql").read_text()
     plan = plan_text(text, ["main"])

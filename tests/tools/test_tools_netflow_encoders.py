@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tools.errors import NetflowInputError, NetflowTargetError
-from tools.netflow.exporter import Exporter, make_encoder
+from tools.netflow.exporter import make_encoder
 from tools.netflow.records import from_table
 from tools.netflow.sender import UdpSender, parse_target
 from tools.netflow.sink import NetflowSink

@@ -8,7 +8,13 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tools.params import COUNT, DURATION, format_duration, parse_count, parse_duration
+from tools.commands.params import (
+    COUNT,
+    DURATION,
+    format_duration,
+    parse_count,
+    parse_duration,
+)
 
 NS = 1_000_000_000
 

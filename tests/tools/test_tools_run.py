@@ -27,7 +27,7 @@ def spark_session():
 @pytest.fixture(scope="session")
 def capture(tmp_path_factory) -> Path:
     """One generated link: 120k packets over 4 minutes, IPv4 and IPv6, TCP/UDP (DNS)/ICMP."""
-    from tools.traffic import TrafficConfig, generate
+    from tools.gen.traffic import TrafficConfig, generate
 
     out = tmp_path_factory.mktemp("run") / "main.pcap"
     cfg = TrafficConfig(packets=120_000, duration_ns=240 * NS, groups=3_000, flows=6_000,
@@ -38,7 +38,7 @@ def capture(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def two_links(tmp_path_factory) -> dict[str, Path]:
     """Two links of the same flows, link 1 lagging link 0 by 20 s (the Q8-2 arrival skew)."""
-    from tools.traffic import TrafficConfig, generate
+    from tools.gen.traffic import TrafficConfig, generate
 
     out = tmp_path_factory.mktemp("run2") / "q82.pcap"
     cfg = TrafficConfig(packets=50_000, duration_ns=150 * NS, groups=1_500, links=2,
@@ -57,7 +57,7 @@ def batches(capture):
 def reference(query: str, batches: dict, params: dict | None = None) -> dict[str, pd.DataFrame]:
     from queries.explain import find_query_file
     from queries.planner import plan_text
-    from queries.reference import evaluate_file
+    from tests.oracles.reference import evaluate_file
 
     path = find_query_file(query)
     plan = plan_text(path.read_text(), list(batches), params, path=str(path))
@@ -165,7 +165,7 @@ def test_query_file_with_avg_and_tiny_table(capture, batches, spark_session, tmp
                                             capsys):
     """A query file by path; AVG = SUM/COUNT combined over many evicted partial rows."""
     from queries.planner import plan_text
-    from queries.reference import evaluate_file
+    from tests.oracles.reference import evaluate_file
 
     gsql = tmp_path / "avg.gsql"
     gsql.write_text(AVG_QUERY)
@@ -257,7 +257,8 @@ def test_q8_2_two_links_with_skew(settings, two_links, spark_session, tmp_path, 
 def test_punctuation_period_changes_nothing(capture, batches, spark_session, tmp_path):
     """SEMANTICS 1: punctuation every 10 ms of data (small batches) or only at the end give
     the same rows; the library entry point returns the result tables."""
-    from tools.pipeline import RunConfig, run_offline
+    from tools.run.config import RunConfig
+    from tools.run.runner import run as run_offline
 
     tables = []
     counts = []
@@ -280,8 +281,9 @@ def test_late_packets_are_dropped_and_counted(spark_session, tmp_path):
     """Band disorder: packets behind the punctuation are late; every one is counted, so the
     output counts plus the late packets equal the reference counts (SEMANTICS 8, drop)."""
     from capture.reader import read_all
-    from tools.pipeline import RunConfig, run_offline
-    from tools.traffic import TrafficConfig, generate
+    from tools.gen.traffic import TrafficConfig, generate
+    from tools.run.config import RunConfig
+    from tools.run.runner import run as run_offline
 
     cfg = TrafficConfig(packets=40_000, duration_ns=150 * NS, groups=500, tcp=1.0, udp=0.0,
                         icmp=0.0, disorder="band", max_delay_ns=3 * NS, disorder_share=0.3,

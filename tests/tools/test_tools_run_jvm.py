@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def small_capture(tmp_path_factory) -> Path:
-    from tools.traffic import TrafficConfig, generate
+    from tools.gen.traffic import TrafficConfig, generate
 
     out = tmp_path_factory.mktemp("jvm") / "main.pcap"
     cfg = TrafficConfig(packets=5_000, duration_ns=130 * NS, groups=50, seed=3)

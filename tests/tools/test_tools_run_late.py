@@ -60,7 +60,7 @@ def run_query(late_links, late: str, tmp_path, capsys):
 def reference(gsql, late_links) -> pd.DataFrame:
     from capture.reader import read_all
     from queries.planner import plan_text
-    from queries.reference import evaluate_file
+    from tests.oracles.reference import evaluate_file
 
     batches = {n: read_all(late_links[n], n) for n in ("a", "b")}
     plan = plan_text(gsql.read_text(), ["a", "b"])

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from tests.conftest import REPO, require_tool
-from tools.vethpair import VethPair, can_make_pairs
+from tools.gen.veth import VethPair, can_make_pairs
 
 pytestmark = pytest.mark.needs_root
 
@@ -38,7 +38,7 @@ def pair():
 
 def _traffic(path: Path) -> Counter:
     """A pcap of UDP frames on 4 known flows; returns packets and bytes per flow."""
-    from scapy.all import UDP, Ether, IP, Raw, wrpcap
+    from scapy.all import IP, UDP, Ether, Raw, wrpcap
 
     frames, expect = [], Counter()
     for i in range(240):

@@ -15,7 +15,7 @@ NS = 1_000_000_000
 @pytest.fixture(scope="session")
 def overlap_capture(tmp_path_factory) -> Path:
     """Short bursty flows over 6 minutes (several one-minute buckets to close on the way)."""
-    from tools.traffic import TrafficConfig, generate
+    from tools.gen.traffic import TrafficConfig, generate
 
     out = tmp_path_factory.mktemp("overlap") / "main.pcap"
     cfg = TrafficConfig(packets=60_000, duration_ns=360 * NS, groups=1_000, flows=6_000,
@@ -25,7 +25,8 @@ def overlap_capture(tmp_path_factory) -> Path:
 
 
 def _run(capture: Path, out: Path):
-    from tools.pipeline import RunConfig, run
+    from tools.run.config import RunConfig
+    from tools.run.runner import run
 
     return run(RunConfig("netflow", links=(("main", str(capture)),),
                          outputs=(("netflow", str(out)),), batch_size=2048))
@@ -35,7 +36,8 @@ def test_overlapped_stage_gives_the_rows_of_one_final_stage(overlap_capture, tmp
                                                             monkeypatch, caplog):
     import logging
 
-    import tools.pipeline as pipeline
+    import tools.run.runner as pipeline
+    import tools.run.threads as threads
     from highlevel.session import get_session
 
     get_session()
@@ -45,7 +47,7 @@ def test_overlapped_stage_gives_the_rows_of_one_final_stage(overlap_capture, tmp
     # force the overlap: any input size, and the low level waits until the stages run
     # continuously, then reads slowly enough for micro-batches to close windows meanwhile
     decided = threading.Event()
-    original_run = pipeline._Overlap.run
+    original_run = threads.OverlappedStages.run
     seen = {}
 
     def run_and_tell(self):
@@ -68,8 +70,8 @@ def test_overlapped_stage_gives_the_rows_of_one_final_stage(overlap_capture, tmp
             f.process = slow
         return real_drive(config, sources, feeds, stop, info)
 
-    monkeypatch.setattr(pipeline._Overlap, "MIN_BYTES", 0)
-    monkeypatch.setattr(pipeline._Overlap, "run", run_and_tell)
+    monkeypatch.setattr(threads.OverlappedStages, "MIN_BYTES", 0)
+    monkeypatch.setattr(threads.OverlappedStages, "run", run_and_tell)
     monkeypatch.setattr(pipeline, "_drive", drive_after_start)
     caplog.set_level(logging.INFO, logger="highlevel.stage")
     overlapped = _run(overlap_capture, tmp_path / "overlap.csv")

@@ -42,7 +42,7 @@ def spark_session():
 @pytest.fixture(scope="session")
 def lull(tmp_path_factory):
     """Two links over 60 s: `busy` all along, `quiet` silent for 40 s of it."""
-    from tools.traffic import TrafficConfig, generate
+    from tools.gen.traffic import TrafficConfig, generate
 
     root = tmp_path_factory.mktemp("lull")
     cfg = TrafficConfig(packets=20_000, duration_ns=60 * NS, groups=500, links=2,
@@ -57,7 +57,7 @@ def lull(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def one_link(tmp_path_factory):
-    from tools.traffic import TrafficConfig, generate
+    from tools.gen.traffic import TrafficConfig, generate
 
     root = tmp_path_factory.mktemp("one")
     cfg = TrafficConfig(packets=30_000, duration_ns=120 * NS, groups=800, seed=22)
@@ -69,7 +69,7 @@ def one_link(tmp_path_factory):
 
 def _reference(query: Path, batches: dict):
     from queries.planner import plan_text
-    from queries.reference import evaluate_file
+    from tests.oracles.reference import evaluate_file
 
     plan = plan_text(query.read_text(), list(batches), {}, path=str(query))
     return plan, evaluate_file(plan, batches, {})
@@ -95,7 +95,8 @@ def test_paced_run_closes_windows_during_a_lull(lull, spark_session, tmp_path):
     """The quiet link's lull does not hold the busy link's windows back (timer punctuation:
     clock - slack), and its packets after the lull are still counted."""
     from capture.reader import read_all
-    from tools.pipeline import RunConfig, run
+    from tools.run.config import RunConfig
+    from tools.run.runner import run
 
     speed = 1.5
     out = tmp_path / "per5s.csv"
@@ -131,7 +132,8 @@ def test_paced_run_closes_windows_during_a_lull(lull, spark_session, tmp_path):
 
 def test_duration_stops_the_replay_at_that_capture_time(one_link, spark_session, tmp_path):
     from capture.reader import read_all
-    from tools.pipeline import RunConfig, run
+    from tools.run.config import RunConfig
+    from tools.run.runner import run
 
     out = tmp_path / "per5s.csv"
     summary = run(RunConfig(str(one_link["query"]), links=(("main", str(one_link["pcap"])),),

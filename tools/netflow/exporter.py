@@ -12,12 +12,19 @@ from __future__ import annotations
 
 import logging
 
-from .clock import DEFAULT_BOOT_LEAD_MS, ExportClock
-from .ipfix import IpfixEncoder
-from .records import FlowRecords, from_table
-from .sender import DEFAULT_PACE, DEFAULT_PORT, PcapWriter, UdpSender, max_payload, parse_target
-from .v5 import V5Encoder
-from .v9 import V9Encoder
+from tools.netflow.clock import DEFAULT_BOOT_LEAD_MS, ExportClock
+from tools.netflow.ipfix import IpfixEncoder
+from tools.netflow.records import FlowRecords, from_table
+from tools.netflow.sender import (
+    DEFAULT_PACE,
+    DEFAULT_PORT,
+    PcapWriter,
+    UdpSender,
+    max_payload,
+    parse_target,
+)
+from tools.netflow.v5 import V5Encoder
+from tools.netflow.v9 import V9Encoder
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,14 @@ import struct
 
 import numpy as np
 
-from .templates import TEMPLATE_OPTIONS, TEMPLATE_V4, TEMPLATE_V6, TemplateEncoder, set_bytes, template_body
+from tools.netflow.templates import (
+    TEMPLATE_OPTIONS,
+    TEMPLATE_V4,
+    TEMPLATE_V6,
+    TemplateEncoder,
+    set_bytes,
+    template_body,
+)
 
 HEADER = struct.Struct(">HHIII")
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 import logging
 
 from highlevel.sinks import Sink
-
-from .exporter import Exporter
+from tools.netflow.exporter import Exporter
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .clock import ExportClock
-from .records import FlowRecords
+from tools.netflow.clock import ExportClock
+from tools.netflow.records import FlowRecords
 
 TEMPLATE_V4, TEMPLATE_V6, TEMPLATE_OPTIONS = 256, 257, 258
 _NUMPY = {1: "u1", 2: ">u2", 4: ">u4", 8: ">u8"}

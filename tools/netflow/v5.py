@@ -20,8 +20,8 @@ import struct
 
 import numpy as np
 
-from .clock import ExportClock
-from .records import FlowRecords
+from tools.netflow.clock import ExportClock
+from tools.netflow.records import FlowRecords
 
 U32_MAX = 0xFFFF_FFFF
 HEADER = struct.Struct(">HHIIIIBBH")

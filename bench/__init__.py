@@ -1,0 +1,1 @@
+"""Benchmark scripts (not installed): run as `python -m bench.NAME`."""

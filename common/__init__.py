@@ -1,0 +1,1 @@
+"""Facts every level shares: errors, Numba options, time units, settings, the spool contract."""

@@ -1,0 +1,87 @@
+"""Every OOPSCOPE_* environment switch, read in this one place.
+
+Each is read when it is asked for (not at import), so a test or a long-running process sees
+the environment as it is then. A switch that is off reads as "0", "false", "no" or "" (any
+case); an unusable value is logged once and its default used.
+
+| variable | default | what it does |
+|---|---|---|
+| OOPSCOPE_SPARK_MASTER | local[*] | the Spark master when `--master` is not given |
+| OOPSCOPE_SPARK_CDS | on | the driver JVM maps a class-data sharing archive of Spark's classes |
+| OOPSCOPE_SPARK_QUICK_JVM | on | a full-speed replay's local driver JVM runs C1 only, serial GC |
+| OOPSCOPE_SPARK_LAUNCH_CACHE | on | the driver JVM is launched with the remembered java command |
+| OOPSCOPE_JVM_NICE | 0 | niceness of the driver JVM in a full-speed replay (0-19) |
+| OOPSCOPE_BACKGROUND_NICE | 10 | niceness of the stages' batch thread while the low level reads |
+| OOPSCOPE_SPECIALIZE | on | per-query flow-table kernels with their updates written out |
+| OOPSCOPE_DRIVER_ROWS | on | flow-record batches close on the driver, without a Spark job |
+| XDG_CACHE_HOME | ~/.cache | the private cache folder is `$XDG_CACHE_HOME/oopscope` |
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_OFF = ("0", "false", "no", "off", "")
+_warned: set[str] = set()
+
+
+def _flag(name: str, default: bool = True) -> bool:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    return text.strip().lower() not in _OFF
+
+
+def _niceness(name: str, default: int) -> int:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return max(0, min(19, int(text)))
+    except ValueError:
+        if name not in _warned:
+            _warned.add(name)
+            log.warning("%s=%r is not a niceness (0-19); %d is used", name, text, default)
+        return default
+
+
+def spark_master() -> str | None:
+    """The Spark master a run uses when none is given (None: `local[*]`)."""
+    return os.environ.get("OOPSCOPE_SPARK_MASTER") or None
+
+
+def spark_cds() -> bool:
+    return _flag("OOPSCOPE_SPARK_CDS")
+
+
+def spark_quick_jvm() -> bool:
+    return _flag("OOPSCOPE_SPARK_QUICK_JVM")
+
+
+def spark_launch_cache() -> bool:
+    return _flag("OOPSCOPE_SPARK_LAUNCH_CACHE")
+
+
+def jvm_nice() -> int:
+    return _niceness("OOPSCOPE_JVM_NICE", 0)
+
+
+def background_nice() -> int:
+    return _niceness("OOPSCOPE_BACKGROUND_NICE", 10)
+
+
+def specialize() -> bool:
+    return _flag("OOPSCOPE_SPECIALIZE")
+
+
+def driver_rows() -> bool:
+    return _flag("OOPSCOPE_DRIVER_ROWS")
+
+
+def cache_dir() -> Path:
+    """The private cache folder (launch cache, class-data archive)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "oopscope"

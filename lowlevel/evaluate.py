@@ -1,0 +1,404 @@
+"""Vectorised evaluation of GSQL expressions over a packet batch or a dict of result columns.
+
+`evaluate(expr, batch, params=None)` returns one numpy array per expression (length = rows of
+the batch): uint64 for unsigned types (uint, ullong, ipv4 as 32-bit values, mac), int64 for
+signed, float64, bool, an object array of str for strings, and for `ip` a tuple (hi, lo) of
+uint64 arrays. No Python runs per row except in `ip_str` (display only, high level).
+Semantics are those of `queries.types` (integer division truncates toward zero, a zero divisor
+gives 0, 64-bit wrapping arithmetic). `evaluate_columns` does the same over named columns
+(a dict or a pandas DataFrame; an `ip` column may be a (hi, lo) tuple or an object array of
+128-bit Python ints), for the high level's finalisation, HAVING and outputs.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from capture.schema import PROTOCOLS
+from lowlevel.hll import estimate
+from queries import expressions as E
+from queries.errors import QueryError
+
+U64 = np.uint64
+I64 = np.int64
+MAPPED = U64(0x0000_FFFF_0000_0000)
+LOW32 = U64(0xFFFF_FFFF)
+ALL64 = U64(0xFFFF_FFFF_FFFF_FFFF)
+
+Value = Any   # np.ndarray or (hi, lo)
+
+
+def _fields_by_name() -> dict:
+    out = {}
+    for proto in ("PACKET", "IP", "TCP", "UDP", "ICMP"):
+        for f in PROTOCOLS[proto].fields:
+            out[f.name] = f
+    return out
+
+
+#: unresolved Columns over a packet batch: the widest meaning (srcIP is the 128-bit address)
+_FIELDS = _fields_by_name()
+
+
+def batch_field(batch, name: str, type_: str, columns: tuple | None) -> Value:
+    """A packet field as its evaluated value (see the module docstring)."""
+    n = batch.n
+    if name == "link":
+        return np.full(n, batch.link, dtype=object)
+    if name in ("time", "timestamp_ms"):
+        v = batch[name]
+        return v.astype(U64) if name == "time" else v.astype(I64)
+    if type_ == "ip":
+        hi, lo = columns
+        return (batch[hi].astype(U64, copy=False), batch[lo].astype(U64, copy=False))
+    col = columns[0] if columns else name
+    raw = batch[col]
+    if type_ == "ipv4":
+        return raw.astype(U64) & LOW32
+    if type_ == "bool":
+        return raw != 0
+    if type_ in ("int", "llong"):
+        return raw.astype(I64, copy=False)
+    if type_ == "float":
+        return raw.astype(np.float64, copy=False)
+    return raw.astype(U64, copy=False)
+
+
+def evaluate(expr: E.Expr, batch, params: Mapping[str, Any] | None = None) -> Value:
+    """Evaluate `expr` over every packet of `batch` (a capture.batch.PacketBatch)."""
+
+    def lookup(node):
+        if isinstance(node, E.Field):
+            return batch_field(batch, node.name, node.type, node.columns)
+        f = _FIELDS.get(node.name)
+        if f is None or node.table is not None:
+            raise QueryError.at(node, f"unknown packet field {node.name!r}")
+        return batch_field(batch, f.name, f.type, f.columns)
+
+    return Evaluator(lookup, batch.n, params).ev(expr)
+
+
+def evaluate_predicate(expr: E.Expr | None, batch, params: Mapping[str, Any] | None = None) -> np.ndarray:
+    """WHERE over a batch as a bool mask (a number counts as true when non-zero; None: all)."""
+    if expr is None:
+        return np.ones(batch.n, bool)
+    return truthy(evaluate(expr, batch, params))
+
+
+def pane_ids(window, batch) -> np.ndarray:
+    """The pane id of every packet for a `plan.WindowPlan` over packets:
+    `(timestamp + offset_ns) // pane_ns` (int64, floor division)."""
+    ts = batch["timestamp"].astype(I64, copy=False)
+    return np.floor_divide(ts + np.int64(window.offset_ns), np.int64(window.pane_ns))
+
+
+def frame_value(col) -> Value:
+    """A result column as an evaluated value (ip object columns become (hi, lo))."""
+    if isinstance(col, tuple):
+        return col
+    arr = np.asarray(getattr(col, "to_numpy", lambda: col)())
+    if arr.dtype == object and len(arr) and isinstance(arr[0], (int, np.integer)) \
+            and not isinstance(arr[0], bool):
+        ints = [int(v) for v in arr]
+        return (np.array([v >> 64 for v in ints], U64), np.array([v & 0xFFFF_FFFF_FFFF_FFFF for v in ints], U64))
+    return arr
+
+
+def evaluate_columns(expr: E.Expr, columns: Mapping[str, Any], n: int | None = None,
+                     params: Mapping[str, Any] | None = None) -> Value:
+    """Evaluate `expr` over named result columns; a Field/Column `t.x` reads `t.x`, else `x`."""
+    if n is None:
+        n = _rows(columns)
+
+    def lookup(node):
+        key = f"{node.table}.{node.name}" if node.table else node.name
+        if key not in columns:
+            raise QueryError.at(node, f"no column {key!r} among {', '.join(map(str, columns))}")
+        return frame_value(columns[key])
+
+    return Evaluator(lookup, n, params).ev(expr)
+
+
+def _rows(columns) -> int:
+    if hasattr(columns, "columns") and hasattr(columns, "index"):
+        return len(columns)
+    for v in columns.values():
+        return len(v[0]) if isinstance(v, tuple) else len(v)
+    return 0
+
+
+# --- the evaluator ------------------------------------------------------------------------------
+
+def truthy(v: Value) -> np.ndarray:
+    if isinstance(v, tuple):
+        return (v[0] != 0) | (v[1] != 0)
+    if v.dtype == np.bool_:
+        return v
+    return v != 0
+
+
+def _num(v: np.ndarray) -> np.ndarray:
+    return v.astype(U64) if v.dtype == np.bool_ else v
+
+
+def _promote_ip(v: Value) -> tuple:
+    if isinstance(v, tuple):
+        return v
+    return (np.zeros(len(v), U64), MAPPED | (np.asarray(v, U64) & LOW32))
+
+
+def _compare_arrays(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    fn = {"=": np.equal, "<>": np.not_equal, "<": np.less, ">": np.greater,
+          "<=": np.less_equal, ">=": np.greater_equal}[op]
+    return np.asarray(fn(a, b), dtype=bool)
+
+
+_FLIP = {"=": "=", "<>": "<>", "<": ">", ">": "<", "<=": ">=", ">=": "<="}
+#: result of `unsigned op negative signed` (the unsigned side is always larger)
+_UNSIGNED_VS_NEGATIVE = {"=": False, "<>": True, "<": False, ">": True, "<=": False, ">=": True}
+
+
+def compare(op: str, a: Value, b: Value) -> np.ndarray:
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        (ah, al), (bh, bl) = _promote_ip(a), _promote_ip(b)
+        eq = (ah == bh) & (al == bl)
+        if op == "=":
+            return eq
+        if op == "<>":
+            return ~eq
+        lt = (ah < bh) | ((ah == bh) & (al < bl))
+        return {"<": lt, "<=": lt | eq, ">": ~(lt | eq), ">=": ~lt}[op]
+    if a.dtype == object or b.dtype == object:
+        return _compare_arrays(op, a, b)
+    a, b = _num(a), _num(b)
+    if a.dtype == U64 and b.dtype == I64:
+        res = _compare_arrays(op, a, b.astype(U64, copy=False))
+        return np.where(b < 0, _UNSIGNED_VS_NEGATIVE[op], res)
+    if a.dtype == I64 and b.dtype == U64:
+        return compare(_FLIP[op], b, a)
+    return _compare_arrays(op, a, b)
+
+
+def _arith_dtype(op: str, a: np.ndarray, b: np.ndarray):
+    if a.dtype == np.float64 or b.dtype == np.float64:
+        return np.float64
+    if op == "-" or a.dtype == I64 or b.dtype == I64:
+        return I64
+    return U64
+
+
+def _divide(a: np.ndarray, b: np.ndarray, dt) -> np.ndarray:
+    zero = b == 0
+    safe = np.where(zero, dt(1), b).astype(dt)
+    if dt is np.float64:
+        q = a / safe
+    elif dt is U64:
+        q = a // safe
+    else:
+        q = a // safe
+        # floor -> truncation toward zero (C): step back up when signs differ and inexact
+        q = q + ((np.fmod(a, safe) != 0) & ((a < 0) != (safe < 0)))
+    return np.where(zero, dt(0), q).astype(dt)
+
+
+def _modulo(a: np.ndarray, b: np.ndarray, dt) -> np.ndarray:
+    zero = b == 0
+    safe = np.where(zero, dt(1), b).astype(dt)
+    r = np.fmod(a, safe)
+    return np.where(zero, dt(0), r).astype(dt)
+
+
+def _shift(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = _num(a)
+    dt = a.dtype.type
+    b = _num(b)
+    if b.dtype == I64:
+        valid = (b >= 0) & (b < 64)
+    else:
+        valid = b < U64(64)
+    count = np.where(valid, b, 0).astype(dt)
+    if op == "<<":
+        res = np.left_shift(a, count)
+        fill = np.zeros_like(a)
+    else:
+        res = np.right_shift(a, count)
+        fill = np.where(a < 0, dt(-1), dt(0)) if dt is I64 else np.zeros_like(a)
+    return np.where(valid, res, fill).astype(dt)
+
+
+def binary(op: str, a: Value, b: Value) -> Value:
+    if op == "AND":
+        return truthy(a) & truthy(b)
+    if op == "OR":
+        return truthy(a) | truthy(b)
+    if op in _FLIP:
+        return compare(op, a, b)
+    if op in ("<<", ">>"):
+        return _shift(op, a, b)
+    a, b = _num(a), _num(b)
+    if op in ("&", "|", "^"):
+        dt = I64 if (a.dtype == I64 or b.dtype == I64) else U64
+        fn = {"&": np.bitwise_and, "|": np.bitwise_or, "^": np.bitwise_xor}[op]
+        return fn(a.astype(dt, copy=False), b.astype(dt, copy=False))
+    dt = _arith_dtype(op, a, b)
+    a, b = a.astype(dt, copy=False), b.astype(dt, copy=False)
+    with np.errstate(all="ignore"):
+        if op == "+":
+            return a + b
+        if op == "-":
+            return a - b
+        if op == "*":
+            return a * b
+        if op == "/":
+            return _divide(a, b, dt)
+        if op == "%":
+            return _modulo(a, b, dt)
+    raise ValueError(f"unknown operator {op}")
+
+
+def _mask_bits(k: np.ndarray, width: int) -> np.ndarray:
+    """Per row, a uint64 with the top `k` of `width` (<= 64) low bits set."""
+    k = np.clip(np.asarray(k).astype(I64), 0, width)
+    full = ALL64 if width == 64 else U64((1 << width) - 1)
+    shift = np.where(k == 0, 0, width - k).astype(U64)
+    return np.where(k == 0, U64(0), (full << shift) & full).astype(U64)
+
+
+def prefix(addr: Value, n: Value) -> Value:
+    if not isinstance(addr, tuple):
+        return np.asarray(addr, U64) & _mask_bits(n, 32)
+    hi, lo = addr
+    n = np.asarray(n).astype(I64)
+    mapped = (hi == 0) & ((lo >> U64(32)) == U64(0xFFFF))
+    v4 = (lo & ~LOW32) | (lo & _mask_bits(np.minimum(n, 32), 32))
+    hi6 = hi & _mask_bits(np.minimum(n, 64), 64)
+    lo6 = lo & _mask_bits(np.maximum(n - 64, 0), 64)
+    return (np.where(mapped, hi, hi6), np.where(mapped, v4, lo6))
+
+
+def ip_strings(addr: Value) -> np.ndarray:
+    """Addresses as text (Python per row: display only)."""
+    if not isinstance(addr, tuple):
+        return np.array([str(ipaddress.IPv4Address(int(v) & 0xFFFFFFFF)) for v in addr],
+                        dtype=object)
+    out = []
+    for h, l in zip(addr[0].tolist(), addr[1].tolist()):
+        if h == 0 and (l >> 32) == 0xFFFF:
+            out.append(str(ipaddress.IPv4Address(l & 0xFFFFFFFF)))
+        else:
+            out.append(str(ipaddress.IPv6Address((h << 64) | l)))
+    return np.array(out, dtype=object)
+
+
+def cast(name: str, v: Value) -> np.ndarray:
+    v = _num(v)
+    with np.errstate(all="ignore"):
+        if name in ("uint", "ullong"):
+            if v.dtype == np.float64:
+                v = np.nan_to_num(np.trunc(v)).astype(I64)
+            return v.astype(U64)
+        if name in ("llong", "int"):
+            if v.dtype == np.float64:
+                v = np.nan_to_num(np.trunc(v))
+            return v.astype(I64)
+        return v.astype(np.float64)
+
+
+def if_else(c: Value, a: Value, b: Value) -> Value:
+    cond = truthy(c)
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        (ah, al), (bh, bl) = _promote_ip(a), _promote_ip(b)
+        return (np.where(cond, ah, bh), np.where(cond, al, bl))
+    if a.dtype == object or b.dtype == object:
+        return np.where(cond, a, b)
+    a, b = _num(a), _num(b)
+    if a.dtype == b.dtype:
+        return np.where(cond, a, b)
+    dt = _arith_dtype("+", a, b)
+    return np.where(cond, a.astype(dt, copy=False), b.astype(dt, copy=False))
+
+
+class Evaluator:
+    """Evaluates an expression tree bottom-up; `lookup` gives a Field/Column's value."""
+
+    def __init__(self, lookup: Callable, n: int, params: Mapping[str, Any] | None = None):
+        self.lookup = lookup
+        self.n = n
+        self.params = params or {}
+
+    def constant(self, value, kind: str) -> Value:
+        """A literal as n rows: a read-only view of one value (no n-row temporary; numpy
+        reads it with stride 0)."""
+        n = self.n
+
+        def rows(v, dtype):
+            return np.broadcast_to(np.asarray(v, dtype), (n,))
+
+        if kind == "ipv6":
+            return (rows(value >> 64, U64), rows(value & 0xFFFF_FFFF_FFFF_FFFF, U64))
+        if kind == "ip":
+            return rows(value, U64)
+        if kind == "bool" or isinstance(value, (bool, np.bool_)):
+            return rows(bool(value), bool)
+        if kind == "string" or isinstance(value, str):
+            return np.full(n, value, dtype=object)
+        if isinstance(value, float) or kind == "float":
+            return rows(value, np.float64)
+        value = int(value)
+        return rows(value, U64 if value >= 0 else I64)
+
+    def ev(self, node: E.Node) -> Value:
+        if isinstance(node, (E.Field, E.Column)):
+            return self.lookup(node)
+        if isinstance(node, E.Literal):
+            return self.constant(node.value, node.kind)
+        if isinstance(node, E.Param):
+            if node.name not in self.params:
+                raise QueryError.at(node, f"parameter ${node.name} has no value (give "
+                                    f"--param {node.name}=...)")
+            return self.constant(self.params[node.name], "")
+        if isinstance(node, E.Unary):
+            v = self.ev(node.this)
+            if node.op == "NOT":
+                return ~truthy(v)
+            v = _num(v)
+            if node.op == "-":
+                with np.errstate(all="ignore"):
+                    return -v if v.dtype == np.float64 else -(v.astype(I64))
+            return ~v
+        if isinstance(node, E.Binary):
+            return binary(node.op, self.ev(node.left), self.ev(node.right))
+        if isinstance(node, E.In):
+            this = self.ev(node.this)
+            out = np.zeros(self.n, bool)
+            for item in node.items:
+                out |= compare("=", this, self.ev(item))
+            return out
+        if isinstance(node, E.Func):
+            args = node.args["args"]
+            if node.name == "prefix" and isinstance(args[1], E.Literal):
+                # a constant length: one mask for the whole batch
+                return prefix(self.ev(args[0]), int(args[1].value))
+            return self.func(node.name, [self.ev(a) for a in args])
+        if isinstance(node, E.Aggregate):
+            raise QueryError.at(node, "an aggregate cannot be evaluated per row")
+        raise QueryError.at(node, f"cannot evaluate {type(node).__name__}")
+
+    def func(self, name: str, args: list[Value]) -> Value:
+        if name == "prefix":
+            return prefix(args[0], args[1])
+        if name in ("uint", "ullong", "llong", "int", "float"):
+            return cast(name, args[0])
+        if name == "if_else":
+            return if_else(*args)
+        if name == "ip_str":
+            return ip_strings(args[0])
+        if name == "hll_estimate":
+            regs = args[0]
+            if isinstance(regs, np.ndarray) and regs.dtype == object:
+                regs = np.stack(list(regs)) if len(regs) else np.zeros((0, 64), np.uint8)
+            return estimate(regs) if len(regs) else np.zeros(0, U64)
+        raise ValueError(f"unknown function {name}")

@@ -1,0 +1,520 @@
+"""The reference evaluator: exact query results over whole packet batches, the oracle for every split.
+
+Deliberately simple and independent of the low/high split: no hash table, no panes, no
+punctuation. It works from the analysed query (the expressions as written, resolved), groups
+whole inputs at once (pandas factorisation + numpy reductions), expands sliding windows by the
+definition of SEMANTICS.md section 2 (`wids(x) = {w : floor(x/s) <= w < floor((x+r)/s)}`),
+joins by key equality then the band / temporal condition, and reads earlier queries' results
+for query-on-query. Every tuple counts (no late data: it sees the whole input).
+
+Flow queries (DEFINE idle_timeout / flow_end) follow the flow semantics of README "Flow
+queries" with a plain loop over each link's packets in arrival order (`flow_assignment`): each
+packet gets a flow number (a hidden group key) and each flow its end reason.
+
+`evaluate_file(file_plan_or_tree, batches, params=None)` -> {query name: pandas.DataFrame}, the
+columns as the SELECT says; `ip` columns hold 128-bit Python ints (IPv4-mapped for IPv4),
+`ipv4` columns 32-bit values, join columns of a missing outer side hold None (a query reading
+the join sees them as 0: GSQL has no NULL arithmetic).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from capture.batch import PacketBatch
+from capture.schema import L_TCP, protocol_mask
+from common.errors import LinkError
+from lowlevel.evaluate import evaluate, evaluate_columns, truthy
+from lowlevel.hll import estimate, registers_of
+from queries import expressions as E
+from queries.analysis import AnalysedQuery
+from queries.inference import unit_ns
+from queries.plan import FilePlan, QueryPlan
+from queries.planner import param_literal, plan_file
+
+_REDUCE = {"SUM": np.add, "MIN": np.minimum, "MAX": np.maximum, "AND_AGGR": np.bitwise_and,
+           "OR_AGGR": np.bitwise_or, "XOR_AGGR": np.bitwise_xor}
+
+
+@dataclass
+class Table:
+    """Rows as named evaluated columns (ip columns as (hi, lo) tuples)."""
+
+    columns: dict
+    n: int
+
+
+def evaluate_file(plan, batches: dict[str, PacketBatch], params: dict[str, str] | None = None,
+                  source: str | None = None) -> dict[str, pd.DataFrame]:
+    """Exact results of every query of a file (a FilePlan, or a parsed tree planned here over
+    the links of `batches`)."""
+    if not isinstance(plan, FilePlan):
+        plan = plan_file(plan, list(batches), params, source=source)
+    tables: dict[str, Table] = {}
+    out = {}
+    for qp in plan.queries:
+        table = evaluate_query(qp, batches, tables)
+        tables[qp.name] = table
+        out[qp.name] = to_frame(table, qp)
+    return out
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+def _in_windows(first, count, slide, keys: dict, args: list, times, window_end: str):
+    """Row i repeated once per window first[i] .. first[i] + count[i] - 1 (window ids in slides):
+    the keys, aggregate arguments and times of the copies, with `window_end` = (id + 1) * slide
+    among the keys, and the number of copies."""
+    idx = np.repeat(np.arange(len(first)), count)
+    wid = np.repeat(first, count) + (np.arange(len(idx)) - np.repeat(np.cumsum(count) - count, count))
+    keys = {k: _take(v, idx) for k, v in keys.items()}
+    args = [None if a is None else _take(a, idx) for a in args]
+    keys[window_end] = ((wid + 1) * slide).astype(np.int64)
+    return keys, args, times[idx], len(idx)
+
+
+def _take(v, idx):
+    return (v[0][idx], v[1][idx]) if isinstance(v, tuple) else v[idx]
+
+
+def _concat(parts: list):
+    if isinstance(parts[0], tuple):
+        return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+    return np.concatenate(parts)
+
+
+def _length(v) -> int:
+    return len(v[0]) if isinstance(v, tuple) else len(v)
+
+
+def _parts(v) -> list[np.ndarray]:
+    return list(v) if isinstance(v, tuple) else [v]
+
+
+def group_codes(keys: list, n: int) -> tuple[np.ndarray, int]:
+    """Dense group numbers of rows (0..groups-1) by the values of `keys`."""
+    if not keys:
+        return np.zeros(n, np.int64), (1 if n else 0)
+    cols = {}
+    for i, k in enumerate(keys):
+        for j, part in enumerate(_parts(k)):
+            cols[f"k{i}_{j}"] = part
+    df = pd.DataFrame(cols)
+    codes = df.groupby(list(cols), sort=True, dropna=False).ngroup().to_numpy().astype(np.int64)
+    return codes, (int(codes.max()) + 1 if n else 0)
+
+
+def _reduce(ufunc, values: np.ndarray, codes: np.ndarray, ngroups: int) -> np.ndarray:
+    if ngroups == 0:
+        return values[:0]
+    order = np.argsort(codes, kind="stable")
+    sorted_codes = codes[order]
+    starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
+    with np.errstate(over="ignore"):
+        return ufunc.reduceat(values[order], starts)
+
+
+def aggregate(name: str, arg, times: np.ndarray, codes: np.ndarray, ngroups: int):
+    """One aggregate per group (groups numbered 0..ngroups-1, each with at least one row)."""
+    if name == "COUNT":
+        return np.bincount(codes, minlength=ngroups).astype(np.uint64)
+    if name == "END_REASON":   # the reason of the row's flow, the same on every row of it
+        name = "MAX"
+    if name == "COUNT_DISTINCT":
+        return estimate(registers_of(arg, codes, ngroups))
+    v = arg.astype(np.uint64) if arg.dtype == np.bool_ and name in ("SUM", "AND_AGGR", "OR_AGGR",
+                                                                     "XOR_AGGR") else arg
+    if name == "AVG":
+        total = _reduce(np.add, v.astype(np.float64) if v.dtype == np.float64 else v, codes, ngroups)
+        count = np.bincount(codes, minlength=ngroups)
+        return total.astype(np.float64) / count
+    if name in _REDUCE:
+        return _reduce(_REDUCE[name], v, codes, ngroups)
+    # FIRST / LAST: the value of the earliest / latest row, ties by the smaller / larger value
+    if ngroups == 0:
+        return v[:0]
+    order = np.lexsort((v, times, codes))
+    sc = codes[order]
+    if name == "FIRST":
+        pick = np.flatnonzero(np.r_[True, sc[1:] != sc[:-1]])
+    else:
+        pick = np.flatnonzero(np.r_[sc[1:] != sc[:-1], True])
+    return v[order][pick]
+
+
+def _bind(expr, aq: AnalysedQuery):
+    if expr is None or not aq.param_values:
+        return expr
+    return expr.transform(lambda n: param_literal(aq.param_values[n.name], aq.params[n.name])
+                          if isinstance(n, E.Param) and n.name in aq.param_values else n)
+
+
+# --- input rows ---------------------------------------------------------------------------------
+
+class Rows:
+    """The input rows of a query: packets of some links, or an earlier query's table."""
+
+    def __init__(self, batches: list[PacketBatch] | None = None, table: Table | None = None):
+        self.batches = batches
+        self.table = table
+
+    @property
+    def n(self) -> int:
+        return sum(b.n for b in self.batches) if self.batches is not None else self.table.n
+
+    def eval(self, expr):
+        if self.batches is not None:
+            parts = [evaluate(expr, b) for b in self.batches]
+            if not parts:
+                return evaluate(expr, PacketBatch.empty("none"))
+            return _concat(parts)
+        return evaluate_columns(expr, self.table.columns, self.table.n)
+
+
+def packet_rows(qp: QueryPlan, source, batches: dict[str, PacketBatch], where) -> Rows:
+    out = []
+    links = [lp.link for lp in qp.low if lp.side in (None, source.alias)]
+    for link in links:
+        if link not in batches:
+            raise LinkError(f"query {qp.name} reads link {link!r}, which has no packets given")
+        b = batches[link]
+        mask = np.ones(b.n, bool)
+        need = protocol_mask(source.protocol)
+        if need:
+            mask &= (b["layers"] & need) != 0
+        b = b.take(mask)
+        if where is not None and b.n:
+            b = b.take(truthy(evaluate(where, b)))
+        out.append(b)
+    return Rows(batches=out)
+
+
+def without_nulls(t: Table, source) -> Table:
+    """An earlier query's table as a reader sees it: the nulls of an outer join read as 0."""
+    cols = {}
+    for name, v in t.columns.items():
+        if not isinstance(v, tuple) and v.dtype == object and any(x is None for x in v):
+            typ = source.columns[name].type
+            filled = [0 if x is None else x for x in v]
+            v = np.array(filled, dtype=object) if typ in ("ip", "string") else \
+                np.array(filled).astype(_PANDAS_DTYPE.get(typ, "int64"))
+        cols[name] = v
+    return Table(cols, t.n)
+
+
+def input_rows(qp: QueryPlan, aq: AnalysedQuery, source, batches, tables, where) -> Rows:
+    if source.kind == "link":
+        return packet_rows(qp, source, batches, where)
+    t = without_nulls(tables[source.query], source)
+    if where is not None and t.n:
+        keep = np.flatnonzero(truthy(evaluate_columns(where, t.columns, t.n)))
+        t = Table({k: _take(v, keep) for k, v in t.columns.items()}, len(keep))
+    return Rows(table=t)
+
+
+# --- queries ------------------------------------------------------------------------------------
+
+def evaluate_query(qp: QueryPlan, batches, tables) -> Table:
+    aq: AnalysedQuery = qp.analysed
+    if aq is None:
+        raise ValueError("the reference evaluator needs a plan made by plan_file")
+    if aq.kind == "aggregate":
+        return _aggregate(qp, aq, batches, tables)
+    if aq.kind == "select":
+        rows = input_rows(qp, aq, aq.sources[0], batches, tables, _bind(aq.where, aq))
+        return Table({i.name: rows.eval(_bind(i.expr, aq)) for i in aq.items}, rows.n)
+    if aq.kind == "join":
+        return _join(qp, aq, batches, tables)
+    return _merge(qp, aq, batches, tables)
+
+
+def _aggregate(qp, aq, batches, tables) -> Table:
+    rows = input_rows(qp, aq, aq.sources[0], batches, tables, _bind(aq.where, aq))
+    n = rows.n
+    keys = {g.name: rows.eval(_bind(g.expr, aq)) for g in aq.group}
+    aggs: list[E.Aggregate] = []
+    for e in [i.expr for i in aq.items] + [aq.having]:
+        for a in (e.find_all(E.Aggregate) if e is not None else ()):
+            if a not in aggs:
+                aggs.append(a)
+    times = rows.eval(E.Field(name="timestamp", type="llong", columns=("timestamp",))) \
+        if rows.batches is not None else np.zeros(n, np.int64)
+    flow = qp.low[0].extras.get("flow") if qp.low else None
+    reason = None
+    if flow is not None:
+        link_max = [int(batches[lp.link]["timestamp"].max()) if batches[lp.link].n else 0
+                    for lp in qp.low]
+        fid, reason = flow_assignment(rows, list(keys.values()), times, qp.high.window, flow,
+                                      link_max)
+        keys["\0flow"] = fid
+    args = [reason if a.name == "END_REASON" else
+            None if isinstance(a.arg, E.Star) else rows.eval(_bind(a.arg, aq)) for a in aggs]
+    if aq.window is not None and aq.window.kind == "rows":
+        keys[aq.window_end] = row_windows(qp, aq, rows, keys, aggs, args, times)
+    elif aq.window is not None and aq.window.kind == "landmark" and n:
+        # landmark: window w holds every row with x < (w+1)*s (from the origin); a group has a
+        # row at every slide end after its first row up to the window of the input's last
+        # row. [RANGE ALL] (no SLIDE): only that last window, ending at max(x) + 1
+        w = aq.window
+        x = np.asarray(rows.eval(w.field)).astype(np.int64)
+        s = (w.slide_ns or w.unit_ns) // w.unit_ns
+        last = int(np.floor_divide(x.max(), s))
+        first = np.floor_divide(x, s)
+        if not w.slide_ns:
+            first = np.full(n, last, np.int64)
+        count = last - first + 1
+        keys, args, times, n = _in_windows(first, count, s, keys, args, times,
+                                           aq.window_end)
+    elif aq.window is not None and aq.window.kind == "landmark":
+        keys[aq.window_end] = np.zeros(0, np.int64)
+    elif aq.window is not None:
+        # sliding (or tumbling) window spec: a row is in every window of wids(x)
+        w = aq.window
+        r, s = w.range_ns // w.unit_ns, w.slide_ns // w.unit_ns
+        x = np.asarray(rows.eval(w.field)).astype(np.int64)
+        first = np.floor_divide(x, s)
+        count = np.floor_divide(x + r, s) - first
+        keys, args, times, n = _in_windows(first, count, s, keys, args, times,
+                                           aq.window_end)
+    codes, ngroups = group_codes(list(keys.values()), n)
+    first_row = np.full(ngroups, -1, np.int64)
+    first_row[codes[::-1]] = np.arange(n)[::-1]
+    frame = {k: _take(v, first_row) for k, v in keys.items()}
+    agg_field = {}
+    for i, (a, arg) in enumerate(zip(aggs, args)):
+        name = f"_ref{i}"
+        frame[name] = aggregate(a.name, arg, times, codes, ngroups)
+        agg_field[a] = E.Field(name=name, type="llong")
+
+    def finals(e):
+        return _bind(e.transform(lambda n: agg_field.get(n, n) if isinstance(n, E.Aggregate) else n), aq)
+
+    if aq.having is not None and ngroups:
+        keep = np.flatnonzero(truthy(evaluate_columns(finals(aq.having), frame, ngroups)))
+        frame = {k: _take(v, keep) for k, v in frame.items()}
+        ngroups = len(keep)
+    out = {}
+    for item in aq.items:
+        if aq.window_end is not None and item.name == aq.window_end:
+            out[item.name] = frame[aq.window_end]
+        else:
+            out[item.name] = evaluate_columns(finals(item.expr), frame, ngroups)
+    if getattr(qp.high, "correction", None):
+        # late 'correct': every row of the whole input is a regular row (SEMANTICS.md 8)
+        out[qp.high.correction] = np.zeros(ngroups, np.int64)
+    return Table(out, ngroups)
+
+
+def row_windows(qp, aq: AnalysedQuery, rows: Rows, keys: dict, aggs, args, times) -> np.ndarray:
+    """The count window of each row (README "Windows"): rows in order of timestamp, link
+    position, then the values of PARTITION BY, GROUP BY and the aggregates' arguments (in query
+    order; unsigned and ip values as unsigned); numbered per partition from 0; window = number
+    // n. The partition values join the group keys (a window is per partition)."""
+    n = rows.n
+    link = np.repeat(np.arange(len(rows.batches)), [b.n for b in rows.batches])
+    parts = [rows.eval(_bind(f, aq)) for f in aq.window.partition]
+    uniq_args = []
+    for a, arg in zip(aggs, args):
+        if arg is not None and not isinstance(a.arg, E.Star) and \
+                all(a.arg != b for b, _ in uniq_args):
+            uniq_args.append((a.arg, arg))
+    order_values = parts + [keys[g.name] for g in aq.group] + [v for _, v in uniq_args]
+    sort_keys = []
+    for v in order_values:
+        for part in _parts(v):
+            part = np.asarray(part)
+            sort_keys.append(part.astype(np.uint8) if part.dtype == np.bool_ else part)
+    # np.lexsort: the last key is the primary one
+    order = np.lexsort(tuple(reversed([times, link] + sort_keys))) if n else np.zeros(0, np.int64)
+    for i, v in enumerate(parts):
+        keys[f"\0part{i}"] = v
+    pcodes, _ = group_codes(parts, n)
+    sorted_codes = pcodes[order]
+    rank = np.empty(n, np.int64)
+    seen: dict[int, int] = {}
+    for j, c in zip(order.tolist(), sorted_codes.tolist()):
+        rank[j] = seen.get(c, 0)
+        seen[c] = rank[j] + 1
+    return rank // aq.window.rows
+
+
+def flow_assignment(rows: Rows, keys: list, times: np.ndarray, window, flow: dict,
+                    link_max: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(flow number of each row, end reason of each row's flow) by the flow rules, per link in
+    arrival order: a gap > idle ends a flow (1); TCP FIN/RST ends it after the packet (3);
+    at the end a flow whose idle expiry (last + idle + 1) or bucket end, the earlier, is at or
+    before the link's largest capture time ends with 1 or 2 accordingly, else with 4."""
+    sizes = [b.n for b in rows.batches]
+    n = sum(sizes)
+    link = np.repeat(np.arange(len(sizes)), sizes)
+    codes, _ = group_codes(list(keys) + [link], n)
+    layers = np.concatenate([b["layers"] for b in rows.batches]) if n else np.zeros(0, np.uint16)
+    flags = np.concatenate([b["flags"] for b in rows.batches]) if n else np.zeros(0, np.uint8)
+    ends = ((layers & L_TCP) != 0) & ((flags & 0x05) != 0) & bool(flow["fin_rst"])
+    idle = flow["idle_ns"]
+    pane = (times + window.offset_ns) // window.pane_ns
+    fid = np.empty(n, np.int64)
+    open_flow: dict[int, int] = {}
+    last: list[int] = []
+    reasons: list[int] = []
+    first_row: list[int] = []
+    for i, (c, t, e) in enumerate(zip(codes.tolist(), times.tolist(), ends.tolist())):
+        f = open_flow.get(c)
+        if f is not None and idle is not None and t - last[f] > idle:
+            reasons[f] = 1
+            f = None
+        if f is None:
+            f = len(last)
+            open_flow[c] = f
+            last.append(t)
+            reasons.append(0)
+            first_row.append(i)
+        fid[i] = f
+        last[f] = max(last[f], t)
+        if e:
+            reasons[f] = 3
+            del open_flow[c]
+    for f in open_flow.values():
+        i = first_row[f]
+        end = (int(pane[i]) + 1) * window.pane_ns - window.offset_ns
+        expiry = last[f] + idle + 1 if idle is not None else None
+        event, why = (expiry, 1) if expiry is not None and expiry <= end else (end, 2)
+        reasons[f] = why if event <= link_max[int(link[i])] else 4
+    return fid, np.asarray(reasons, np.uint64)[fid] if n else np.zeros(0, np.uint64)
+
+
+def _side_columns(qp, aq, source, batches, tables) -> Table:
+    """A join side's rows as columns named `alias.column`."""
+    if source.kind == "query":
+        t = without_nulls(tables[source.query], source)
+        return Table({f"{source.alias}.{k}": v for k, v in t.columns.items()}, t.n)
+    rows = packet_rows(qp, source, batches, None)
+    cols = {}
+    exprs = [i.expr for i in aq.items] + [aq.where] + [s.wa for s in aq.sources]
+    for e in exprs:
+        for f in (e.find_all(E.Field) if e is not None else ()):
+            if f.table == source.alias:
+                cols[f"{source.alias}.{f.name}"] = rows.eval(f.replace(table=None))
+    return Table(cols, rows.n)
+
+
+def _join(qp, aq, batches, tables) -> Table:
+    left, right = (_side_columns(qp, aq, s, batches, tables) for s in aq.sources)
+    lkeys, rkeys = [], []
+    pairs = list(aq.join_keys) + ([aq.join_temporal] if aq.join_temporal else [])
+    for le, re_ in pairs:
+        lkeys.append(evaluate_columns(_bind(le, aq), left.columns, left.n))
+        rkeys.append(evaluate_columns(_bind(re_, aq), right.columns, right.n))
+    # joint key codes over both sides
+    both = [_concat([lk if isinstance(lk, tuple) else lk, rk]) if _same_kind(lk, rk)
+            else _concat([_as_ip(lk), _as_ip(rk)]) for lk, rk in zip(lkeys, rkeys)]
+    codes, _ = group_codes(both, left.n + right.n)
+    lc = pd.DataFrame({"code": codes[:left.n], "li": np.arange(left.n)})
+    rc = pd.DataFrame({"code": codes[left.n:], "ri": np.arange(right.n)})
+    m = lc.merge(rc, on="code")
+    li, ri = m["li"].to_numpy(np.int64), m["ri"].to_numpy(np.int64)
+    ls, rs = aq.sources
+    if ls.wa is not None:
+        lw = np.asarray(evaluate_columns(ls.wa, left.columns, left.n)).astype(np.int64)[li]
+        rw = np.asarray(evaluate_columns(rs.wa, right.columns, right.n)).astype(np.int64)[ri]
+        rl = ls.window_ns // unit_ns(ls.wa.form)
+        rr = rs.window_ns // unit_ns(rs.wa.form)
+        keep = (lw - rr <= rw) & (rw < lw + rl)
+        li, ri = li[keep], ri[keep]
+    joined = {k: _take(v, li) for k, v in left.columns.items()}
+    joined.update({k: _take(v, ri) for k, v in right.columns.items()})
+    if aq.join_residual is not None and len(li):
+        keep = np.flatnonzero(truthy(evaluate_columns(_bind(aq.join_residual, aq), joined, len(li))))
+        li, ri = li[keep], ri[keep]
+        joined = {k: _take(v, keep) for k, v in joined.items()}
+    out = {i.name: [evaluate_columns(_bind(i.expr, aq), joined, len(li))] for i in aq.items}
+    n = len(li)
+    kind = aq.join.upper()
+    for side_table, matched, alias, wanted in (
+            (left, li, ls.alias, kind in ("LEFT_OUTER_JOIN", "OUTER_JOIN")),
+            (right, ri, rs.alias, kind in ("RIGHT_OUTER_JOIN", "OUTER_JOIN"))):
+        if not wanted:
+            continue
+        alone = np.setdiff1d(np.arange(side_table.n), matched)
+        cols = {k: _take(v, alone) for k, v in side_table.columns.items()}
+        for i in aq.items:
+            tables_used = {f.table for f in i.expr.find_all(E.Field)}
+            if tables_used <= {alias}:
+                out[i.name].append(evaluate_columns(_bind(i.expr, aq), cols, len(alone)))
+            else:
+                out[i.name].append(np.full(len(alone), None, dtype=object))
+        n += len(alone)
+    return Table({k: _concat_nullable(v) for k, v in out.items()}, n)
+
+
+def _same_kind(a, b) -> bool:
+    return isinstance(a, tuple) == isinstance(b, tuple)
+
+
+def _as_ip(v):
+    from lowlevel.evaluate import _promote_ip
+
+    return _promote_ip(v)
+
+
+def _concat_nullable(parts: list):
+    if len(parts) == 1:
+        return parts[0]
+    if any(not isinstance(p, tuple) and p.dtype == object and len(p) and p[0] is None
+           for p in parts):
+        return np.concatenate([_objects(p) for p in parts])
+    return _concat(parts)
+
+
+def _objects(v) -> np.ndarray:
+    if isinstance(v, tuple):
+        return np.array([(int(h) << 64) | int(l) for h, l in zip(v[0], v[1])], dtype=object)
+    return v.astype(object)
+
+
+def _merge(qp, aq, batches, tables) -> Table:
+    parts, keys = [], []
+    for s, field in zip(aq.sources, aq.merge_fields):
+        if s.kind == "query":
+            t = tables[s.query]
+            cols = dict(t.columns)
+            n = t.n
+        else:
+            rows = packet_rows(qp, s, batches, None)
+            cols = {i.name: rows.eval(E.Field(name=i.name, type=i.type, columns=_columns(s, i.name)))
+                    for i in aq.items}
+            n = rows.n
+        parts.append(cols)
+        keys.append(np.asarray(evaluate_columns(field.replace(table=None), cols, n)))
+    order = np.argsort(np.concatenate(keys), kind="stable")
+    out = {i.name: _take(_concat([p[i.name] for p in parts]), order) for i in aq.items}
+    return Table(out, len(order))
+
+
+def _columns(source, name: str):
+    from capture.schema import protocol_fields
+
+    return tuple(protocol_fields(source.protocol)[name].columns)
+
+
+# --- output -------------------------------------------------------------------------------------
+
+_PANDAS_DTYPE = {"uint": "uint64", "ullong": "uint64", "ipv4": "uint64", "mac": "uint64",
+                 "int": "int64", "llong": "int64", "float": "float64", "bool": "bool",
+                 "string": "object", "ip": "object"}
+
+
+def to_frame(table: Table, qp: QueryPlan) -> pd.DataFrame:
+    data = {}
+    for col in qp.high.outputs:
+        v = table.columns[col.name]
+        if isinstance(v, tuple):
+            data[col.name] = _objects(v)
+        elif v.dtype == object:
+            data[col.name] = v
+        else:
+            data[col.name] = v.astype(_PANDAS_DTYPE.get(col.type, v.dtype))
+    return pd.DataFrame(data, columns=[c.name for c in qp.high.outputs])

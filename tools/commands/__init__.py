@@ -1,0 +1,1 @@
+"""One module per `oopscope` command; heavy imports stay inside the command bodies."""

@@ -1,0 +1,114 @@
+"""Click parameter types shared by the oopscope commands: durations (`10s`, `1min`, `2h`) and counts (`5M`).
+
+Both parse with plain functions (`parse_duration`, `parse_count`) that library code and tests can
+call directly; the click types only turn their `ValueError` into a usage error naming the option.
+"""
+
+from __future__ import annotations
+
+import re
+
+import click
+
+from common.units import NS_PER_S as _NS
+from queries.expressions import Duration as GsqlDuration
+
+#: duration units -> nanoseconds: the GSQL window units, plus the sub-second and day units and
+#: the short `m` that command lines use (GSQL keeps `m` out: `RANGE 5 m` reads as a typo)
+DURATION_UNITS: dict[str, int] = {
+    **GsqlDuration.UNIT_NS,
+    "ns": 1,
+    "us": 1_000,
+    "µs": 1_000,
+    "m": 60 * _NS,
+    "d": 86400 * _NS,
+    "day": 86400 * _NS,
+    "days": 86400 * _NS,
+}
+
+#: count suffixes (decimal, as traffic people write rates: 110k pkts/s, 5M packets)
+COUNT_SUFFIXES: dict[str, int] = {"": 1, "k": 1_000, "m": 1_000_000, "g": 1_000_000_000}
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zµ]*)\s*$", re.IGNORECASE)
+_COUNT_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmg]?)\s*$", re.IGNORECASE)
+
+
+def parse_duration(text: str | int | float) -> int:
+    """A duration in nanoseconds from `10s`, `1min`, `2h`, `250ms`, `1.5s` or a bare number of seconds."""
+    if isinstance(text, bool):
+        raise ValueError(f"not a duration: {text!r}")
+    if isinstance(text, (int, float)):
+        if text < 0:
+            raise ValueError(f"a duration cannot be negative: {text!r}")
+        return int(round(text * _NS))
+    m = _DURATION_RE.match(text)
+    if m is None:
+        raise ValueError(
+            f"not a duration: {text!r} (write a number and a unit: 10s, 1min, 2h, 250ms)")
+    number, unit = m.group(1), m.group(2).lower()
+    scale = _NS if unit == "" else DURATION_UNITS.get(unit)
+    if scale is None:
+        allowed = ", ".join(sorted(set(DURATION_UNITS) - {"µs"}))
+        raise ValueError(f"unknown duration unit {m.group(2)!r} in {text!r} (allowed: {allowed})")
+    # exact for integers; fractions are rounded to the nanosecond
+    if "." in number:
+        return int(round(float(number) * scale))
+    return int(number) * scale
+
+
+def parse_count(text: str | int) -> int:
+    """A non-negative count from `5000000`, `5M`, `260k`, `1.5M` (decimal suffixes)."""
+    if isinstance(text, bool):
+        raise ValueError(f"not a count: {text!r}")
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"a count cannot be negative: {text!r}")
+        return text
+    m = _COUNT_RE.match(str(text))
+    if m is None:
+        raise ValueError(f"not a count: {text!r} (write an integer, optionally with k, M or G: 260k, 5M)")
+    scale = COUNT_SUFFIXES[m.group(2).lower()]
+    value = float(m.group(1)) * scale if "." in m.group(1) else int(m.group(1)) * scale
+    if value != int(value):
+        raise ValueError(f"not a whole count: {text!r}")
+    return int(value)
+
+
+def format_duration(ns: int) -> str:
+    """The shortest exact spelling of a duration (for messages and manifests)."""
+    for unit, scale in (("h", 3600 * _NS), ("min", 60 * _NS), ("s", _NS), ("ms", 1_000_000), ("us", 1_000)):
+        if ns and ns % scale == 0:
+            return f"{ns // scale}{unit}"
+    return f"{ns}ns"
+
+
+class Duration(click.ParamType):
+    """A click option value like `10s`, `1min`, `2h`: converted to integer nanoseconds."""
+
+    name = "duration"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class Count(click.ParamType):
+    """A click option value like `5M`, `260k`, `1000`: converted to an int."""
+
+    name = "count"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        try:
+            return parse_count(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DURATION = Duration()
+COUNT = Count()

@@ -1,0 +1,1 @@
+"""The thesis' experiments behind `oopscope bench`: IOP vs OOP, disorder."""

@@ -1,0 +1,1 @@
+"""The traffic generator: traffic, flows, frames, per-link packets, pcap writing, veth pairs."""

@@ -1,0 +1,187 @@
+"""What one run is asked to do (`RunConfig`), what it did (`RunSummary`), and which queries it
+runs: the plan of the query file for the run's links, and the queries chosen from it."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from common.units import NS_PER_S as NS
+from tools.errors import RunConfigError, RunLinkError
+from tools.run.outputs import output_format as _format_of
+
+log = logging.getLogger(__name__)
+
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One run. `links`: (name, capture path) pairs; `interfaces`: (name, interface) pairs
+    (one kind or the other); `outputs`: (query, path or "-") pairs, empty for every query that
+    no other query reads, to stdout."""
+
+    query_file: str
+    links: tuple[tuple[str, str], ...] = ()
+    outputs: tuple[tuple[str, str], ...] = ()
+    format: str | None = None            # None: from the output path's suffix, else table
+    overrides: tuple[tuple[str, str], ...] = ()
+    params: tuple[tuple[str, str], ...] = ()
+    master: str | None = None
+    spool: str | None = None             # None: a temporary directory removed at the end
+    checkpoint: str | None = None        # None: a temporary directory removed at the end
+    punctuate_every_ns: int = NS         # timer period (data time at full speed, else wall)
+    batch_size: int = 65536
+    parallel_stages: int = 4             # Spark stages of different queries run side by side
+    interfaces: tuple[tuple[str, str], ...] = ()
+    speed: float | None = None           # None: as fast as possible; N: N x real time
+    duration_ns: int | None = None       # stop after this much of the run's clock
+    lull_slack_ns: int = NS              # a silent link punctuates clock - slack
+    progress: bool | None = None         # None: when stderr is a terminal
+    capture_options: tuple[tuple[str, object], ...] = ()   # capture.live.LiveCapture options
+    extra_sinks: tuple = ()              # (query, Sink) pairs beside the outputs (NetFlow ...)
+    # every output row also stays in memory, as RunSummary.results (the Python API and the
+    # tests read them); the CLI keeps none: rows are written as windows close, and a live run
+    # would otherwise grow without bound
+    keep_results: bool = True
+
+    @property
+    def link_names(self) -> list[str]:
+        return [n for n, _ in self.links] + [n for n, _ in self.interfaces]
+
+    @property
+    def live(self) -> bool:
+        return bool(self.interfaces)
+
+    @property
+    def streaming(self) -> bool:
+        """Stages run continuously (paced and live runs) rather than after the low level."""
+        return self.live or self.speed is not None
+
+
+@dataclass
+class LinkSummary:
+    name: str
+    path: str                           # the capture file, or "interface IFACE"
+    packets: int = 0
+    bytes: int = 0
+    malformed: int = 0
+    reasons: dict = field(default_factory=dict)
+    problems: list = field(default_factory=list)
+    punctuations: int = 0
+    ring_drops: int = 0
+    kernel_drops: int = 0
+
+
+@dataclass
+class QuerySummary:
+    name: str
+    output: str
+    format: str
+    rows: int = 0
+    partial_rows: int = 0
+    spool_files: int = 0
+    evictions: int = 0
+    flushed: int = 0
+    forced_full_flushes: int = 0
+    late_packets: int = 0           # dropped (late 'drop')
+    late_partial_rows: int = 0
+    late_corrected: int = 0         # late 'correct': late packets aggregated apart ...
+    correction_rows: int = 0        # ... and the correction rows written for them
+
+
+@dataclass
+class RunSummary:
+    links: dict[str, LinkSummary]
+    queries: dict[str, QuerySummary]
+    results: dict = field(default_factory=dict, repr=False)   # query -> pyarrow.Table
+    ended: str = "end of input"         # or "duration", "stopped", "capture failed"
+    clock_origin: tuple | None = None   # paced runs: (epoch s, capture ns) of the clock's start
+    lowlevel_seconds: float = 0.0
+    spark_wait_seconds: float = 0.0     # waiting for the session after the low level ended
+    highlevel_seconds: float = 0.0
+    total_seconds: float = 0.0
+
+    @property
+    def problems(self) -> list[str]:
+        return [f"link {s.name}: {p}" for s in self.links.values() for p in s.problems]
+
+    def format(self) -> str:
+        """The human summary printed on stderr at the end of a run."""
+        lines = []
+        from capture.schema import BENIGN_REASONS, REASONS
+
+        benign = {REASONS[c] for c in BENIGN_REASONS}
+        for s in self.links.values():
+            bad = ", ".join(f"{k} {v}" for k, v in sorted(s.reasons.items())
+                            if k not in benign) or "none"
+            lines.append(f"link {s.name}: {s.packets} packets, {s.bytes} bytes, "
+                         f"{s.malformed} malformed ({bad}), {s.ring_drops} ring drops, "
+                         f"{s.kernel_drops} kernel drops, {s.punctuations} punctuations "
+                         f"[{s.path}]")
+            lines += [f"link {s.name}: problem: {p}" for p in s.problems]
+        for q in self.queries.values():
+            lines.append(f"query {q.name}: {q.rows} rows -> {q.output} ({q.format}); "
+                         f"{q.partial_rows} partial rows in {q.spool_files} spool files, "
+                         f"{q.evictions} evictions, {q.flushed} flushed, "
+                         f"{q.forced_full_flushes} forced full flushes, "
+                         f"{q.late_packets} late packets, {q.late_partial_rows} late partials"
+                         + (f", {q.late_corrected} late packets corrected in "
+                            f"{q.correction_rows} correction rows"
+                            if q.late_corrected or q.correction_rows else ""))
+        lines.append(f"run ended: {self.ended}; time: low level {self.lowlevel_seconds:.2f} s, "
+                     f"waiting for Spark {self.spark_wait_seconds:.2f} s, Spark stage "
+                     f"{self.highlevel_seconds:.2f} s, total {self.total_seconds:.2f} s")
+        return "\n".join(lines)
+
+
+# --- planning and query choice -------------------------------------------------------------------
+
+def load_plan(config: RunConfig):
+    """Parse and plan the query file over the configured links (one clear error otherwise)."""
+    from queries.errors import QueryError
+    from queries.explain import find_query_file, mentioned_links
+    from queries.parser import parse
+    from queries.planner import plan_file
+
+    path = find_query_file(config.query_file)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise QueryError("no such query file (nor a shipped query of that name)",
+                         path=str(config.query_file)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise QueryError(f"cannot read the query file: {exc}", path=str(path)) from None
+    tree = parse(text, path=str(path))
+    names = config.link_names
+    option = {n: "--interface" if i >= len(config.links) else "--link"
+              for i, n in enumerate(names)}
+    wanted = mentioned_links(tree)
+    unknown = [n for n in names if wanted and n not in wanted]
+    missing = [n for n in wanted if n not in names]
+    if wanted and (unknown or missing):
+        what = (f"{option[unknown[0]]} {', '.join(unknown)} is not a link of the query file"
+                if unknown else f"no source given for link {', '.join(missing)}")
+        raise RunLinkError(f"{path.name}: {what}; its links are {', '.join(wanted)} "
+                           f"(write --link {wanted[0]}=PCAP or --interface "
+                           f"{wanted[0]}=IFACE)")
+    return plan_file(tree, names, dict(config.params), dict(config.overrides), source=text)
+
+
+def choose_queries(plan, config: RunConfig) -> list[tuple[object, str]]:
+    """(query plan, output) pairs to run: `--output` ones, else every query nobody reads."""
+    if config.outputs:
+        chosen = []
+        for name, out in config.outputs:
+            try:
+                chosen.append((plan.query(name), out))
+            except KeyError:
+                raise RunConfigError(f"--output {name}=...: no query {name!r} in the file; "
+                                     f"its queries are {', '.join(plan.names)}") from None
+    else:
+        chosen = [(qp, "-") for qp in plan.queries if not qp.read_by]
+    return chosen
+
+
+def output_format(config: RunConfig, out: str) -> str:
+    return _format_of(config.format, out)
+

@@ -1,0 +1,191 @@
+"""The low level of one link inside a run: its operators, their spool writers and its timer.
+
+`LinkFeeds` is what every packet source of `oopscope run` (a capture file replayed at full
+speed or paced, a live interface) hands its batches and punctuation to. Per (query, link) an
+`OperatorFeed` runs the `lowlevel.operator.LowLevelOperator` and buffers its partial rows,
+writing them to the spool with the operator's punctuation whenever that punctuation advances
+(or the buffer grows large), so the number of spool files follows windows, not packets.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+from capture.punctuation import LinkTimer
+from common.spool import END_OF_INPUT
+
+log = logging.getLogger(__name__)
+
+#: partial rows buffered per operator before a spool file is written without punctuation
+SPOOL_FLUSH_ROWS = 1 << 20
+#: the punctuation of a link whose input has ended: every window may close
+
+
+class SpoolQueue:
+    """Writes a run's spool files on a thread of its own, in the order they are put.
+
+    Encoding a spool file (Parquet, Arrow C++: the GIL is released) took ~1 s of the 10 s the
+    main thread of a 50M-packet netflow replay spends on the low level; here it runs beside
+    it. At most `depth` writes wait (then `put` blocks: the low level cannot run ahead of the
+    disk without bound). A write that fails is raised by the next `put` or by `flush`, which
+    waits until every file put so far is written; no later file is written (a stage applies
+    a link's punctuation only once every earlier file of it is read)."""
+
+    def __init__(self, depth: int = 4):
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._failed = False
+        self._thread = threading.Thread(target=self._run, name="oopscope-spool", daemon=True)
+        self._thread.start()
+
+    def put(self, writer, partials, punctuation: int | None) -> None:
+        self._raise()
+        self._queue.put((writer, partials, punctuation))
+
+    def flush(self) -> None:
+        self._queue.join()
+        self._raise()
+
+    def close(self) -> None:
+        """Write what is queued, then end the thread (errors are left to `flush`)."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                if not self._failed:
+                    writer, partials, punctuation = item
+                    writer.write(partials, punctuation)
+            except BaseException as exc:   # handed to the low level's thread by _raise
+                self._failed, self._error = True, exc
+            finally:
+                self._queue.task_done()
+
+
+class OperatorFeed:
+    """One low-level operator of one link and its spool writer, with buffered partial rows.
+    With a `SpoolQueue` set as `spool_queue`, the files are written on its thread."""
+
+    def __init__(self, plan, spool_root, summary, compression: str = "snappy"):
+        from common.spool import SpoolWriter
+        from lowlevel.operator import HOLD_ROWS, LowLevelOperator
+
+        self.op = LowLevelOperator(plan, hold_rows=HOLD_ROWS)
+        # flow records are closed on the driver of this process (highlevel.driverrows),
+        # which takes their rows from memory
+        flows = (plan.extras or {}).get("flow") is not None
+        self.writer = SpoolWriter(spool_root, plan.query, plan.link, fsync=False,
+                                  compression=compression, keep_in_memory=flows)
+        self.summary = summary          # the query's summary: partial rows, spool files
+        self.spool_queue: SpoolQueue | None = None
+        self.buffer: list = []
+        self.buffered = 0
+
+    def _add(self, parts) -> None:
+        for b in parts:
+            if b.num_rows:
+                self.buffer.append(b)
+                self.buffered += b.num_rows
+
+    def _write(self, punctuation: int | None) -> None:
+        if not self.buffer and punctuation is None:
+            return
+        if self.spool_queue is not None:
+            self.spool_queue.put(self.writer, self.buffer, punctuation)
+        else:
+            self.writer.write(self.buffer, punctuation)
+        self.summary.partial_rows += self.buffered
+        self.summary.spool_files += 1
+        self.buffer, self.buffered = [], 0
+
+    def process(self, batch) -> None:
+        self._add(self.op.process(batch))
+        if self.buffered >= SPOOL_FLUSH_ROWS:
+            self._write(None)
+
+    def punctuate(self, p: int) -> None:
+        rows, out = self.op.punctuate(p)
+        self._add(rows)
+        if out is not None:
+            self._write(out)
+
+    def finish(self) -> None:
+        # the operator's final punctuation is the end of its last pane; the input is over,
+        # though, so the link punctuates "nothing follows": a sliding window that reaches
+        # past the last pane closes too (the reference evaluator outputs it)
+        rows, _ = self.op.finish()
+        self._add(rows)
+        self._write(END_OF_INPUT)
+        if self.spool_queue is not None:
+            self.spool_queue.flush()     # the stages' last batch reads every file
+
+
+class LinkFeeds:
+    """Everything downstream of one link's packets: its operators and its punctuation timer."""
+
+    def __init__(self, name: str, feeds: list[OperatorFeed], slack_ns: int):
+        self.name = name
+        self.feeds = feeds
+        slides = [f.op.plan.window.slide_ns for f in feeds if f.op.plan.window is not None]
+        self.timer = LinkTimer(min(slides) if slides else 0, slack_ns)
+        self.packets = 0          # handed to the low level (the progress line reads it)
+        self.bytes = 0
+        self.finished = False
+        self._lock = threading.Lock()
+
+    @property
+    def read_columns(self) -> tuple[str, ...] | None:
+        """The packet columns this link's operators read (the reader decodes only those), or
+        None (decode all) when one of them cannot tell."""
+        names = {"timestamp", "len"}          # the timer and the byte counter above
+        for f in self.feeds:
+            cols = f.op.read_columns
+            if cols is None:
+                return None
+            names.update(cols)
+        return tuple(sorted(names))
+
+    def process(self, batch) -> None:
+        n = len(batch)
+        if n == 0:
+            return
+        for f in self.feeds:
+            f.process(batch)
+        self.timer.observe(int(batch["timestamp"].max()))
+        self.packets += n
+        self.bytes += int(batch["len"].sum(dtype="int64"))
+
+    def punctuate(self, p: int) -> None:
+        """Hand punctuation `p` (already aligned and increasing) to every operator."""
+        for f in self.feeds:
+            f.punctuate(p)
+
+    def tick(self, clock_ns: int | None) -> int | None:
+        """A timer tick at `clock_ns`: punctuate when the link's punctuation advances."""
+        p = self.timer.fire(clock_ns)
+        if p is not None:
+            self.punctuate(p)
+        return p
+
+    def finish(self) -> None:
+        """The link's input is over (end of file, end of the run, a stop signal)."""
+        if self.finished:
+            return
+        self.finished = True
+        for f in self.feeds:
+            f.finish()
+
+    def counters(self) -> list[tuple[object, dict]]:
+        return [(f.summary, f.op.counters) for f in self.feeds]

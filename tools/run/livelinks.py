@@ -1,0 +1,121 @@
+"""Live interfaces as links: one capture thread per interface feeding a packet ring.
+
+Per interface a thread polls its AF_PACKET ring (`capture.live.LiveCapture`: the kernel fills
+a memory-mapped TPACKET_V3 ring, the thread decodes retired blocks in a nogil kernel) and
+pushes the packets into the link's fixed-size `capture.ring.PacketRing`, which never blocks
+and counts what it has to drop. The same thread generates the link's timer punctuation on the
+wall clock (kernel timestamps are wall-clock times) and pushes it in order with the data, so a
+silent interface still closes windows. The main thread takes from every ring and runs the low
+level (`tools.run.feeds.LinkFeeds`). Numba kernels release the GIL, so decoding and aggregating
+use both cores.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+log = logging.getLogger(__name__)
+
+RING_ROWS = 1 << 20
+
+
+class LiveLink(threading.Thread):
+    """The capture thread of one interface."""
+
+    def __init__(self, name: str, interface: str, feeds, *, period_ns: int,
+                 ring_rows: int = RING_ROWS, options: dict | None = None):
+        super().__init__(name=f"oopscope-capture-{name}", daemon=True)
+        from capture.live import LiveCapture
+        from capture.ring import PacketRing
+
+        self.link, self.interface = name, interface
+        self.timer = feeds.timer          # driven from this thread only
+        self.period_s = period_ns / 1e9
+        # opened here, in the caller's thread: a missing interface or right fails the run now
+        self.capture = LiveCapture(interface, link=name, **(options or {}))
+        self.ring = PacketRing.create(ring_rows, link=name, shared=False)
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        next_tick = time.monotonic() + self.period_s
+        try:
+            while not self.stopping.is_set():
+                wait = max(0.0, min(0.05, next_tick - time.monotonic()))
+                batch = self.capture.poll(wait)
+                if batch is not None and len(batch):
+                    self.ring.push(batch)
+                    self.timer.observe(int(batch["timestamp"].max()))
+                if time.monotonic() >= next_tick:
+                    p = self.timer.fire(time.time_ns())
+                    if p is not None:
+                        self.ring.punctuate(p)
+                    next_tick = time.monotonic() + self.period_s
+        except BaseException as exc:   # handed to the main thread, which reports it
+            self.error = exc
+        finally:
+            self.ring.finish()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def close(self) -> None:
+        self.capture.close()
+
+
+def run_live(lives: dict, feeds: dict, *, duration_ns: int | None, stop=lambda: False,
+             batch_rows: int = 65536) -> str:
+    """Take from every interface's ring into its feeds until the duration ends, a stop is
+    asked (SIGTERM / Ctrl-C) or a capture thread fails. Finishes every link."""
+    for live in lives.values():
+        live.start()
+    started = time.monotonic()
+    reason = "stopped"
+    try:
+        while True:
+            if stop():
+                break
+            if duration_ns is not None and (time.monotonic() - started) * 1e9 >= duration_ns:
+                reason = "duration"
+                break
+            failed = [live for live in lives.values() if live.error is not None]
+            if failed:
+                reason = "capture failed"
+                break
+            if not _drain(lives, feeds, batch_rows):
+                time.sleep(0.005)
+    finally:
+        for live in lives.values():
+            live.stop()
+        for live in lives.values():
+            live.join(timeout=5)
+        # whatever the threads pushed before they stopped still goes through
+        while _drain(lives, feeds, batch_rows):
+            pass
+        for name, live in lives.items():
+            live.close()
+            feeds[name].finish()
+    for live in lives.values():
+        if live.error is not None:
+            from capture.errors import CaptureError
+
+            raise CaptureError(f"interface {live.interface} (link {live.link}): capture "
+                               f"failed: {live.error}") from live.error
+    return reason
+
+
+def _drain(lives: dict, feeds: dict, batch_rows: int) -> bool:
+    """One pass over the rings; True when anything was taken."""
+    took = False
+    for name, live in lives.items():
+        batch, p = live.ring.take(batch_rows)
+        if batch is not None and len(batch):
+            feeds[name].process(batch)
+            took = True
+        if p is not None:
+            feeds[name].punctuate(p)
+            took = True
+        live.ring.release()
+    return took

@@ -1,0 +1,219 @@
+"""Replaying capture files as links: interleaved by capture time, at full speed or paced.
+
+Every link's file is read through its own `capture.reader` and cut into chunks by capture
+time, and the links advance together: the link whose next packet is oldest goes next, for at
+most one timer period of capture time beyond the next link's position. So two links play as
+they were captured (a skewed or silent link does not have to wait until another file has been
+read to the end), and the run's clock is well defined:
+
+- `speed=None` (`--speed max`): as fast as the data allows; the clock is the data clock,
+  the capture time up to which every link still reading has been read. Timer ticks every
+  `period_ns` of data time.
+- `speed=N`: packets are released when the wall clock reaches their capture time (relative
+  to the oldest first packet) divided by N; the clock is that paced capture time. Timer ticks
+  every `period_ns` of wall time.
+
+Broken framing halfway through a file (a record with an impossible length) is stepped over by
+the reader, which finds the next readable record (`capture.resync`); the problem and the bytes
+skipped are reported in the link's summary. A read error ends the link there: the packets
+before it were processed, the other links go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import numpy as np
+
+from capture.errors import CaptureError
+
+log = logging.getLogger(__name__)
+
+#: batches read ahead per link on a machine with more than one core (`capture.prefetch`):
+#: reading and decoding (a quarter of a flow query's low level) move off the operators' core
+READ_AHEAD = 2
+
+
+class FileLink:
+    """One capture file as a link: chunks of packets up to a capture-time bound."""
+
+    def __init__(self, name: str, path: str, batch_size: int = 65536,
+                 columns: tuple[str, ...] | None = None, prefetch: int | None = None):
+        from capture.reader import open_capture
+
+        self.name, self.path = name, str(path)
+        if prefetch is None:
+            prefetch = READ_AHEAD if (os.cpu_count() or 1) > 1 else 0
+        # `columns`: decode only what the link's operators read (None: every column).
+        # `prefetch`: batches a thread reads and decodes ahead while the link's operators work
+        # on the current one (a batch is consumed whole before the next is asked for, as the
+        # read-ahead requires)
+        self.reader = open_capture(path, link=name, batch_size=batch_size, columns=columns,
+                                   prefetch=prefetch)
+        self._batches = iter(self.reader)
+        self._batch = None
+        self._cummax = None      # running max of capture time through the pending batch
+        self._pos = 0
+        self.max_seen: int | None = None
+        self.exhausted = False
+        self.problem: str | None = None
+
+    def _pending(self) -> bool:
+        """Make sure a batch with unread rows is pending; False when the file is over."""
+        while self._batch is None or self._pos >= len(self._batch):
+            if self.exhausted:
+                return False
+            try:
+                batch = next(self._batches)
+            except StopIteration:
+                self._end()
+                return False
+            except CaptureError as exc:
+                # what was read before the broken record has been delivered; keep the rest
+                self.problem = str(exc)
+                log.error("link %s: %s; the link ends here, the other links go on",
+                          self.name, exc)
+                self._end()
+                return False
+            if len(batch) == 0:
+                continue
+            ts = batch["timestamp"]
+            if batch.in_order and (self.max_seen is None or ts[0] >= self.max_seen):
+                cummax = ts       # already its running max: no pass, no fresh array
+            else:
+                cummax = np.maximum.accumulate(ts)
+                if self.max_seen is not None and self.max_seen > cummax[0]:
+                    np.maximum(cummax, self.max_seen, out=cummax)
+            self._batch, self._cummax, self._pos = batch, cummax, 0
+            self.max_seen = int(cummax[-1])
+        return True
+
+    def _end(self) -> None:
+        self.exhausted = True
+        self._batch = self._cummax = None
+        self.reader.close()
+
+    def head(self) -> int | None:
+        """Capture time of the next unread packet (running max: monotone), None at the end."""
+        if not self._pending():
+            return None
+        return int(self._cummax[self._pos])
+
+    def take_until(self, bound: int):
+        """The next unread packets whose (running max) capture time is below `bound`, as one
+        batch of views (valid until the next call), or None when the next one is not."""
+        if not self._pending():
+            return None
+        stop = int(np.searchsorted(self._cummax, bound, side="left"))
+        if stop <= self._pos:
+            return None
+        batch = self._batch.slice(self._pos, stop)
+        self._pos = stop
+        return batch
+
+    @property
+    def stats(self):
+        return self.reader.stats
+
+    def close(self) -> None:
+        if not self.exhausted:
+            self._end()
+
+
+def replay(links: dict, feeds: dict, *, speed: float | None, period_ns: int,
+           duration_ns: int | None = None, stop=lambda: False, info: dict | None = None,
+           wall=time.monotonic, sleep=time.sleep) -> str:
+    """Replay `links` (name -> FileLink) into `feeds` (name -> tools.run.feeds.LinkFeeds).
+
+    Returns why it ended: "end of input", "duration" or "stopped". Every link is finished
+    (END_OF_INPUT punctuation) when it ends, whatever the reason. A paced replay puts its
+    clock's origin in `info["origin"]`: (epoch seconds, capture time ns) of its start."""
+    if speed is None:
+        reason = _replay_max(links, feeds, period_ns, duration_ns, stop)
+    else:
+        reason = _replay_paced(links, feeds, speed, period_ns, duration_ns, stop, wall, sleep,
+                               {} if info is None else info)
+    for name in links:
+        links[name].close()
+        feeds[name].finish()
+    return reason
+
+
+def _finish_ended(links: dict, feeds: dict) -> list[str]:
+    """Finish the feeds of links whose file is over; the names still reading."""
+    active = []
+    for name, link in links.items():
+        if link.head() is None:
+            feeds[name].finish()
+        else:
+            active.append(name)
+    return active
+
+
+def _replay_max(links, feeds, period_ns, duration_ns, stop) -> str:
+    start = None
+    next_tick = None
+    while True:
+        if stop():
+            return "stopped"
+        active = _finish_ended(links, feeds)
+        if not active:
+            return "end of input"
+        heads = sorted((links[n].head(), n) for n in active)
+        clock = heads[0][0]
+        if start is None:
+            start, next_tick = clock, clock + period_ns
+        if duration_ns is not None and clock - start >= duration_ns:
+            return "duration"
+        if clock >= next_tick:
+            for n in links:
+                if not feeds[n].finished:
+                    feeds[n].tick(clock)
+            next_tick = clock + period_ns
+        first = heads[0][1]
+        # run the oldest link up to a period past the next one (or the next tick)
+        bound = (heads[1][0] if len(heads) > 1 else clock) + period_ns
+        if duration_ns is not None:
+            bound = min(bound, start + duration_ns)
+        batch = links[first].take_until(max(bound, clock + 1))
+        if batch is not None:
+            feeds[first].process(batch)
+
+
+def _replay_paced(links, feeds, speed, period_ns, duration_ns, stop, wall, sleep, info) -> str:
+    heads = [h for h in (link.head() for link in links.values()) if h is not None]
+    if not heads:
+        _finish_ended(links, feeds)
+        return "end of input"
+    t0 = min(heads)
+    w0 = wall()
+    info["origin"] = (time.time(), t0)
+    period_s = period_ns / 1e9
+    next_tick = w0 + period_s
+    while True:
+        if stop():
+            return "stopped"
+        now = wall()
+        clock = t0 + int((now - w0) * speed * 1e9)
+        if duration_ns is not None and (now - w0) * 1e9 >= duration_ns:
+            return "duration"
+        for n, link in links.items():
+            while not feeds[n].finished:
+                batch = link.take_until(clock + 1)
+                if batch is None:
+                    break
+                feeds[n].process(batch)
+        active = _finish_ended(links, feeds)
+        if now >= next_tick:
+            for n in links:
+                if not feeds[n].finished:
+                    feeds[n].tick(clock)
+            next_tick = now + period_s
+        if not active:
+            return "end of input"
+        # sleep until the next packet is due or the next tick, but stay responsive
+        due = min(links[n].head() for n in active)
+        wake = w0 + (due - t0) / (speed * 1e9)
+        sleep(max(0.0, min(wake - wall(), next_tick - wall(), 0.05)))

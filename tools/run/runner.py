@@ -1,0 +1,351 @@
+"""`oopscope run`: packet sources -> low-level operators -> spool -> Spark stages -> outputs.
+
+`run(RunConfig(...)) -> RunSummary` is the library behind the command:
+
+1. plan the query file for its links (`--link NAME=PCAP` files or `--interface NAME=IFACE`
+   live interfaces) and pick the queries to run: those named by `--output`, else every query
+   that no other query reads. A picked query the Spark stage cannot run is an error naming it
+   before any packet is read.
+2. per link, one source feeds every low-level operator of the picked queries that read it
+   (`tools.run.feeds`): capture files are replayed interleaved by capture time, at full speed or
+   paced (`tools.run.replay`); interfaces are captured live by a thread each into a packet ring
+   (`tools.run.livelinks`). Timer-driven punctuation (`capture.punctuation`) advances each link's
+   low-watermark every period, and during a lull to `clock - slack`, so silent links do not
+   stall windows. Partial rows and punctuation go to the spool.
+3. the Spark stages combine the partial rows, close windows on the combined punctuation and
+   hand the rows to the outputs (`tools.run.outputs`). Paced and live runs run them
+   continuously, so each window appears as soon as its punctuation arrives. A replay at full
+   speed starts the JVM in the background; if the low level is still reading when Spark is
+   up, the stages run continuously from then on (the two levels overlap on two cores),
+   otherwise they run once over the whole spool when the low level is done.
+
+SIGTERM or Ctrl-C stops the sources; every link then punctuates "end of input", every open
+window is closed and written, and the run ends normally. A second Ctrl-C aborts.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import settings
+from common.units import NS_PER_S as NS
+from tools.errors import RunConfigError, RunLinkError, UnsupportedQueryError
+from tools.run.config import (
+    LinkSummary,
+    QuerySummary,
+    RunConfig,
+    RunSummary,
+    choose_queries,
+    load_plan,
+    output_format,
+)
+from tools.run.outputs import QueryOutput
+from tools.run.threads import (
+    ContinuousStages,
+    OverlappedStages,
+    SessionStarter,
+    StopRequest,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _check_sources(config: RunConfig) -> None:
+    if config.links and config.interfaces:
+        raise RunConfigError("give capture files (--link) or interfaces (--interface), not "
+                             "both: a run has one clock, the data's or the wall's")
+    if not config.links and not config.interfaces:
+        raise RunConfigError("give at least one source: --link NAME=PCAP or "
+                             "--interface NAME=IFACE")
+    for name, path in config.links:
+        if not Path(path).is_file():
+            raise RunLinkError(f"--link {name}={path}: no such capture file")
+    names = config.link_names
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise RunConfigError(f"link {', '.join(dup)} is given twice")
+    if config.speed is not None and config.speed <= 0:
+        raise RunConfigError(f"--speed {config.speed}: must be positive (or max)")
+    if config.punctuate_every_ns <= 0:
+        raise RunConfigError("--punctuate-every must be positive")
+
+
+def _workdir(given, prefix, option, temps) -> Path:
+    if given is not None:
+        root = Path(given)
+        # a re-run over an old spool or checkpoint would count the old partial rows again or
+        # skip new files of the same names: a run starts empty
+        if root.is_dir() and any(root.iterdir()):
+            raise RunConfigError(f"{option} {root}: not empty (it holds an earlier run's "
+                                 f"data); give an empty or new directory")
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RunConfigError(f"{option} {root}: cannot create it: {exc}") from None
+        return root
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    temps.append(d)
+    return d
+
+
+def run(config: RunConfig) -> RunSummary:
+    """Run the queries of `config.query_file` over its links; results to the outputs."""
+    started = time.perf_counter()
+    _check_sources(config)
+    plan = load_plan(config)
+    chosen = choose_queries(plan, config)
+    for _, out in chosen:
+        output_format(config, out)
+        if out != "-" and not Path(out).resolve().parent.is_dir():
+            raise RunConfigError(f"--output ...={out}: the directory {Path(out).parent} "
+                                 f"does not exist")
+    stdout = [qp.name for qp, out in chosen if out == "-"]
+    if len(stdout) > 1 and config.format == "parquet":
+        raise RunConfigError(f"parquet on stdout takes one query, not {', '.join(stdout)}: "
+                             f"name files with --output QUERY=PATH")
+    names = {qp.name for qp, _ in chosen}
+    for query, _ in config.extra_sinks:
+        if query not in names:
+            raise RunConfigError(f"query {query!r} does not run (the queries that run are "
+                                 f"{', '.join(sorted(names))})")
+    temps: list[Path] = []
+    try:
+        spool = _workdir(config.spool, "oopscope-spool-", "--spool", temps)
+        checkpoint = _workdir(config.checkpoint, "oopscope-ck-", "--checkpoint", temps)
+        with StopRequest() as stop:
+            return _run(config, plan, chosen, spool, checkpoint, started, stop)
+    finally:
+        for d in temps:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+#: the former name of `run` (offline runs are runs at --speed max)
+run_offline = run
+
+
+def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
+    # the JVM takes seconds to start: it starts first, while the stages are planned and the
+    # sources opened (the query and the capture paths were checked already; a source that
+    # then fails to open ends the run, and the JVM with it). A bounded replay is over in
+    # seconds to minutes: a JVM that starts quickly pays; a paced or live run lasts, and its
+    # steady state wants the optimising compiler
+    starter = SessionStarter(config.master, quick_jvm=not config.streaming,
+                              nice=0 if config.streaming else settings.jvm_nice())
+    starter.start()
+    log.debug("Spark session start asked %.2f s into the run", time.perf_counter() - started)
+    from highlevel.errors import StageConfigError
+    from highlevel.graph import StageGraph
+    from tools.run.feeds import LinkFeeds, OperatorFeed, SpoolQueue
+    from tools.run.outputs import arrow_schema
+
+    several = sum(1 for _, out in chosen if out == "-") > 1
+    formats = {qp.name: output_format(config, out) for qp, out in chosen}
+    outputs = {qp.name: QueryOutput(qp.name, qp.high.outputs, formats[qp.name], out,
+                                    arrow_schema(qp.name, qp.high.outputs),
+                                    buffered=not config.streaming and (
+                                        formats[qp.name] == "table"
+                                        or (several and out == "-")),
+                                    title=qp.name if several and out == "-" else None,
+                                    keep=config.keep_results)
+               for qp, out in chosen}
+    sinks = {name: [o] for name, o in outputs.items()}
+    for name, sink in config.extra_sinks:
+        sinks[name].append(sink)
+    try:
+        # every stage is planned now, before any packet is read; made once Spark is up
+        graph = StageGraph(plan, [qp.name for qp, _ in chosen], spool, checkpoint,
+                           sinks=sinks, master=config.master)
+    except StageConfigError as exc:
+        raise UnsupportedQueryError(str(exc)) from None
+    readers = {q: [r.name for r in plan.queries if q in graph.inputs_of(r)]
+               for q in graph.queries}
+    queries = {q: QuerySummary(q, outputs[q].out if q in outputs else
+                               f"(read by {', '.join(readers[q]) or 'no query'})",
+                               formats.get(q, "spool"))
+               for q in graph.queries}
+    per_link: dict[str, list] = {name: [] for name in config.link_names}
+    # a bounded run's own temporary spool is read once and removed: no compression, and its
+    # files go as soon as their batch is committed
+    temporary = config.spool is None and not config.streaming
+    codec = "none" if temporary else "snappy"
+    graph.prune_spool = temporary
+    for lp in graph.low_plans():
+        per_link[lp.link].append(OperatorFeed(lp, spool, queries[graph.query_of(lp)], codec))
+    feeds = {name: LinkFeeds(name, fs, config.lull_slack_ns) for name, fs in per_link.items()}
+    summary = RunSummary(links={}, queries=queries)
+    sources = _open_sources(config, feeds, summary)
+    continuous = overlap = None
+    if config.streaming:
+        continuous = ContinuousStages(starter, graph)
+        continuous.start()
+    else:
+        overlap = OverlappedStages(starter, graph, lambda: _read_share(sources))
+        if _input_bytes(sources) >= overlap.MIN_BYTES:
+            overlap.start()
+    progress = _progress(config, feeds, sources, outputs)
+    spool_queue = SpoolQueue()           # spool files are written beside the low level
+    for f in feeds.values():
+        for feed in f.feeds:
+            feed.spool_queue = spool_queue
+    completed = False
+    try:
+        info: dict = {}
+        summary.ended = _drive(config, sources, feeds, stop, info)
+        summary.clock_origin = info.get("origin")
+        low_done = time.perf_counter()
+        summary.lowlevel_seconds = low_done - started
+        if continuous is not None:
+            continuous.finish()
+            summary.highlevel_seconds = time.perf_counter() - low_done
+        elif overlap.low_level_done():
+            if overlap.late:
+                graph.speculate(nice=settings.background_nice())
+            overlap.finish()
+            summary.highlevel_seconds = time.perf_counter() - low_done
+        else:
+            if not starter.ready():
+                # the stages' batch computed while Spark starts: its streaming query's start
+                # is the rest of the run's critical path
+                graph.speculate(nice=settings.background_nice())
+            graph.bind(starter.result())
+            summary.spark_wait_seconds = time.perf_counter() - low_done
+            high_started = time.perf_counter()
+            graph.run_available()
+            summary.highlevel_seconds = time.perf_counter() - high_started
+        completed = True
+    finally:
+        spool_queue.close()
+        if overlap is not None and overlap.started:
+            for _, stage in graph.stages:     # after an error: no stream left running
+                stage.stop()
+        if progress is not None:
+            progress.stop()
+        for o in outputs.values():
+            o.close(complete=completed)
+        for name, sink in config.extra_sinks:
+            sink.close()
+    _collect(summary, config, sources, feeds, graph, outputs)
+    summary.total_seconds = time.perf_counter() - started
+    return summary
+
+
+def _open_sources(config: RunConfig, feeds: dict, summary: RunSummary) -> dict:
+    if config.live:
+        from tools.run.livelinks import LiveLink
+
+        lives = {}
+        try:
+            for name, iface in config.interfaces:
+                lives[name] = LiveLink(name, iface, feeds[name],
+                                       period_ns=config.punctuate_every_ns,
+                                       options=dict(config.capture_options))
+        except BaseException:
+            for live in lives.values():
+                live.close()
+            raise
+        return lives
+    from tools.run.replay import FileLink
+
+    return {name: FileLink(name, path, config.batch_size, columns=feeds[name].read_columns)
+            for name, path in config.links}
+
+
+def _input_bytes(sources: dict) -> int:
+    total = 0
+    for src in sources.values():
+        try:
+            total += Path(src.path).stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def _read_share(sources: dict) -> float | None:
+    """The share of the capture files' bytes read so far (record headers estimated), or
+    None when unknown."""
+    done = total = 0
+    for src in sources.values():
+        try:
+            size = Path(src.path).stat().st_size
+        except (AttributeError, OSError):
+            return None
+        st = src.stats
+        total += size
+        done += min(size, st.captured_bytes + 16 * st.packets + 24)
+    return done / total if total else None
+
+
+def _drive(config: RunConfig, sources: dict, feeds: dict, stop, info: dict) -> str:
+    if config.live:
+        from tools.run.livelinks import run_live
+
+        return run_live(sources, feeds, duration_ns=config.duration_ns, stop=stop)
+    from tools.run.replay import replay
+
+    return replay(sources, feeds, speed=config.speed, period_ns=config.punctuate_every_ns,
+                  duration_ns=config.duration_ns, stop=stop, info=info)
+
+
+def _progress(config: RunConfig, feeds: dict, sources: dict, outputs: dict):
+    show = sys.stderr.isatty() if config.progress is None else config.progress
+    if not show:
+        return None
+    from tools.run.progress import Progress
+
+    def sample():
+        packets = sum(f.packets for f in feeds.values())
+        rows = sum(o.rows for o in outputs.values())
+        drops = sum(_drops(s)[0] + _drops(s)[1] for s in sources.values())
+        seen = [f.timer.max_seen for f in feeds.values() if f.timer.max_seen is not None]
+        clock = time.strftime("%H:%M:%S", time.gmtime(min(seen) / NS)) if seen else ""
+        return packets, rows, drops, clock
+
+    progress = Progress(sample)
+    progress.start()
+    return progress
+
+
+def _drops(source) -> tuple[int, int]:
+    """(our ring's drops, the kernel's drops) of a source."""
+    ring = getattr(source, "ring", None)
+    capture = getattr(source, "capture", None)
+    ring_drops = ring.stats().dropped if ring is not None else 0
+    kernel = getattr(getattr(capture, "stats", None), "kernel_drops", 0) if capture else 0
+    return int(ring_drops), int(kernel or 0)
+
+
+def _collect(summary: RunSummary, config: RunConfig, sources, feeds, graph, outputs) -> None:
+    for name, source in sources.items():
+        stats = source.capture.stats if config.live else source.stats
+        path = f"interface {dict(config.interfaces)[name]}" if config.live else source.path
+        s = LinkSummary(name, str(path))
+        # what reached the low level (a stopped replay may have read a little further)
+        s.packets, s.bytes = feeds[name].packets, feeds[name].bytes
+        s.malformed, s.reasons = int(stats.malformed), dict(stats.reasons)
+        s.problems = list(stats.problems)
+        if not config.live and source.problem and source.problem not in s.problems:
+            s.problems.append(source.problem)
+        s.punctuations = feeds[name].timer.count
+        s.ring_drops, s.kernel_drops = _drops(source)
+        summary.links[name] = s
+    for f in feeds.values():
+        for q, c in f.counters():
+            q.evictions += c.get("evictions", 0)
+            q.flushed += c.get("flushed", 0)
+            q.forced_full_flushes += c.get("forced_full_flushes", 0)
+            q.late_packets += c.get("late", 0)
+            q.late_corrected += c.get("late_corrected", 0)
+    for name, q in summary.queries.items():
+        q.late_partial_rows = graph.late_rows(name)
+        q.correction_rows = graph.corrected_rows(name)
+        if name in outputs:
+            q.rows = outputs[name].rows
+            if config.keep_results:
+                summary.results[name] = outputs[name].table()
+        else:
+            q.rows = graph.closed_rows(name)
