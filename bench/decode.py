@@ -24,29 +24,18 @@ from pathlib import Path
 
 import click
 
+from bench.workloads import generated_capture, warm_file
+
 log = logging.getLogger(__name__)
 
 
 def make_capture(path: Path, packets: int) -> Path:
-    """The benchmark capture at `path` (generated once; reused while its packet count matches)."""
-    from tools.gen.traffic import TrafficConfig, generate
+    """The benchmark capture at `path` (generated once; reused while its parameters match)."""
+    from tools.gen.traffic import TrafficConfig
 
-    meta = path.with_name(path.name + ".packets")
-    if path.exists() and meta.exists() and meta.read_text().strip() == str(packets):
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
     cfg = TrafficConfig(packets=packets, duration_ns=600 * 10**9, groups=min(50_000, packets),
                         tcp=0.8, udp=0.2, icmp=0.0, snaplen=64, sizes="imix", seed=1)
-    log.info("generating %d packets into %s", packets, path)
-    generate(cfg, path)
-    meta.write_text(f"{packets}\n")
-    return path
-
-
-def warm_page_cache(path: Path) -> None:
-    with open(path, "rb", buffering=0) as f:
-        while f.read(1 << 24):
-            pass
+    return generated_capture(path, cfg)
 
 
 def _children_cpu() -> float:
@@ -122,7 +111,7 @@ def main(packets: int, repeat: int, dpkt_packets: int, workdir: str, json_path: 
     logging.basicConfig(level=logging.INFO, format="bench_decode: %(message)s", stream=sys.stderr)
     path = make_capture(Path(workdir) / f"decode_{packets}.pcap", packets)
     size = path.stat().st_size
-    warm_page_cache(path)
+    warm_file(path)
     wall, cpu, n = time_ours(path, repeat)
     assert n == packets, (n, packets)
     rows = [("oopscope capture.reader", n, wall, cpu)]

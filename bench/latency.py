@@ -5,7 +5,7 @@ the current window plus punctuation closing it, while a continuously triggered S
 runs in this process. A recording sink notes when each window's rows arrive. Prints a table of
 Spark start-up time, per-micro-batch time and latency (median, p90, max), and writes JSON.
 
-    python tools/bench_latency.py --windows 40 --interval 1.0 --trigger "200 milliseconds"
+    python -m bench.latency --windows 40 --interval 1.0 --trigger "200 milliseconds"
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ def main(argv=None) -> int:
     import numpy as np
 
     from common.spool import SpoolWriter
+    from highlevel.aggregate import AggregateStage
     from highlevel.session import get_session
     from highlevel.sinks import Sink
-    from highlevel.stage import Stage
     from highlevel.testing import demo_spec, random_partials
 
     arrived: dict[int, float] = {}
@@ -67,9 +67,9 @@ def main(argv=None) -> int:
     spark = get_session(args.master)
     startup = time.time() - started
     spec = demo_spec(query="lat", links=("a", "b"))
-    stage = Stage(spec, work / "spool", work / "ck", [RecordingSink()], spark=spark,
-                  trigger=args.trigger)
-    stage.start()
+    stage = AggregateStage(spec, work / "spool", work / "ck", [RecordingSink()], spark=spark,
+                           trigger=args.trigger)
+    query = stage.start()
     rng = np.random.default_rng(0)
     writers = {l: SpoolWriter(work / "spool", "lat", l) for l in spec.links}
     closed_at: dict[int, float] = {}
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
         for i in range(args.windows):
             tick = time.time()
             w = base + i
-            for link, writer in writers.items():
+            for writer in writers.values():
                 rows = random_partials(rng, [w], args.rows, groups=args.groups, query="lat")
                 writer.write([rows], (w + 1) * SECOND)
             closed_at[w] = time.time()          # both links have punctuated past end(w)
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
         deadline = time.time() + 60
         while time.time() < deadline and len(arrived) < args.windows:
             time.sleep(0.05)
-        stage.query.processAllAvailable()     # let the last batch commit before stopping
+        query.processAllAvailable()           # let the last batch commit before stopping
     finally:
         stage.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -34,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench.workloads import generated_capture
+
 log = logging.getLogger(__name__)
 
 TOOLS = ("tcpreplay", "tcpdump", "ip")
@@ -41,19 +43,11 @@ TOOLS = ("tcpreplay", "tcpdump", "ip")
 
 def make_capture(path: Path, packets: int, size: int) -> Path:
     """The replayed capture (generated once, reused while its parameters match)."""
-    from tools.gen.traffic import TrafficConfig, generate
+    from tools.gen.traffic import TrafficConfig
 
-    meta = path.with_name(path.name + ".params")
-    want = f"{packets} {size}\n"
-    if path.exists() and meta.exists() and meta.read_text() == want:
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
     cfg = TrafficConfig(packets=packets, duration_ns=10 * 10**9, groups=min(5000, packets), tcp=0.8, udp=0.2,
                         icmp=0.0, sizes=f"fixed:{size}", seed=1)
-    log.info("generating %d packets of %d bytes into %s", packets, size, path)
-    generate(cfg, path)
-    meta.write_text(want)
-    return path
+    return generated_capture(path, cfg)
 
 
 def _rx_packets(iface: str) -> int:
@@ -120,6 +114,7 @@ def run_tcpdump(pair, pcap: Path, seconds: float, senders: int) -> dict:
     dump = subprocess.Popen(["tcpdump", "-i", pair.outer, "-w", "/dev/null"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     # wait for "listening on": packets before that would not be seen
+    assert dump.stderr is not None   # stderr=PIPE
     line = dump.stderr.readline()
     if "listening" not in line:
         dump.kill()
@@ -145,7 +140,7 @@ def _median(runs: list[dict], key: str) -> float:
 
 
 def summarize(name: str, runs: list[dict]) -> dict:
-    row = {"capturer": name, "runs": runs}
+    row: dict[str, object] = {"capturer": name, "runs": runs}
     for k in ("sent", "arrived", "captured", "kernel_drops", "send_s"):
         row[k] = _median(runs, k)
     # rates over tcpreplay's own send time (its preload and start-up excluded)

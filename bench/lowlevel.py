@@ -40,6 +40,8 @@ from pathlib import Path
 
 import click
 
+from bench.workloads import generated_capture, warm_file
+
 log = logging.getLogger(__name__)
 
 Q8_1 = ("SELECT tb, srcIP, destIP, count(*) FROM main.IPV4 "
@@ -52,19 +54,11 @@ SLOW_FLUSH = {"iop_slow": 1, "oop_lazy": 160, "oop_slow": 160}
 
 def make_capture(directory: Path, groups: int, packets: int) -> Path:
     """The Q8-1 capture with `groups` groups (generated once, reused while it matches)."""
-    from tools.gen.traffic import NS, TrafficConfig, generate
+    from tools.gen.traffic import NS, TrafficConfig
 
-    path = directory / f"q81_{groups}_{packets}.pcap"
-    if path.exists():
-        return path
-    directory.mkdir(parents=True, exist_ok=True)
     cfg = TrafficConfig(packets=packets, duration_ns=600 * NS, groups=groups, tcp=0.8,
                         udp=0.2, icmp=0.0, snaplen=64, sizes="imix", seed=groups)
-    log.info("generating %d packets, %d groups into %s", packets, groups, path)
-    generated = generate(cfg, path)["l0"]
-    if generated != path:
-        generated.rename(path)
-    return path
+    return generated_capture(directory / f"q81_{groups}_{packets}.pcap", cfg)
 
 
 def q81_plan(slots: int, flush: str):
@@ -73,12 +67,6 @@ def q81_plan(slots: int, flush: str):
 
     low = plan_file(parse(Q8_1), ["main"]).queries[0].low[0]
     return replace(low, slots=slots, flush=flush, slow_flush=SLOW_FLUSH[flush], max_disorder=2)
-
-
-def warm_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        while f.read(16 << 20):
-            pass
 
 
 #: reader options of `time_operator`: decode only the columns the plan reads (the target is

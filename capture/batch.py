@@ -61,28 +61,28 @@ class PacketBatch:
         self._derived[name] = val
         return val
 
-    def slice(self, start: int, stop: int) -> "PacketBatch":
+    def slice(self, start: int, stop: int) -> PacketBatch:
         """Rows [start, stop) as views."""
         offs = None if self.offsets is None else self.offsets[start:stop]
         return PacketBatch(self.link, {k: v[start:stop] for k, v in self.columns.items()}, offs,
                            self.in_order)
 
-    def take(self, mask_or_index: np.ndarray) -> "PacketBatch":
+    def take(self, mask_or_index: np.ndarray) -> PacketBatch:
         """Rows selected by a boolean mask or an index array (copies)."""
         offs = None if self.offsets is None else self.offsets[mask_or_index]
         return PacketBatch(self.link, {k: v[mask_or_index] for k, v in self.columns.items()}, offs)
 
-    def copy(self) -> "PacketBatch":
+    def copy(self) -> PacketBatch:
         offs = None if self.offsets is None else self.offsets.copy()
         return PacketBatch(self.link, {k: v.copy() for k, v in self.columns.items()}, offs)
 
     @staticmethod
-    def empty(link: str, n: int = 0) -> "PacketBatch":
+    def empty(link: str, n: int = 0) -> PacketBatch:
         """A zero-filled batch of `n` rows (n = 0: an empty batch)."""
         return PacketBatch(link, {c.name: np.zeros(n, c.dtype) for c in COLUMNS})
 
     @staticmethod
-    def concat(batches: list["PacketBatch"]) -> "PacketBatch":
+    def concat(batches: list[PacketBatch]) -> PacketBatch:
         if not batches:
             raise ValueError("concat of no batches")
         link = batches[0].link

@@ -32,6 +32,7 @@ Decisions a user may need to know:
 from __future__ import annotations
 
 from collections import namedtuple
+from typing import TYPE_CHECKING, Any
 
 import numba
 import numpy as np
@@ -51,10 +52,10 @@ from capture.schema import (
 from common.jit import ngjit
 
 # `decode_frame` is inlined into `decode_rows` at Numba-IR level (same options as ngjit
-# otherwise): as a real call it measured ~20% slower; the small byte readers are left to LLVM,
+# otherwise): a real call per frame is slower; the small byte readers are left to LLVM,
 # which inlines them anyway and compiles faster. `decode_rows` binds the column arrays to
-# locals once: reading them from the tuple per packet costs reference-count operations that
-# made decoding 3x slower.
+# locals once: reading them from the tuple per packet costs reference-count operations on
+# every packet.
 inline_jit = numba.njit(inline="always", cache=True, nogil=True)
 
 # --- link types (pcap LINKTYPE_* values as they appear in files) ------------------------------
@@ -110,7 +111,10 @@ _MAX_IPV6_EXT = 16
 #: where the frame starts in the buffer, its link type, and whether its record lengths are
 #: inconsistent. Numba reads the arrays by attribute.
 _EXTRA = ("record_offset", "data_offset", "link_type", "bad_record")
-DecodeColumns = namedtuple("DecodeColumns", [c.name for c in COLUMNS] + list(_EXTRA))
+if TYPE_CHECKING:
+    DecodeColumns = Any   # its fields come from the schema at import time: mypy cannot see them
+else:
+    DecodeColumns = namedtuple("DecodeColumns", [c.name for c in COLUMNS] + list(_EXTRA))
 
 
 def make_columns(n: int) -> DecodeColumns:

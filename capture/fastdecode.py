@@ -1,12 +1,12 @@
 """The fast decode path: `decode_frame`'s values for the common frame at a fraction of its cost, and decoding only the columns asked for.
 
-`decode_rows` (capture.decode) runs the general `decode_frame` on every frame, ~70 ns each:
+`decode_rows` (capture.decode) runs the general `decode_frame` on every frame:
 its generality (every link type, tags, tunnels, IPv6 extension headers, every malformation)
 costs far more than its loads. Here the common frame (Ethernet; IPv4 with a 20-byte header,
 not a fragment, or IPv6 without extension headers; consistent lengths; a complete and valid
 TCP/UDP/ICMP header or another protocol) is decoded by straight-line code (`fast_frame`); every other frame still goes
-through `decode_frame`, in a second loop (inlined into the first loop it made that loop 3x
-slower), so each row gets exactly the values `decode_rows` gives it. The readers of
+through `decode_frame`, in a second loop (inlined into the first loop it slowed that loop down
+for every frame), so each row gets exactly the values `decode_rows` gives it. The readers of
 `capture.reader` use these kernels:
 
 - `decode_rows_fast(buf, out, start, stop, want)`: with a column mask (`column_mask`):
@@ -222,8 +222,8 @@ def decode_rows_fast(buf, out, start, stop, want):
 
     The common frame (Ethernet; IPv4 of 20-byte header, not a fragment, or IPv6 without
     extension headers; lengths consistent; TCP/UDP/ICMP header complete and valid, or another
-    protocol) is decoded by straight-line code here (~10 ns instead of ~70 ns: `decode_frame`'s generality costs far more than its
-    loads); every other frame goes through `decode_frame`, so each row gets exactly the
+    protocol) is decoded by straight-line code here (`decode_frame`'s generality costs far
+    more than its loads); every other frame goes through `decode_frame`, so each row gets exactly the
     values `decode_rows` gives it. Only the columns with `want[k]` set (k in
     `DECODED_COLUMNS` order; see `column_mask`) are stored: the others keep what they hold.
     """
@@ -341,7 +341,8 @@ def decode_rows_fast(buf, out, start, stop, want):
             pending += 1
     if pending == 0:
         return 0
-    # the rest in a second loop: decode_frame inlined into the loop above made it 3x slower
+    # the rest in a second loop: decode_frame inlined into the loop above slows that loop
+    # down for every frame
     for i in range(start, stop):
         if c_reason[i] != _PENDING:
             continue

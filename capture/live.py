@@ -37,9 +37,9 @@ import os
 import select
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -204,7 +204,7 @@ class LiveCapture:
         self._done = np.zeros(block_count, np.int64)
         self._counters = np.zeros(3, np.int64)
         self._poller = select.poll()
-        self._poller.register(self._sock.fileno(), select.POLLIN | select.POLLERR)
+        self._poller.register(self.fileno(), select.POLLIN | select.POLLERR)   # _open made the socket
         self._down = False
         self._warm()
 
@@ -263,7 +263,7 @@ class LiveCapture:
         block_ready(self._r32, self.block_size, 0)
 
     # --- context manager -------------------------------------------------------------------
-    def __enter__(self) -> "LiveCapture":
+    def __enter__(self) -> LiveCapture:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -274,7 +274,7 @@ class LiveCapture:
         if self._sock is not None:
             self._read_kernel_stats()
         # the numpy views pin the mapping: drop them before unmapping
-        self._r8 = self._r16 = self._r32 = None
+        self._r8 = self._r16 = self._r32 = None  # type: ignore[assignment]  # closed: no use follows
         if self._mm is not None:
             self._mm.close()
             self._mm = None
@@ -301,6 +301,7 @@ class LiveCapture:
         return self._stats
 
     def _read_kernel_stats(self) -> None:
+        assert self._sock is not None   # callers check that the capture is open
         try:
             packets, drops, freezes = read_statistics(self._sock)
         except OSError as exc:  # not expected on a live socket; never fatal
@@ -373,6 +374,7 @@ class LiveCapture:
 
     def _socket_error(self) -> None:
         """POLLERR: the interface went down (resumes when it comes back up) or was removed (ends)."""
+        assert self._sock is not None   # polled only while open
         err = self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)  # reading clears it
         try:
             index = socket.if_nametoindex(self.interface)

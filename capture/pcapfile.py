@@ -251,7 +251,7 @@ def parse_pcap_header(path: str, head: bytes) -> PcapHeader:
     if len(head) < PCAP_HEADER_LEN:
         raise CaptureFormatError(path, len(head), "file ends inside the 24-byte pcap header")
     (magic_le,) = struct.unpack_from("<I", head, 0)
-    for big, magic in ((False, magic_le), (True, struct.unpack_from(">I", head, 0)[0])):
+    for big, magic in ((False, magic_le), (True, struct.unpack_from(">I", head, 0)[0])):  # noqa: B007 -- read after the loop
         if magic in (PCAP_MAGIC_US, PCAP_MAGIC_NS):
             break
     else:

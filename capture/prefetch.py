@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,10 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -59,6 +60,9 @@ from capture.pcapfile import (
 )
 from capture.resync import RS_FOUND, TIME_WINDOW_S, resync_pcap, resync_pcapng
 from capture.schema import COLUMNS, REASONS
+
+if TYPE_CHECKING:
+    from capture.prefetch import ReadAhead
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +129,7 @@ class CaptureReader:
         if prefetch < 0:
             raise ValueError("prefetch must be >= 0")
         self.prefetch = int(prefetch)
-        self._ahead = None
+        self._ahead: ReadAhead | None = None
         try:
             self._file = open(self.path, "rb", buffering=0)
             size = os.fstat(self._file.fileno()).st_size
@@ -135,7 +139,7 @@ class CaptureReader:
             raise CaptureError(f"{self.path}: is a directory, not a capture file") from None
         except OSError as exc:
             raise CaptureError(f"{self.path}: cannot read capture file: {exc.strerror or exc}") from None
-        self._map = None        # the file mapped into memory (large files)
+        self._map: mmap.mmap | None = None   # the file mapped into memory (large files)
         self._released = 0      # mapped bytes before this were handed back (MADV_DONTNEED)
         self._fill = 0          # valid bytes in _buf
         self._pos = 0           # next unparsed byte in _buf
@@ -156,7 +160,7 @@ class CaptureReader:
             raise
 
     # --- context manager -----------------------------------------------------------------
-    def __enter__(self) -> "CaptureReader":
+    def __enter__(self) -> CaptureReader:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -170,10 +174,10 @@ class CaptureReader:
     # --- buffer management ---------------------------------------------------------------
     def _map_file(self, size: int) -> None:
         """Map a large file instead of reading it into the buffer: the kernels frame and
-        decode the page cache's own pages. Reading copied every byte once more (the 5.6 GB
-        50M-packet capture: ~1 s of the read-ahead thread). A private mapping, never written:
+        decode the page cache's own pages; reading copies every byte once more, on the
+        read-ahead thread. A private mapping, never written:
         the buffer has the type of a read one (the kernels need no second compilation). Where
-        mapping fails (a pipe, a special file system), the file is read as before."""
+        mapping fails (a pipe, a special file system), the file is read into the buffer."""
         try:
             mapped = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_COPY)
         except (OSError, ValueError) as exc:
@@ -208,7 +212,7 @@ class CaptureReader:
             # one record larger than the buffer: grow it (records are bounded by MAX_RECORD)
             self._buf = np.concatenate([self._buf, np.empty(len(self._buf), np.uint8)])
         got = 0
-        view = memoryview(self._buf)
+        view = self._buf.data   # a memoryview of the buffer
         while self._fill < len(self._buf):
             try:
                 n = self._file.readinto(view[self._fill:])

@@ -12,7 +12,8 @@ queue of punctuations and one array per physical column of `capture.schema.COLUM
     batch, punct = ring.take(65536)    # consumer: views valid until the next take()/release()
     ring.finish()                      # producer: end of stream (consumer sees `done`)
 
-Rules (the Gigascope ring buffer of thesis 8.4; ARCHITECTURE contract 2 and 3):
+Rules (the Gigascope ring buffer of thesis 8.4; docs/architecture.md "Contracts between the
+levels": packet ring and punctuation):
 - The producer never waits: `push` copies the rows that fit and drops the rest, counting them.
   `offered == processed + dropped + occupancy` holds at every moment the ring is quiescent, so
   once the consumer has drained it, `offered == processed + dropped` exactly.
@@ -113,7 +114,7 @@ def ring_commit(ctrl, k, n):
 class RingColumns(Mapping):
     """The columns of one `take`: views of rows [start, stop) of the ring's arrays, each sliced
     when first read. A consumer reads a few of the ~30 columns, and slicing all of them cost
-    more (~9 us a take) than the rest of a take together."""
+    more than the rest of a take together."""
 
     __slots__ = ("_arrays", "_rows", "_views")
 
@@ -204,7 +205,7 @@ class PacketRing:
     # --- construction ---------------------------------------------------------------------
     @classmethod
     def create(cls, capacity: int, link: str = "l0", *, shared: bool = False,
-               punct_slots: int = DEFAULT_PUNCT_SLOTS) -> "PacketRing":
+               punct_slots: int = DEFAULT_PUNCT_SLOTS) -> PacketRing:
         """A new ring of `capacity` rows (RingError if capacity < 1 or the memory cannot be had)."""
         if not isinstance(capacity, (int, np.integer)) or capacity < 1:
             raise RingError(f"ring capacity must be a positive number of rows (got {capacity!r})")
@@ -214,6 +215,7 @@ class PacketRing:
         if len(link_b) > LINK_BYTES:
             raise RingError(f"link name {link!r} is longer than {LINK_BYTES} bytes")
         _, _, size = _layout(int(capacity), punct_slots)
+        buf: memoryview | np.ndarray | None
         try:
             if shared:
                 shm = shared_memory.SharedMemory(create=True, size=size)
@@ -231,7 +233,7 @@ class PacketRing:
         return cls(buf, int(capacity), punct_slots, shm=shm, owner=shared)
 
     @classmethod
-    def attach(cls, name: str) -> "PacketRing":
+    def attach(cls, name: str) -> PacketRing:
         """The shared ring `name` created by another process (RingError if absent or not a ring)."""
         # Python 3.11 registers attached segments with the resource tracker, which would unlink
         # the owner's segment when this process exits; only the creator may unlink it.
@@ -346,6 +348,7 @@ class PacketRing:
         k = min(head - tail, max_rows, self.capacity - pos)
         batch = None
         if k > 0:
+            cols: Mapping[str, np.ndarray]
             if copy:
                 cols = {name: a[pos:pos + k].copy() for name, a in self.columns.items()}
             else:
@@ -410,7 +413,8 @@ class PacketRing:
         if self._shm is None:
             return
         shm, self._shm = self._shm, None
-        self.ctrl = self._punct = None
+        # closed: the views must go so the mapping can be unmapped (no use follows a close)
+        self.ctrl = self._punct = None  # type: ignore[assignment]
         self.columns = {}
         self._buf = None
         # numpy views hold the mmap object itself (not an export of shm.buf), so forgetting
@@ -428,7 +432,7 @@ class PacketRing:
             except FileNotFoundError:
                 pass
 
-    def __enter__(self) -> "PacketRing":
+    def __enter__(self) -> PacketRing:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -57,8 +57,8 @@ def spool_file_name(link: str, seq: int) -> str:
 
 def normalise_column(array: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
     """One column in its spool (Spark-readable) physical type. A chunked column stays
-    chunked (the partial rows of one write come in many batches: combining them first copied
-    every column, 0.6 s for 3.4M flow records); uint64 is a view of the same bits."""
+    chunked (the partial rows of one write come in many batches: combining them first would
+    copy every column); uint64 is a view of the same bits."""
     if isinstance(array, pa.ChunkedArray):
         return pa.chunked_array([normalise_column(c) for c in array.chunks],
                                 type=_spool_type(array.type))
@@ -106,8 +106,8 @@ def spool_columns(name: str, array) -> list[tuple[str, pa.Array]]:
 
 
 #: Data rows of spool files kept in memory for a reader in the same process (a stage that
-#: closes flow records on the driver, `highlevel.driverrows`): it takes them from here instead
-#: of decoding the file it was just written to (3.4M flow records: 0.6 s). The file is written
+#: closes flow records on the driver, `highlevel.flowrecords`): it takes them from here instead
+#: of decoding the file it was just written to. The file is written
 #: all the same (Spark's file source lists it; other readers and restarts read it). At most
 #: CACHE_BYTES are kept, the oldest dropped first; a query whose stage reads with Spark's
 #: job says so (`not_kept`) and its rows are dropped.
@@ -161,8 +161,8 @@ class SpoolWriter:
 
     `compression`: the Parquet codec. Snappy by default: a kept spool (`--spool`, the files
     of a live run, which are never pruned) is a third of the size. A bounded run's temporary
-    spool is written and read once and then removed, so it goes uncompressed ("none"): 5.5M
-    flow records wrote in 0.9 s and read in 0.35 s instead of 1.7 s and 1.0 s. Column
+    spool is written and read once and then removed, so it goes uncompressed ("none"), which
+    is much faster to write and to read. Column
     statistics are never written; nothing reads them (the footer carries the markers).
     `keep_in_memory`: each file's data rows stay in memory for `cached_rows`.
     """

@@ -2,31 +2,65 @@
 
 A stage needs, per micro-batch, each spool file's link, sequence number, punctuation and row
 count, and whether any of its rows is late. A Spark job over the batch finds them (a scan and
-an aggregation: seconds on a fresh JVM, a second per million rows after). The same facts
+an aggregation: slow on a fresh JVM, and in proportion to the rows after). The same facts
 are on disk already: Structured Streaming's file source logs which files each batch reads
 before the batch runs (`<checkpoint>/offsets/<batch>`: the source's log offset;
 `<checkpoint>/sources/0/<offset>` or a `.compact` file: one JSON line per file, `"v1"`
 first), and `SpoolWriter` puts each file's markers in its Parquet footer
 (`oopscope.punct`, `oopscope.rows`, `oopscope.min_window`). `batch_markers` reads both; any
 doubt (a log it cannot read, a file without the keys) gives None and the caller runs the
-Spark job as before.
+Spark job as before. Either way a batch's files are `SpoolFileMarker` records.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import pyarrow.parquet as pq
 
-from common.spool import LINK, SEQ, parse_spool_name
+from common.spool import JOINT_MARKERS, LINK, SEQ, parse_spool_name
 
 log = logging.getLogger(__name__)
 
 #: footer keys SpoolWriter writes (values: decimal text; "" for None)
 PUNCT_KEY, ROWS_KEY, MIN_WINDOW_KEY = b"oopscope.punct", b"oopscope.rows", b"oopscope.min_window"
+
+
+@dataclass(frozen=True)
+class SpoolFileMarker:
+    """What a micro-batch needs to know of one of its spool files: the link and sequence
+    number (Meld applies the punctuation in sequence order), the punctuation the file
+    carries, its data rows, and how many of them are late or kept against the punctuation
+    the stage closed through. From the file's footer (`path` set, no row late) or from the
+    Spark job over the batch (a stage kind's job may count more: `joint`, `max_pane`)."""
+
+    link: str
+    seq: int
+    punctuation: int | None
+    rows: int = 0
+    late: int = 0
+    kept: int = 0
+    path: Path | None = None               # the file (markers read from its footer)
+    min_window: int | None = None          # the file's earliest pane (from its footer)
+    joint: tuple = ()                      # the `JOINT_MARKERS` values (highlevel.joint)
+    max_pane: int | None = None            # the latest pane of a kept row (landmark windows)
+
+    @classmethod
+    def from_row(cls, row) -> SpoolFileMarker:
+        """The markers of one file as the Spark job over a batch gives them: a row grouped by
+        (LINK, SEQ) with the punctuation as `p` and whichever counts the job took."""
+        d = row.asDict()
+
+        def count(name: str) -> int:
+            return int(d.get(name) or 0)
+
+        return cls(d[LINK], int(d[SEQ]), d["p"], count("rows"), count("late"), count("kept"),
+                   joint=tuple(d[c] for c in JOINT_MARKERS if c in d),
+                   max_pane=d.get("max_pane"))
 
 
 def _log_offset(path: Path) -> int | None:
@@ -74,8 +108,8 @@ def batch_files(stream: Path, batch_id: int) -> list[Path] | None:
     return paths
 
 
-def file_markers(path: Path) -> dict | None:
-    """{LINK, SEQ, "p", "rows", "min_window"} of a spool file from its footer, or None."""
+def file_markers(path: Path) -> SpoolFileMarker | None:
+    """The markers of a spool file from its footer (no row late, none kept yet), or None."""
     try:
         meta = pq.read_schema(path).metadata or {}
     except (OSError, ValueError) as exc:
@@ -92,31 +126,34 @@ def file_markers(path: Path) -> dict | None:
         return int(text) if text else None
 
     try:
-        return {LINK: named[0], SEQ: named[1], "p": num(PUNCT_KEY), "rows": num(ROWS_KEY),
-                "min_window": num(MIN_WINDOW_KEY)}
+        rows = num(ROWS_KEY)
+        if rows is None:
+            return None
+        return SpoolFileMarker(named[0], named[1], num(PUNCT_KEY), rows, path=path,
+                               min_window=num(MIN_WINDOW_KEY))
     except ValueError:
         return None
 
 
-def batch_markers(stream: Path, batch_id: int, earliest_end, before: int | None):
-    """Per file of the batch: {LINK, SEQ, "p", "rows", "late", "kept"}, as the stage's
-    markers job gives them, and the file's "path", when no row can be late
-    (`earliest_end(min_window)`, the end of the first window a file's earliest pane counts
-    in, after `before`); else None."""
+def batch_markers(stream: Path, batch_id: int, earliest_end,
+                  before: int | None) -> list[SpoolFileMarker] | None:
+    """The markers of every file of the batch, as the stage's markers job gives them, when
+    no row can be late (`earliest_end(min_window)`, the end of the first window a file's
+    earliest pane counts in, after `before`); else None."""
     paths = batch_files(stream, batch_id)
     return None if paths is None else files_markers(paths, earliest_end, before)
 
 
-def files_markers(paths: list[Path], earliest_end, before: int | None):
+def files_markers(paths: list[Path], earliest_end,
+                  before: int | None) -> list[SpoolFileMarker] | None:
     """`batch_markers` of these spool files."""
     out = []
     for path in paths:
         m = file_markers(path)
-        if m is None or m["rows"] is None:
+        if m is None:
             return None
-        if m["rows"] and before is not None and (m["min_window"] is None
-                                                 or earliest_end(m["min_window"]) <= before):
+        if m.rows and before is not None and (m.min_window is None
+                                              or earliest_end(m.min_window) <= before):
             return None          # late rows possible: the Spark job counts them
-        out.append({LINK: m[LINK], SEQ: m[SEQ], "p": m["p"], "rows": m["rows"], "late": 0,
-                    "kept": m["rows"], "path": path})
+        out.append(replace(m, kept=m.rows))
     return out

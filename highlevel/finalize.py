@@ -147,7 +147,7 @@ class Compiler:
         name, args = node.name.lower(), list(node.args["args"] or [])
         if name in ("hll_estimate", "count_distinct"):
             (arg,) = args
-            if not isinstance(arg, (E.Column, getattr(E, "Field", E.Column))) or \
+            if not isinstance(arg, (E.Column, E.Field)) or \
                     arg.name not in self.states:
                 raise StageConfigError(f"query {self.spec.query!r}: {name}() takes a "
                                        f"COUNT_DISTINCT state column ({node!r})")
@@ -222,8 +222,8 @@ def ip_text_arrow(hi: pa.Array, lo: pa.Array) -> pa.Array:
     groups as `::`), as `ipaddress` writes them; null where `hi` or `lo` is null.
 
     The kernel `write_ip_text` writes the string array's offsets and UTF-8 bytes directly, no
-    Python object per address: 0.05 s per column of 3.4M flow records (`ipaddress` took 1.2 s
-    per 800K, a table of text pieces joined by Arrow 0.65 s per 3.4M).
+    Python object per address: `ipaddress`, or a table of text pieces joined by Arrow, took
+    many times as long for a column of flow records (docs/performance.md).
     """
     n = len(hi)
     if n > _IP_TEXT_ROWS:   # int32 offsets address 2 GiB of text: longer columns by pieces
@@ -246,7 +246,7 @@ def ip_text_arrow(hi: pa.Array, lo: pa.Array) -> pa.Array:
 # As in `tools.run.csvwrite`: indices cast to unsigned (`_U(o)`) skip Numba's negative-index
 # wraparound, and the loop writes `data` itself (helpers taking arrays left reference-count calls
 # in it). Each octet or group is stored as one 4-byte word and `o` advances by its length: the
-# bytes past it are overwritten by what follows (an IPv4 address went from 27 to 4 ns).
+# bytes past it are overwritten by what follows (one store instead of a loop per digit).
 #: the longest text of an address: 8 groups of 4 hex digits and 7 colons
 IP_TEXT_WIDTH = 39
 _IP_TEXT_ROWS = (2**31 - 1) // IP_TEXT_WIDTH

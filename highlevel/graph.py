@@ -9,9 +9,11 @@ Parquet + marker-row format the low level writes, so every stage reads one direc
 stream and melds its inputs' punctuation the same way.
 
 Stages by plan kind:
-- aggregate over links: `Stage` (combine partials, Meld/Merge, close windows);
-- aggregate over a query: `Stage` whose micro-batches first run the row plan in Spark
-  (`highlevel.rowplans`), then combine/close as for links (1-minute -> 5-minute rollups);
+- aggregate over links: `AggregateStage` (combine partials, Meld/Merge, close windows);
+  landmark windows `LandmarkStage`, tuple-count windows `CountWindowStage`;
+- aggregate over a query: `AggregateStage` whose micro-batches first run the row plan in Spark
+  (`highlevel.rowplans`), then combine/close as for links (1-minute -> 5-minute rollups); a
+  reader of a join grouping by both sides' times: `JointStage`;
 - select: `SelectStage` (rows pass through, Meld punctuation);
 - join: `JoinStage` (OA-Join); a side over links gets a `SelectStage` named `<query>@<alias>`
   that unions its links into the join's spool;
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -72,8 +75,9 @@ class StageGraph:
         self._over_links: set[str] = set()      # plain aggregations over links (`speculate`)
         # the stages are made when first needed (they need the Spark session): the low-level
         # plans are known at once, so packets can flow while the JVM starts
-        self._makers: list[tuple[str, object]] = []     # side stages first, as _build finds them
-        own: list[tuple[str, object]] = []
+        # side stages first, as _build finds them
+        self._makers: list[tuple[str, Callable[[], Stage]]] = []
+        own: list[tuple[str, Callable[[], Stage]]] = []
         for qp in plan.queries:
             if qp.name in self.queries:
                 own.append((qp.name, self._build(qp)))
@@ -101,7 +105,7 @@ class StageGraph:
         if self._stages is None and set(self.queries) != self._over_links:
             return None
         stages = [stage for _, stage in self.stages
-                  if getattr(stage, "_driver", None) is not None and not stage.driver_batches]
+                  if stage.closes_on_driver and not stage.driver_batches]
         if not stages:
             return None
 
@@ -187,7 +191,7 @@ class StageGraph:
 
     def _side_stage(self, qp, alias: str, link_column: str | None, prefix: str):
         """The selection stage unioning one join/MERGE side's links into the query's spool."""
-        from highlevel.rowstage import SelectStage
+        from highlevel.select import Selection, SelectStage
         from queries import expressions as E
 
         name = f"{qp.name}@{alias}"
@@ -202,17 +206,20 @@ class StageGraph:
             self._query_of[name] = qp.name
         outputs = [(n, E.Field(name=n, type=t), t) for n, t in proj]
         links = tuple(lp.link for lp in plans)
+        selection = Selection(name, links, tuple(low_cols), tuple(outputs),
+                              link_column=link_column)
         self._makers.append((name, lambda: SelectStage(
-            name, links, low_cols, outputs, self.spool, self._ck(name),
-            [SpoolSink(self.spool, qp.name, alias, prefix)], link_column=link_column,
-            **self._kw())))
+            selection, self.spool, self._ck(name),
+            [SpoolSink(self.spool, qp.name, alias, prefix)], **self._kw())))
         return proj
 
     def _build(self, qp):
-        from highlevel.join import JoinStage
+        from highlevel.aggregate import AggregateStage
+        from highlevel.join import JoinSpec, JoinStage
+        from highlevel.merge import MergeSpec, MergeStage
+        from highlevel.rowlayout import raw_schema
         from highlevel.rowplans import prepare_function
-        from highlevel.rows import raw_schema
-        from highlevel.rowstage import MergeStage, SelectStage
+        from highlevel.select import Selection, SelectStage
         from highlevel.spec import from_high_level
 
         h, name = qp.high, qp.name
@@ -224,24 +231,29 @@ class StageGraph:
                 raise StageConfigError(f"query {name!r}: an aggregation without a window "
                                        f"is not supported by the Spark stage")
             # landmark windows keep one running state per group (highlevel.landmark)
-            kind = Stage
+            kind: type[AggregateStage] = AggregateStage
             if h.window.landmark is not None:
-                from highlevel.landmark import LandmarkStage as kind
+                from highlevel.landmark import LandmarkStage
+
+                kind = LandmarkStage
             if h.input_kind == "links":
                 self._add_low(qp)
                 spec = from_high_level(h, qp.low)
-                if kind is Stage:
+                if kind is AggregateStage:
                     self._over_links.add(name)
                 return lambda: kind(spec, self.spool, self._ck(name), self.sinks[name],
                                     **self._kw())
             (up,) = h.inputs
             (rp,) = h.row_plans
             cols = output_columns_of(self.plan.query(up))
-            side, markers = self._join_side(up, h.window), ()
+            side = self._join_side(up, h.window)
+            markers: tuple[str, ...] = ()
             if h.window2 is not None:
                 # both sides' times: the join's individual and joint punctuation
-                from common.spool import JOINT_MARKERS as markers
-                from highlevel.joint import JointStage as kind
+                from common.spool import JOINT_MARKERS
+                from highlevel.joint import JointStage
+
+                markers, kind = JOINT_MARKERS, JointStage
                 if side is None:
                     raise StageConfigError(f"query {name!r}: its first temporal group item "
                                            f"must read one side's time of join {up!r}")
@@ -254,13 +266,14 @@ class StageGraph:
             if h.input_kind == "links":
                 self._add_low(qp)
                 cols = [(k.name, _gsql(k.type)) for k in qp.low[0].projections]
-                return lambda: SelectStage(name, h.inputs, cols, outputs, self.spool,
-                                           self._ck(name), self.sinks[name], **self._kw())
-            (up,) = h.inputs
-            cols = output_columns_of(self.plan.query(up))
-            self._feed(up, name, up)
-            return lambda: SelectStage(name, h.inputs, cols, outputs, self.spool,
-                                       self._ck(name), self.sinks[name], predicate=h.predicate,
+                selection = Selection(name, tuple(h.inputs), tuple(cols), tuple(outputs))
+            else:
+                (up,) = h.inputs
+                cols = output_columns_of(self.plan.query(up))
+                self._feed(up, name, up)
+                selection = Selection(name, tuple(h.inputs), tuple(cols), tuple(outputs),
+                                      predicate=h.predicate)
+            return lambda: SelectStage(selection, self.spool, self._ck(name), self.sinks[name],
                                        **self._kw())
         if h.kind == "join":
             columns = {}
@@ -271,8 +284,9 @@ class StageGraph:
                     self._feed(side.input, name, side.alias, prefix)
                 else:
                     columns[side.alias] = self._side_stage(qp, side.alias, None, prefix)
-            return lambda: JoinStage(name, h.join, columns, outputs, self.spool, self._ck(name),
-                                     self.sinks[name], **self._kw())
+            join = JoinSpec(name, h.join, columns, tuple(outputs))
+            return lambda: JoinStage(join, self.spool, self._ck(name), self.sinks[name],
+                                     **self._kw())
         if h.kind == "merge":
             aliases = [f.table for f in h.merge_fields]
             cols = [(o.name, _gsql(o.type)) for o in h.outputs]
@@ -282,13 +296,16 @@ class StageGraph:
                 else:
                     link_col = "link" if any(c == "link" for c, _ in cols) else None
                     self._side_stage(qp, alias, link_col, "")
-            return lambda: MergeStage(name, aliases, cols, h.merge_fields, cols, self.spool,
-                                      self._ck(name), self.sinks[name], **self._kw())
+            merge = MergeSpec(name, tuple(aliases), tuple(cols), tuple(h.merge_fields),
+                              tuple(cols))
+            return lambda: MergeStage(merge, self.spool, self._ck(name), self.sinks[name],
+                                      **self._kw())
         raise StageConfigError(f"query {name!r}: plan kind {h.kind!r} is not supported")
 
     def _rows_stage(self, qp):
-        """A tuple-count window: the low level selects, `RowsStage` numbers and aggregates."""
-        from highlevel.rowswindow import RowsStage
+        """A tuple-count window: the low level selects, `CountWindowStage` numbers and
+        aggregates."""
+        from highlevel.countwindow import CountWindowStage
         from highlevel.spec import from_high_level
 
         h, name = qp.high, qp.name
@@ -296,8 +313,8 @@ class StageGraph:
         self._add_low(qp)
         cols = [(k.name, _gsql(k.type)) for k in qp.low[0].projections]
         spec = from_high_level(replace(h, window=rp.window))
-        return lambda: RowsStage(spec, h.rows, cols, rp, self.spool, self._ck(name),
-                                 self.sinks[name], **self._kw())
+        return lambda: CountWindowStage(spec, h.rows, cols, rp, self.spool, self._ck(name),
+                                        self.sinks[name], **self._kw())
 
     def _add_low(self, qp) -> None:
         for lp in qp.low:
@@ -354,7 +371,7 @@ class StageGraph:
         self.run_available()
 
     def stage(self, query: str) -> Stage:
-        self.stages
+        _ = self.stages            # made on first use
         return self.stage_of[query]
 
     def late_rows(self, query: str) -> int:
@@ -362,7 +379,7 @@ class StageGraph:
 
     def corrected_rows(self, query: str) -> int:
         """Correction rows written (late 'correct'; 0 for stages without corrections)."""
-        return getattr(self.stage(query).state, "corrected_rows", 0)
+        return self.stage(query).state.corrected_rows
 
     def closed_rows(self, query: str) -> int:
         return self.stage(query).state.closed_rows

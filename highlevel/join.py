@@ -1,4 +1,6 @@
-"""OA-Join (SEMANTICS.md section 7) on Spark: tumbling-window and band equi-joins of two inputs.
+"""OA-Join on Spark: tumbling-window and band equi-joins of two inputs.
+
+The semantics: docs/semantics.md, "Joins: OA-Join and joint punctuation".
 
 The join's spool holds the rows of both sides (files whose link is the side's alias, columns
 prefixed `alias__`), written by the side's upstream stage (a query, or the selection stage
@@ -16,15 +18,15 @@ that unions the side's links). Per micro-batch:
    an unmatched purged row of a preserved side is emitted once, the other side null;
 4. the output punctuation (ns) is the earliest time a future result can carry:
    min(b_L, b_R) for a tumbling join, min(b_L, b_R - RANGE_L) / min(b_R, b_L - RANGE_R) on
-   the two timestamps for a band join (the individual punctuation of section 7), mapped back
-   to ns. Both are emitted: a reader whose windows are on one side's time (an aggregate
-   grouping by a column of the left side's time, say; `SpoolSink.side`, set by the stage
-   graph) gets that side's, every other reader the smaller of the two
-   (`state.extra["side_punct"]`, `sink_punctuation`).
+   the two timestamps for a band join (the individual punctuation), mapped back to ns. Both
+   are emitted: a reader whose windows are on one side's time (an aggregate grouping by a
+   column of the left side's time, say; `SpoolSink.side`, set by the stage graph) gets that
+   side's, every other reader the smaller of the two (`state.extra["side_punct"]`,
+   `sink_punctuation`).
 Band joins: `l` joins `r` iff `l.wa - RANGE_R <= r.wa < l.wa + RANGE_L` (JoinPlan's convention).
 
-Joint punctuation (SEMANTICS.md 7, thesis 7.2, Fig 7-3/7-4): the pair (b_L, b_R) promises that
-no later result has `l.wa < b_L` *and* `r.wa < b_R` (such a pair has both rows arrived, so it
+Joint punctuation (thesis 7.2, Fig 7-3/7-4): the pair (b_L, b_R) promises that no later
+result has `l.wa < b_L` *and* `r.wa < b_R` (such a pair has both rows arrived, so it
 was produced). It is emitted when the pair lies inside the band (tumbling: same window), as
 `state.extra["joint"]` = [ns_L, ns_R] and `JoinStage.joint_punctuation`. A group of a
 downstream aggregate keyed on both timestamps (windows ending at e_L on l.wa and e_R on r.wa)
@@ -36,6 +38,9 @@ joint pair with every spool file (`SpoolSink.joint`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401  (pa.compute.coalesce)
@@ -43,9 +48,12 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from common.spool import LINK
-from highlevel import rows as R
+from common.units import INT64_MAX
+from highlevel import rowlayout as R
 from highlevel.errors import StageConfigError
-from highlevel.rowstage import INT64_MAX, RowSpec, RowStage, form_value
+from highlevel.rowlayout import form_value
+from highlevel.select import RowStage
+from highlevel.sinks import Sink
 from queries import expressions as E
 from queries.inference import type_of
 
@@ -69,7 +77,8 @@ def joint_punctuation(b_l: int | None, b_r: int | None, band: bool, range_l: int
 
 def individual_punctuation(b_l: int | None, b_r: int | None, band: bool, range_l: int = 0,
                            range_r: int = 0) -> tuple[int, int] | None:
-    """Individual punctuation (on l.wa, on r.wa) of the bounds (SEMANTICS.md 7)."""
+    """Individual punctuation (on l.wa, on r.wa) of the bounds (docs/semantics.md, "Joins:
+    OA-Join and joint punctuation")."""
     if b_l is None or b_r is None:
         return None
     if not band:
@@ -97,17 +106,40 @@ def _key_kind(le, re_) -> str:
     return "llong"
 
 
-class JoinStage(RowStage):
-    """One join query: `join` is the planner's JoinPlan, `columns` maps each alias to the
-    (name, GSQL type) raw columns of its rows, `outputs` (name, expression, GSQL type)."""
+@dataclass(frozen=True)
+class JoinSpec:
+    """A join query: `join` the planner's JoinPlan, `columns` each alias's (name, GSQL type)
+    raw columns, `outputs` (name, expression, GSQL type)."""
 
-    def __init__(self, query: str, join, columns: dict, outputs, spool, checkpoint, sinks,
-                 **kw):
+    query: str
+    join: Any                       # a queries.plan.JoinPlan
+    columns: dict = field(hash=False)
+    outputs: tuple[tuple[str, object, str], ...]
+
+    @property
+    def links(self) -> tuple[str, ...]:
+        """The two sides' aliases: the `__link` names of the join's spool files."""
+        return (self.join.left.alias, self.join.right.alias)
+
+    def spool_schema(self) -> T.StructType:
+        fields = R.meta_fields()
+        for s in (self.join.left, self.join.right):
+            fields += R.raw_fields(self.columns[s.alias], prefix=f"{s.alias}__")
+        return T.StructType(fields)
+
+    def output_columns(self) -> list[tuple[str, str]]:
+        return [(n, t) for n, _, t in self.outputs]
+
+
+class JoinStage(RowStage):
+    """The stage of a `JoinSpec` (module docstring)."""
+
+    def __init__(self, spec: JoinSpec, spool, checkpoint, sinks, **options):
+        query, join = spec.query, spec.join
         self.join = join
         self.sides = (join.left, join.right)
-        self.columns = columns
-        self.outputs = [(n, t) for n, _, t in outputs]
-        self.out_exprs = list(outputs)
+        self.columns = spec.columns
+        self.out_exprs = list(spec.outputs)
         if join.temporal is not None:
             self.band = False
             self.forms = tuple(e.form for e in join.temporal)
@@ -123,11 +155,7 @@ class JoinStage(RowStage):
             raise StageConfigError(f"query {query!r}: the join's temporal attributes must be "
                                    f"increasing (a TimeForm on both sides)")
         self.kinds = [_key_kind(le, re_) for le, re_ in join.keys]
-        fields = R.meta_fields()
-        for s in self.sides:
-            fields += R.raw_fields(columns[s.alias], prefix=f"{s.alias}__")
-        super().__init__(RowSpec(query, (join.left.alias, join.right.alias),
-                                 T.StructType(fields)), spool, checkpoint, sinks, **kw)
+        super().__init__(spec, spool, checkpoint, sinks, **options)
         self.side_schema = [self._side_schema(i) for i in (0, 1)]
         self.out_schema = T.StructType([T.StructField("window", T.LongType())]
                                        + [T.StructField(f"__{t}{c}", T.LongType())
@@ -229,7 +257,7 @@ class JoinStage(RowStage):
                           .persist())
             d = state.extra.get(f"{'lr'[i]}_dir")
             if d:
-                old[i] = spark.read.schema(self.side_schema[i]).parquet(str(self.state_root / d))
+                old[i] = spark.read.schema(self.side_schema[i]).parquet(str(self.store.path(d)))
         pairs = []
         if new[0] is not None and (old[1] is not None or new[1] is not None):
             other = new[1] if old[1] is None else (old[1] if new[1] is None
@@ -274,7 +302,7 @@ class JoinStage(RowStage):
                 tables.append(lonely.mapInArrow(self._output_function(t), self.out_schema)
                               .toArrow())
             d = f"buf-{'lr'[i]}-{batch_id:010d}"
-            allrows.where(keep).write.mode("overwrite").parquet(str(self.state_root / d))
+            allrows.where(keep).write.mode("overwrite").parquet(str(self.store.path(d)))
             allrows.unpersist()
             state.extra[f"{'lr'[i]}_dir"] = d
         for f in new:
@@ -324,26 +352,29 @@ class JoinStage(RowStage):
     def side_bounds(self, p) -> list[int]:
         """The individual punctuation of the side bounds p (ns), one per timestamp, as ns:
         no later result has a left time (l.wa) before the first, or a right time before the
-        second (tumbling: both min(b_L, b_R); band: SEMANTICS.md 7)."""
+        second (tumbling: both min(b_L, b_R); band: docs/semantics.md, "Joins: OA-Join and
+        joint punctuation")."""
         if all(x == INT64_MAX for x in p):
             return [INT64_MAX, INT64_MAX]
         b = [form_value(f, x) for f, x in zip(self.forms, p)]
         rl, rr = (self.sides[0].range, self.sides[1].range) if self.band else (0, 0)
         ind = individual_punctuation(b[0], b[1], self.band, rl, rr)
+        assert ind is not None          # both bounds are known
         return [_inverse(f, v) for f, v in zip(self.forms, ind)]
 
-    def sink_punctuation(self, sink, state):
+    def sink_punctuation(self, sink: Sink, state):
         """A reader whose windows are on one side's time (`SpoolSink.side`) gets that
         side's individual punctuation; any other sink the stage's (the smaller of the two).
         A reader grouping by both times (`SpoolSink.joint`, highlevel.joint) gets (its
         first time's individual punctuation, the other's, the joint pair in the same order),
         or None before the join has punctuation on both sides."""
-        side = getattr(sink, "side", None)
+        side = sink.side
         sides = state.extra.get("side_punct")
-        if getattr(sink, "joint", False):
+        if sink.joint:
             if sides is None:
                 return None
             j = state.extra.get("joint")
+            assert side is not None         # a joint reader reads one side's time first
             other = 1 - side
             return (int(sides[side]), int(sides[other]),
                     None if j is None else int(j[side]), None if j is None else int(j[other]))

@@ -1,5 +1,6 @@
 """A reader of an inner OA-Join grouping by both sides' times: groups closed on the join's
-individual punctuation on each time and on its joint punctuation (SEMANTICS.md 7, thesis 7.2).
+individual punctuation on each time and on its joint punctuation (docs/semantics.md, "Joins:
+OA-Join and joint punctuation"; thesis 7.2).
 
 `GROUP BY time/10 AS lb, ytime/10 AS rb` over a band join of x and y: a group holds results
 with x.time in lb's window (ending at e_1) and y.time in rb's window (ending at e_2). The join
@@ -24,8 +25,10 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from common.spool import JOINT_MARKERS
+from highlevel.aggregate import AggregateStage
+from highlevel.batchfiles import SpoolFileMarker
 from highlevel.errors import StageConfigError
-from highlevel.stage import Stage, StageState
+from highlevel.state import StageState
 from highlevel.windows import TumblingWindow, floor_div
 
 #: state.extra key: [i_1, i_2, j_1, j_2] (ns, None until known) the groups are closed through
@@ -39,16 +42,16 @@ def _later(old, new):
     return new if old is None else max(old, new)
 
 
-class JointStage(Stage):
-    """`Stage` of an aggregation over an inner join's rows with two temporal group items."""
+class JointStage(AggregateStage):
+    """An aggregation over an inner join's rows with two temporal group items."""
 
     marker_columns = JOINT_MARKERS
 
-    def __init__(self, spec, *args, **kw):
+    def __init__(self, spec, spool, checkpoint, sinks, **options):
         if spec.window2 is None or len(spec.links) != 1:
             raise StageConfigError(f"query {spec.query!r}: a joint-punctuation stage reads one "
                                    f"join and has a second temporal key")
-        super().__init__(spec, *args, **kw)
+        super().__init__(spec, spool, checkpoint, sinks, **options)
         if not self.window.tumbling:
             raise StageConfigError(f"query {spec.query!r}: two temporal group items make "
                                    f"tumbling windows only")
@@ -69,13 +72,13 @@ class JointStage(Stage):
         b = (state or self.state).extra.get(BOUNDS)
         return list(b) if b is not None else [None] * 4
 
-    def _file_marker(self, f):
-        values = [f["p"]] + [f[c] for c in JOINT_MARKERS]
+    def _file_marker(self, f: SpoolFileMarker):
+        values = [f.punctuation, *f.joint]
         if all(v is None for v in values):
             return None
         return [None if v is None else int(v) for v in values]
 
-    def _meld(self, state: StageState, files) -> int | None:
+    def _meld(self, state: StageState, files: list[SpoolFileMarker]) -> int | None:
         """Apply each file's four values in sequence order (`Stage._in_order`); returns
         i_1, the stage's own punctuation."""
         bounds = self.bounds(state)
@@ -89,7 +92,7 @@ class JointStage(Stage):
         self._next = bounds
         return bounds[0]
 
-    def _advanced(self, prev: StageState, state: StageState, punctuation) -> bool:
+    def advanced(self, prev: StageState, state: StageState, punctuation) -> bool:
         return self.bounds(state) != self.bounds(prev)
 
     # --- which groups are closed ---------------------------------------------------------------
@@ -106,12 +109,12 @@ class JointStage(Stage):
                            & F.coalesce(self._end2 <= F.lit(j2), F.lit(False)))
         return cond
 
-    def _late_columns(self, is_row: Column, before) -> tuple[Column, Column]:
+    def late_columns(self, is_row: Column, before) -> tuple[Column, Column]:
         late = is_row & self.closed_col(self.bounds())
         return late, is_row & ~late
 
-    def _closing(self, before, upto) -> Column:
+    def closing(self, before, upto) -> Column:
         return self.closed_col(self._next) & ~self.closed_col(self.bounds())
 
-    def _retained(self, punctuation) -> Column:
+    def retained(self, punctuation) -> Column:
         return ~self.closed_col(self._next)

@@ -7,7 +7,7 @@ group, one *cumulative* row (the combination of every pane <= c, stored with win
 plus the panes after c that are still open. State is proportional to groups (plus open panes),
 not to the panes seen.
 
-When to output window w (README "Windows", the reference evaluator's rule): a group has a row
+When to output window w (docs/semantics.md, "Windows"; the reference evaluator's rule): a group has a row
 at every slide end after its first packet, up to the window holding the *last* packet of the
 query's input. Window w is therefore output once the combined punctuation P >= end(w) and some
 row of a pane >= w has arrived (`max_pane`, kept in the state); a window whose end P passed
@@ -26,13 +26,17 @@ row (window id t).
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from common.spool import LINK, PUNCT, SEQ, register_column
+from common.units import INT64_MAX
+from highlevel.aggregate import AggregateStage
+from highlevel.batchfiles import SpoolFileMarker
 from highlevel.errors import StageConfigError
-from highlevel.stage import INT64_MAX, Stage, StageState, Ticker
+from highlevel.state import StageState
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +74,13 @@ def running_states(states, registers: int, spec) -> list[Column]:
     return out
 
 
-class LandmarkStage(Stage):
+class LandmarkStage(AggregateStage):
     """The Spark stage of a landmark-window aggregation (see the module docstring)."""
 
-    def __init__(self, spec, spool, checkpoint, sinks, **kw):
-        super().__init__(spec, spool, checkpoint, sinks, **kw)
+    may_close_on_driver = False
+
+    def __init__(self, spec, spool, checkpoint, sinks, **options):
+        super().__init__(spec, spool, checkpoint, sinks, **options)
         mode = spec.window.landmark
         if mode not in ("slide", "end"):
             raise StageConfigError(f"query {spec.query!r}: not a landmark window ({mode!r})")
@@ -86,6 +92,7 @@ class LandmarkStage(Stage):
                                        order.rowsBetween(Window.unboundedPreceding,
                                                          Window.currentRow))
         self._next = F.lead("window").over(order)
+        self._release: list[DataFrame] = []      # frames persisted for the batch
 
     def last_window(self, p: int) -> int:
         """The last window (= pane) id ending at or before punctuation p."""
@@ -97,22 +104,22 @@ class LandmarkStage(Stage):
         late = is_row & (win.pane_end_col(F.col("window")) <= F.lit(prev.punctuation)) \
             if prev.punctuation is not None else F.lit(False)
         keep = is_row & ~late
-        self._tick = Ticker(self.clock)
-        files = (df.select(LINK, SEQ, PUNCT, "window").groupBy(LINK, SEQ)
+        files = [SpoolFileMarker.from_row(r) for r in
+                 df.select(LINK, SEQ, PUNCT, "window").groupBy(LINK, SEQ)
                  .agg(F.max(PUNCT).alias("p"), F.sum(keep.cast("long")).alias("kept"),
                       F.sum(late.cast("long")).alias("late"),
                       F.max(F.when(keep, F.col("window"))).alias("max_pane"))
-                 .collect())
+                 .collect()]
         state = prev.for_batch(batch_id)
         punctuation = self._meld(state, files)
-        late_rows = sum(int(f["late"] or 0) for f in files)
+        late_rows = sum(f.late for f in files)
         if late_rows:
             log.warning("query %s: %d partial rows arrived for panes already folded into the "
                         "landmark (P=%s); dropped and counted", spec.query, late_rows,
                         prev.punctuation)
         state.late_rows += late_rows
-        kept = sum(int(f["kept"] or 0) for f in files)
-        panes = [int(f["max_pane"]) for f in files if f["max_pane"] is not None]
+        kept = sum(f.kept for f in files)
+        panes = [int(f.max_pane) for f in files if f.max_pane is not None]
         # None until a batch brings rows (a first batch may hold punctuation only)
         before = state.extra.get("max_pane")
         max_pane = max(panes + ([before] if before is not None else []), default=None)
@@ -132,15 +139,16 @@ class LandmarkStage(Stage):
         parts = df.where(keep).select(*columns) if kept else None
         if prev.open_dir is not None:
             old = self.spark.read.schema(spec.partial_schema()).parquet(
-                str(self.state_root / prev.open_dir))
+                str(self.store.path(prev.open_dir)))
             parts = old if parts is None else parts.unionByName(old)
-        combined = self._combine(parts, ["window"] + spec.key_columns())
+        combined = self.combine(cast(DataFrame, parts), ["window"] + spec.key_columns())
         self._release = []
         if moves:
             combined = combined.persist()
             self._release.append(combined)
         try:
             if moves:
+                assert target is not None
                 rest = self._advance(combined, batch_id, done, target, at_end, state)
                 state.extra["through"] = target
             else:
@@ -149,7 +157,7 @@ class LandmarkStage(Stage):
                 state.open_dir = None
             else:
                 open_dir = f"open-{batch_id:010d}"
-                rest.write.mode("overwrite").parquet(str(self.state_root / open_dir))
+                rest.write.mode("overwrite").parquet(str(self.store.path(open_dir)))
                 state.open_dir = open_dir
             self._commit(state)
         finally:
@@ -181,11 +189,11 @@ class LandmarkStage(Stage):
             rows = rows.where(first <= upto)
             closed = rows.select(F.explode(F.sequence(first, upto)).alias("window"), *keys,
                                  *state_cols)
-            if self._having is not None:
-                closed = closed.where(self._having)
-            result = closed.select(*self._outputs, *self._hidden).toArrow()
+            if self.having is not None:
+                closed = closed.where(self.having)
+            result = closed.select(*self.outputs, *self.hidden).toArrow()
             self._tick("landmark windows")
-            state.closed_rows += self._emit(result, batch_id, state.punctuation)
+            state.closed_rows += self.emit(result, batch_id, state.punctuation)
         cumulative = running.where(F.col("__next").isNull()).select(
             F.lit(target).cast("long").alias("window"), *keys, *state_cols)
         later = combined.where(F.col("window") > F.lit(target))

@@ -10,8 +10,9 @@ share the priority of the thread that made them (`highlevel.session.lower_priori
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")

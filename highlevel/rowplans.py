@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from common.spool import JOINT_MARKERS, LINK, PUNCT, SEQ, register_column
-from highlevel import rows as R
+from highlevel import rowlayout as R
 from lowlevel.hll import registers_of
 
 
@@ -87,7 +87,7 @@ def partial_rows_function(plan, input_columns, spec):
 
 
 def prepare_function(plan, input_columns, spec):
-    """`Stage(prepare=...)`: the micro-batch DataFrame mapped to partial rows."""
+    """`AggregateStage(prepare=...)`: the micro-batch DataFrame mapped to partial rows."""
     fn = partial_rows_function(plan, input_columns, spec)
     schema = spec.spool_schema()
     return lambda df: df.mapInArrow(fn, schema)

@@ -13,13 +13,15 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TextIO
-
-import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, TextIO
 
 from highlevel.errors import SinkError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# pyarrow is imported where a sink first needs it: the run's outputs are sinks, and the run
+# imports them before it starts the JVM
 
 log = logging.getLogger(__name__)
 
@@ -29,25 +31,32 @@ SINK_KINDS = ("console", "csv", "parquet", "jsonl")
 class Sink:
     """Receives each micro-batch's closed rows (an Arrow table in the output schema).
 
-    Optional, additive hooks (existing sinks need neither): a sink with `raw = True` receives
-    the rows in the raw layout of `highlevel.rows` (`window` = row time in ns, ip as two int64
-    halves) instead of the display schema; `end_batch(batch_id, punctuation)` is called once at
-    the end of every processed micro-batch, before the stage commits it, with the stage's
-    output punctuation (ns; None before the first; a join gives a sink with `side` set that
-    side's individual punctuation), so a sink feeding another stage can forward it.
+    Every sink a stage writes to is one: the file sinks here, the spool sinks between stages,
+    the run's outputs (`tools.run.outputs`), the NetFlow exporter (`tools.netflow.sink`). A
+    subclass defines `write`, and may change the defaults: a sink with `raw = True` receives
+    the rows in the raw layout of `highlevel.rowlayout` (`window` = row time in ns, ip as two
+    int64 halves) instead of the display schema; `end_batch(batch_id, punctuation)` is called
+    once at the end of every processed micro-batch, before the stage commits it, with the
+    stage's output punctuation (ns; None before the first), so a sink feeding another stage
+    can forward it. A join gives a sink with `side` set (0 left, 1 right: a reader whose
+    windows are on that side's time) that side's individual punctuation, and a `joint` one
+    (a reader grouping by both sides' times) its individual and joint punctuation
+    (`highlevel.join.JoinStage.sink_punctuation`).
     """
 
-    raw = False
+    raw: bool = False
+    side: int | None = None
+    joint: bool = False
 
     def write(self, batch_id: int, table: pa.Table) -> bool:
         """Write the rows of `batch_id`; False when that batch was already written."""
         raise NotImplementedError
 
-    def end_batch(self, batch_id: int, punctuation: int | None) -> None:
-        pass
+    def end_batch(self, batch_id: int, punctuation) -> None:
+        """The batch's rows are all written (a no-op unless the sink forwards punctuation)."""
 
     def close(self) -> None:
-        pass
+        """No more batches."""
 
 
 class SpoolSink(Sink):
@@ -172,9 +181,14 @@ class CsvSink(FileSink):
     ext = "csv"
 
     def _write(self, table, fh):
+        import pyarrow.csv as pacsv
+
         pacsv.write_csv(table, fh)
 
     def read(self, schema: pa.Schema | None = None):
+        import pyarrow as pa
+        import pyarrow.csv as pacsv
+
         opts = pacsv.ConvertOptions(column_types=schema) if schema is not None else None
         tables = [pacsv.read_csv(p, convert_options=opts) for p in self.files()]
         return pa.concat_tables(tables) if tables else None
@@ -184,9 +198,14 @@ class ParquetSink(FileSink):
     ext = "parquet"
 
     def _write(self, table, fh):
+        import pyarrow.parquet as pq
+
         pq.write_table(table, fh)
 
     def read(self):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
         tables = [pq.read_table(p) for p in self.files()]
         return pa.concat_tables(tables) if tables else None
 
@@ -199,6 +218,8 @@ class JsonLinesSink(FileSink):
             fh.write(json.dumps(row, separators=(",", ":")).encode() + b"\n")
 
     def read(self, schema: pa.Schema | None = None):
+        import pyarrow as pa
+
         rows = [json.loads(line) for p in self.files() for line in p.read_text().splitlines()]
         return pa.Table.from_pylist(rows, schema=schema) if rows else None
 

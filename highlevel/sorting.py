@@ -1,8 +1,9 @@
 """The order of a stage's result rows: (window, keys) ascending, by an MSD radix sort of packed int64 keys.
 
-`Stage._emit` sorts every closed batch by the window and the group keys. Arrow's multi-key
-table sort compares rows one key after another: 1.1 s for 3.4M flow records of 10 keys. Here
-the int64 keys become one bit string per row, sorted by a most-significant-digit radix sort:
+`highlevel.output` sorts every closed batch by the window and the group keys. Arrow's
+multi-key table sort compares rows one key after another, slow for millions of flow records of
+10 keys (docs/performance.md has the figures). Here the int64 keys become one bit string per
+row, sorted by a most-significant-digit radix sort:
 
 1. packing: a key whose min and max agree above bit b needs only its bits below b (as they
    are, sign flipped, so IPv4 addresses stay aligned to the digits), or bit_length(max -
@@ -21,13 +22,9 @@ the int64 keys become one bit string per row, sorted by a most-significant-digit
    types, or with nulls, go to Arrow's sort.
 
 Flow records split by window, then by the address bits that vary, and are done after 3-4
-scatters of 12 bytes a row; each pass is bound by memory bandwidth (~7 GB/s here).
-Measured on 2 cores (one thread, warm JIT, best of 3), synthetic flow records keyed by window
-(10 minutes), source and destination address halves (10% IPv6), ports, protocol and flow id:
-5.5M rows 2.24 s with the previous LSD sort by bytes (a gather and up to 8 passes per key),
-now 0.37 s (min/max 30 ms, packing 85, radix 250); 3.4M rows of IPv4 flows 0.92 s, now
-0.16 s. Memory: the packed words, two (word, row) buffers and the result, 360 MB for 5.5M
-rows of 5 words (the previous sort: 570 MB).
+scatters of 12 bytes a row; each pass is bound by memory bandwidth. It replaced an LSD sort by
+bytes (a gather and up to 8 passes per key), which took several times as long and more
+memory. Memory: the packed words, two (word, row) buffers and the result.
 """
 
 from __future__ import annotations
@@ -54,7 +51,11 @@ def sort_indices(table: pa.Table, keys: list[str]) -> np.ndarray:
     n = table.num_rows
     if n < 2 or any(not pa.types.is_int64(c.type) or c.null_count for c in columns):
         return np.asarray(pc.sort_indices(table, sort_keys=[(k, "ascending") for k in keys]))
-    kept, lows, masks, fields, end = [], [], [], [], 0
+    kept: list[np.ndarray] = []
+    lows: list[int] = []
+    masks: list[int] = []
+    fields: list[tuple[int, int, int]] = []
+    end = 0
     for c in columns:
         # (combine_chunks copies a single chunk too)
         v = np.asarray(c.chunk(0) if c.num_chunks == 1 else c.combine_chunks()).view()

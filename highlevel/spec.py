@@ -1,10 +1,10 @@
 """What the Spark stage of one query needs to know: keys, state columns, window, outputs, links.
 
-`StageSpec` is the stage's own small contract, built by hand in tests or from the planner's
-plan (`StageSpec.from_low_level` maps `queries.plan.LowLevelPlan`; the high-level plan will map
-the same way: see the field comments). Output and HAVING expressions are `queries.expressions`
-trees over key names, state names and the window column; the stage compiles them to Spark
-Column expressions (never Python callables over rows).
+`StageSpec` is the aggregate stages' own small contract (`highlevel.aggregate`), built by hand
+in tests or from the planner's plan (`from_high_level` maps a `queries.plan.HighLevelPlan`,
+`StageSpec.from_low_level` a `queries.plan.LowLevelPlan`). Output and HAVING expressions are
+`queries.expressions` trees over key names, state names and the window column; the stage
+compiles them to Spark Column expressions (never Python callables over rows).
 """
 
 from __future__ import annotations
@@ -45,6 +45,15 @@ class OutputColumn:
 
 
 @dataclass(frozen=True)
+class StageExtras:
+    """What the stage knows of a query from its low-level plans rather than its high-level one."""
+
+    #: no two partial rows share (window, keys): flow records keyed by their flow id (the
+    #: stage combines them by the identity, and may close them on the driver)
+    unique_rows: bool = False
+
+
+@dataclass(frozen=True)
 class StageSpec:
     """The high level of one aggregation query."""
 
@@ -58,8 +67,8 @@ class StageSpec:
     union: str = "meld"                     # meld | merge (same closing point, see union.py)
     distinct_registers: int = 64            # HLL registers of COUNT_DISTINCT states
     finals: tuple = ()                      # (name, expr over states): names outputs may use
-    extras: dict = field(default_factory=dict, hash=False, compare=False)
-    late: str = "drop"                      # drop | correct (SEMANTICS.md 8, highlevel.stage)
+    extras: StageExtras = field(default_factory=StageExtras, hash=False, compare=False)
+    late: str = "drop"                      # drop | correct (highlevel.aggregate)
     correction: str | None = None           # late correct: the output marking correction rows
     window2: WindowPlan | None = None       # a join reader's second temporal key (joint.py)
 
@@ -136,7 +145,7 @@ class StageSpec:
     @classmethod
     def from_low_level(cls, plan: LowLevelPlan, links: tuple[str, ...],
                        outputs: tuple[OutputColumn, ...], having=None,
-                       union: str = "meld") -> "StageSpec":
+                       union: str = "meld") -> StageSpec:
         """The stage of a query whose low level runs `plan` on each of `links`."""
         if plan.window is None:
             raise StageConfigError(f"query {plan.query!r} has no window: the Spark stage "
@@ -156,7 +165,7 @@ def from_high_level(plan, low_plans=()) -> StageSpec:
     the window column and finals) -> outputs; having -> having; union None/"meld"/"merge";
     distinct_registers. `low_plans` (the query's `LowLevelPlan`s): a flow query's partial rows
     are whole flow records keyed by their flow id (`extras["flow"]`), unique per (window, keys),
-    which the stage marks as `extras["unique_rows"]` and then combines by the identity.
+    which the stage marks as `extras.unique_rows` and then combines by the identity.
     """
     if plan.kind != "aggregate" or plan.input_kind != "links" or plan.window is None:
         raise StageConfigError(f"query {plan.query!r}: the Spark stage runs windowed "
@@ -169,10 +178,8 @@ def from_high_level(plan, low_plans=()) -> StageSpec:
                      states=states, outputs=outputs, having=plan.having,
                      union=plan.union or "meld", distinct_registers=plan.distinct_registers,
                      finals=tuple((f.name, f.expr) for f in plan.finals),
-                     extras={"unique_rows": unique_rows(plan, low_plans)},
-                     late=getattr(plan, "late", "drop"),
-                     correction=getattr(plan, "correction", None),
-                     window2=getattr(plan, "window2", None))
+                     extras=StageExtras(unique_rows=unique_rows(plan, low_plans)),
+                     late=plan.late, correction=plan.correction, window2=plan.window2)
 
 
 def unique_rows(plan, low_plans) -> bool:

@@ -1,7 +1,7 @@
 """Test helpers for the high level, public for users too: fake clock, list sink, partial rows.
 
-Also a small command line used by the restart and cluster tests (and `tools/bench_latency.py`)
-to run a stage in its own process:
+Also a small command line used by the restart and cluster tests (and `bench/latency.py`) to
+run a stage in its own process:
 `python -m highlevel.testing run-stage --spool S --checkpoint C --out D [--master URL]`.
 """
 
@@ -131,12 +131,10 @@ def random_partials(rng: np.random.Generator, windows, rows: int, groups: int = 
     return pa.RecordBatch.from_pydict(columns, metadata={b"query": query.encode()})
 
 
-def batch_frame(spark, spec: StageSpec, paths) -> "object":
+def batch_frame(spark, spec: StageSpec, paths) -> object:
     """A (non-streaming) DataFrame of some spool files, shaped like one micro-batch, so tests
     can drive `Stage.process_batch(frame, batch_id)` with batches of their choosing."""
     return spark.read.schema(spec.spool_schema()).parquet(*[str(p) for p in paths])
-
-
 
 
 def feed_spool(low_plans, batches: dict, spool, *, pieces: int = 4, disorder_ns: int = 0,
@@ -182,9 +180,9 @@ def feed_spool(low_plans, batches: dict, spool, *, pieces: int = 4, disorder_ns:
 
 
 def _run_stage(args) -> int:
+    from highlevel.aggregate import AggregateStage
     from highlevel.session import get_session
     from highlevel.sinks import ParquetSink
-    from highlevel.stage import Stage
 
     spec = demo_spec(query=args.query, links=tuple(args.links.split(",")), pane_s=args.pane_s,
                      range_s=args.range_s)
@@ -199,14 +197,15 @@ def _run_stage(args) -> int:
         time.sleep(0.2)
     print(f"master={sc.master} executors={executors} startup={time.time() - started:.1f}s",
           flush=True)
-    stage = Stage(spec, args.spool, args.checkpoint, [ParquetSink(args.out)], spark=spark,
-                  trigger=args.trigger, max_files_per_trigger=args.max_files)
+    stage = AggregateStage(spec, args.spool, args.checkpoint, [ParquetSink(args.out)],
+                           spark=spark, trigger=args.trigger,
+                           max_files_per_trigger=args.max_files)
     if args.available_now:
         stage.run_available()
     else:
-        stage.start()
+        query = stage.start()
         print("started", flush=True)
-        stage.query.awaitTermination(args.timeout)
+        query.awaitTermination(args.timeout)
         stage.stop()
     print("done", flush=True)
     return 0

@@ -1,7 +1,7 @@
 """Union of links: OOP `Meld` (punctuation only, rows pass through) and IOP `Merge` (time order).
 
 Both are frozen configurations that `build()` a small pure-Python state machine
-(SEMANTICS.md section 5). Meld keeps one number per input; Merge buffers the rows of whichever
+(docs/semantics.md, "Combining links: Meld and Merge"). Meld keeps one number per input; Merge buffers the rows of whichever
 input is ahead until every other input's rows or punctuation catch up, and reports how much it
 holds (the Q8-2 experiment measures that memory).
 """
@@ -9,8 +9,8 @@ holds (the Q8-2 experiment measures that memory).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -39,7 +39,7 @@ class Meld:
 
     inputs: int | tuple[str, ...]
 
-    def build(self, state: dict | None = None) -> "MeldLogic":
+    def build(self, state: dict | None = None) -> MeldLogic:
         return MeldLogic(_input_names(self.inputs), state)
 
 
@@ -71,9 +71,10 @@ class MeldLogic:
         b = self.bounds[name]
         if b is None or p > b:
             self.bounds[name] = int(p)
-        if any(v is None for v in self.bounds.values()):
+        bounds = [v for v in self.bounds.values() if v is not None]
+        if len(bounds) < len(self.bounds):
             return None
-        low = min(self.bounds.values())  # type: ignore[type-var]
+        low = min(bounds)
         if self.output is None or low > self.output:
             self.output = low
             return low
@@ -95,7 +96,7 @@ class Merge:
     time: str = "time"
     ordered_inputs: bool = True
 
-    def build(self) -> "MergeLogic":
+    def build(self) -> MergeLogic:
         return MergeLogic(_input_names(self.inputs), self.time, self.ordered_inputs)
 
 

@@ -1,7 +1,7 @@
 """Window configurations (`TumblingWindow`, `SlidingWindow`) and the pane/window arithmetic.
 
 The low level aggregates tumbling *panes* of g = gcd(range, slide); the high level combines
-panes into windows (Paned-WID, SEMANTICS.md section 6). Pane p covers timestamps
+panes into windows (Paned-WID; docs/semantics.md, "Windows"). Pane p covers timestamps
 [p*g - offset, (p+1)*g - offset); window w (counted in slides) covers panes
 [(w+1)*k - n, (w+1)*k) with k = slide/g, n = range/g, and ends at (w+1)*slide - offset.
 A window may close once the combined punctuation P satisfies end(w) <= P.
@@ -11,11 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import gcd
+from typing import TypeVar
 
+import numpy as np
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from highlevel.errors import StageConfigError
+
+#: one id (pane, window) or an array of them: the arithmetic is the same
+Ids = TypeVar("Ids", int, np.ndarray)
 
 
 @dataclass(frozen=True)
@@ -25,7 +30,7 @@ class TumblingWindow:
     length_ns: int
     offset_ns: int = 0
 
-    def build(self) -> "WindowLogic":
+    def build(self) -> WindowLogic:
         if self.length_ns <= 0:
             raise StageConfigError(f"window `length` ({self.length_ns} ns) must be positive")
         return WindowLogic(self.length_ns, self.length_ns, self.offset_ns)
@@ -39,7 +44,7 @@ class SlidingWindow:
     slide_ns: int
     offset_ns: int = 0
 
-    def build(self) -> "WindowLogic":
+    def build(self) -> WindowLogic:
         if self.range_ns <= 0 or self.slide_ns <= 0:
             raise StageConfigError(f"window `range` ({self.range_ns}) and `slide` "
                                    f"({self.slide_ns}) must be positive (ns)")
@@ -81,10 +86,10 @@ class WindowLogic:
         return self.k == 1 and self.n == 1
 
     # --- Python ------------------------------------------------------------------------------
-    def pane_end(self, pane: int) -> int:
+    def pane_end(self, pane: Ids) -> Ids:
         return (pane + 1) * self.pane_ns - self.offset_ns
 
-    def window_end(self, window: int) -> int:
+    def window_end(self, window: Ids) -> Ids:
         return (window + 1) * self.slide_ns - self.offset_ns
 
     def windows_of_pane(self, pane: int) -> range:

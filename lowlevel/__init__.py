@@ -1,1 +1,1 @@
-"""The low level: Numba kernels for WHERE, group keys and sub-aggregation in fixed-size hash tables."""
+"""The low level: the operator (WHERE, group keys, panes), fixed-size hash and flow tables, flush policies, aggregate kernels, the vectorised evaluator, HyperLogLog."""

@@ -75,7 +75,7 @@ class Partials:
         return len(self.window)
 
     @staticmethod
-    def concat(chunks: list["Partials"], layout: StateLayout, nkeys: int) -> "Partials":
+    def concat(chunks: list[Partials], layout: StateLayout, nkeys: int) -> Partials:
         if not chunks:
             return Partials(np.zeros(0, np.int64), np.zeros((0, nkeys), np.uint64),
                             layout.empty_banks(0), np.zeros(0, np.uint8))

@@ -13,7 +13,8 @@ gives 0, 64-bit wrapping arithmetic). `evaluate_columns` does the same over name
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -52,6 +53,7 @@ def batch_field(batch, name: str, type_: str, columns: tuple | None) -> Value:
         v = batch[name]
         return v.astype(U64) if name == "time" else v.astype(I64)
     if type_ == "ip":
+        assert columns is not None   # an ip field is two physical columns
         hi, lo = columns
         return (batch[hi].astype(U64, copy=False), batch[lo].astype(U64, copy=False))
     col = columns[0] if columns else name

@@ -1,8 +1,9 @@
 """The flush policies of the fixed hash table: IOP slow flush, OOP lazy flush, OOP slow flush.
 
-SEMANTICS.md section 3 and the thesis Fig 8-6. An entry is *old* when its pane (window) is
-below the operator's current pane `cur` (the largest pane seen in data or punctuation), so
-"at a new window all entries are marked old" costs nothing: raising `cur` marks them.
+docs/semantics.md "Flush policies" and the thesis Fig 8-6. An entry is *old* when its pane
+(window) is below the operator's current pane `cur` (the largest pane seen in data or
+punctuation), so "at a new window all entries are marked old" costs nothing: raising `cur` marks
+them.
 
 - `iop_slow`: at a new window, if the previous walk is unfinished, the old entries it left are
   flushed at once; then a cursor walk starts at slot 0. While walking, every `slow_flush`-th
@@ -104,8 +105,8 @@ def emit(table, out, ctl, s, n_out, cause):
 @ngjit_inline
 def emit_row(ri, ru, th, ou, oh, ocause, ctl, s, n_out, cause):
     """`emit` on the arrays themselves. Per-packet and per-slot loops call this with arrays
-    unpacked once: unpacking the tuples at each call costs a reference-count call per array
-    (measured: ~35 ns per evicted entry)."""
+    unpacked once: unpacking the tuples at each call costs a reference-count call per array,
+    on every evicted entry."""
     for j in range(ru.shape[1]):
         ou[n_out, j] = ru[s, j]
     for j in range(th.shape[1]):
@@ -121,7 +122,7 @@ def emit_row(ri, ru, th, ou, oh, ocause, ctl, s, n_out, cause):
 @ngjit_inline
 def any_below(ctl, limit):
     """Whether some resident entry has a pane < limit (from the occupancy counts: the table
-    scan of `flush_below` costs a pass over the whole table, ~1 ms at 256K slots)."""
+    scan of `flush_below` costs a pass over the whole table)."""
     if ctl[C_RESIDENT] == 0:
         return False
     cur = ctl[C_CUR]

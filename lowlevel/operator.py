@@ -8,7 +8,7 @@ arrays to the jitted kernel. Partial rows come back as Arrow RecordBatches (`par
 describes the layout) together with the operator's punctuation.
 
 Late packets (time below the input punctuation already seen) follow the plan's `late` policy
-(SEMANTICS.md section 8). Under `drop` (the default) they are counted in `late` and dropped:
+(docs/semantics.md "Late data"). Under `drop` (the default) they are counted in `late` and dropped:
 they must not reappear in a window the operator has declared complete. Under `correct` they go
 to a *late partition*: a second `HashAggregator` of the same plan (oop_lazy: order does not
 matter there), created on the first late packet, progressing on its own data (collisions
@@ -16,7 +16,7 @@ evict), and flushed whole by every advancing input punctuation and by `finish()`
 rows carry the same (window, keys) columns; under `correct` every output batch has one more
 column, `__late` (int8: 1 for rows of the late partition, 0 for the main table), the marker
 the spool keeps. The operator's punctuation stays the main table's: late rows may violate it
-by design, and the high level turns those into correction rows (`highlevel.stage`). Counters:
+by design, and the high level turns those into correction rows (`highlevel.aggregate`). Counters:
 `late` = late packets dropped, `late_corrected` = late packets routed to the late partition,
 `late_rows_out` = partial rows of the late partition. Flow plans and selections always drop.
 
@@ -31,7 +31,7 @@ other keys are hashed; TCP packets with FIN or RST end their flow when `fin_rst`
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -98,7 +98,7 @@ class LowLevelOperator:
         # hold_rows > 0: `process` keeps the rows that leave the table until this many are
         # held, and `punctuate`/`finish` hand out what is held before their own rows; one
         # Arrow conversion per `hold_rows` rows instead of one per packet batch (a fixed
-        # ~50 us per call, which dominates small batches off a packet ring). Every row still
+        # cost per call, which dominates small batches off a packet ring). Every row still
         # comes out before the punctuation that covers it. 0: rows come out at once. A plain
         # aggregate plan holds its rows in the engine's output buffer (`engine.py`), the
         # others in `_held`.
@@ -160,7 +160,7 @@ class LowLevelOperator:
         # per-batch arrays reused across batches, grown to the largest one (`_grow`)
         self._key_words = sum(key_width(s.type) for s in self._keys[:self._hashed])
         self._cap = 0
-        # SEMANTICS.md 8: the late partition (built on the first late packet)
+        # docs/semantics.md "Late data": the late partition (built on the first late packet)
         self._correct = plan.late == "correct" and self.engine is not None
         if self._correct and self._flow is not None:
             log.warning("%s: late 'correct' is not supported by flow tables; late packets are "
@@ -251,7 +251,7 @@ class LowLevelOperator:
                 continue
             bank = self.layout.arg_columns[sub.name][0]
             e = sub.arg
-            if (bank == "d" or type(e).__name__ != "Field"
+            if (bank == "d" or e is None or type(e).__name__ != "Field"
                     or e.name in ("link", "time", "timestamp_ms")    # derived values
                     or getattr(e, "table", None) is not None
                     or e.type in ("ip", "ipv4", "bool")):
@@ -329,6 +329,7 @@ class LowLevelOperator:
         if n == 0:
             return []
         if self._flow is not None:
+            assert isinstance(self.engine, FlowAggregator)   # a flow plan runs a flow table
             self.engine.observe(int(batch["timestamp"].max()))
         if self._mask:
             layers = batch["layers"]
@@ -356,6 +357,7 @@ class LowLevelOperator:
         if self.engine is None:
             return self._select(batch, valid)
         if self._flow is not None:
+            assert isinstance(self.engine, FlowAggregator)   # a flow plan runs a flow table
             ends = np.zeros(nproto, bool)
             if self._flow.get("fin_rst"):
                 # FIN (0x01) or RST (0x04) of a TCP packet ends its flow
@@ -376,6 +378,7 @@ class LowLevelOperator:
 
     # --- late 'correct': the late partition -----------------------------------------------------
     def _append_correcting(self, batch: PacketBatch, valid: np.ndarray) -> list[pa.RecordBatch]:
+        assert self.engine is not None   # late 'correct' needs a table (`process` checked)
         ts = batch["timestamp"]
         keys, args = self._stack_keys(batch), self._args(batch)
         late = None
@@ -388,6 +391,7 @@ class LowLevelOperator:
         out = self._to_arrow(self.engine.append(ts, keys, args, valid & ~late))
         if self.late_engine is None:
             p, w = self.plan, self.plan.window
+            assert w is not None   # a table implies a window
             self.late_engine = HashAggregator(
                 self.layout, self.schema.nkeys, p.slots, pane_ns=w.pane_ns,
                 offset_ns=w.offset_ns, flush="oop_lazy", max_disorder=p.max_disorder,

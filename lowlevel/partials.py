@@ -104,10 +104,10 @@ class PartialSchema:
                 fields.append(pa.field(spec.name + "__t", pa.int64(), nullable=False,
                                        metadata={b"oopscope.kind": b"time"}))
                 self.state_names.append(spec.name + "__t")
-        meta = {"oopscope.query": query, "oopscope.link": link,
-                "oopscope.pane_ns": str(pane_ns), "oopscope.offset_ns": str(offset_ns),
-                "oopscope.flush": flush}
-        self.schema = pa.schema(fields, metadata={k.encode(): v.encode() for k, v in meta.items()})
+        schema_meta = {"oopscope.query": query, "oopscope.link": link,
+                       "oopscope.pane_ns": str(pane_ns), "oopscope.offset_ns": str(offset_ns),
+                       "oopscope.flush": flush}
+        self.schema = pa.schema(fields, metadata={k.encode(): v.encode() for k, v in schema_meta.items()})
         self.nkeys = len(self.key_names)
 
     def record_batch(self, chunk: Partials) -> pa.RecordBatch:

@@ -21,15 +21,16 @@ from lowlevel.engine import HashAggregator, Partials
 
 ORDERS = ("in_order", "band", "block")
 
-#: the patent's late-data example (SEMANTICS.md 8): arrivals in minutes, "P" = punctuation at
-#: that minute (patent p[49]-p[52])
+#: the patent's late-data example (docs/semantics.md "Late data"): arrivals in minutes, "P" =
+#: punctuation at that minute (patent p[49]-p[52])
 PATENT_ARRIVALS = "1 3 2 4 1 2 P5 3 4 6 8 P10 11 7 2 3 9 12 P15".split()
 PATENT_MINUTES = [int(a) for a in PATENT_ARRIVALS if not a.startswith("P")]
 
 
 def patent_segments(ns_per_minute: int = 60_000_000_000) -> list[tuple[list[int], int]]:
     """[(packet minutes, punctuation ns)]: the patent's arrivals cut at each punctuation."""
-    out, cur = [], []
+    out: list[tuple[list[int], int]] = []
+    cur: list[int] = []
     for a in PATENT_ARRIVALS:
         if a.startswith("P"):
             out.append((cur, int(a[1:]) * ns_per_minute))
@@ -97,15 +98,15 @@ class Run:
     row_in_punct: np.ndarray
     out_puncts: list[tuple[int, int]]
     counters: dict
-    #: (input punctuation, the aggregator's output punctuation right after it)
-    punct_pairs: list[tuple[int, int]] = field(default_factory=list)
+    #: (input punctuation, the aggregator's output punctuation right after it, None before any)
+    punct_pairs: list[tuple[int, int | None]] = field(default_factory=list)
 
 
 def run_stream(agg: HashAggregator, stream: Stream, batch: int = 7) -> Run:
     """Feed the stream in batches of `batch` packets (split at punctuation), then finish."""
     chunks, events, inp = [], [], []
     outs: list[tuple[int, int]] = []
-    pairs: list[tuple[int, int]] = []
+    pairs: list[tuple[int, int | None]] = []
     event = 0
     in_p = np.iinfo(np.int64).min
     n = len(stream.ts)
@@ -166,7 +167,7 @@ def reference_groups(layout: StateLayout, stream: Stream, pane_ns: int,
     df = pd.DataFrame(cols)
     by = ["window"] + [f"k{j}" for j in range(nk)]
     groups = df.groupby(by, sort=True).indices if len(df) else {}
-    out_keys = [[] for _ in by]
+    out_keys: list[list] = [[] for _ in by]
     states: dict[str, list] = {name: [] for name in layout.columns}
     banks = dict(zip("iufd", stream.args))
     for gkey, idx in groups.items():
@@ -195,12 +196,11 @@ def reference_groups(layout: StateLayout, stream: Stream, pane_ns: int,
                 pick = pos[0] if s.kind == "first" else pos[-1]
                 st.append(v[pick])
                 states[s.name + "__t"].append(t[pick])
-    out_keys = [np.asarray(k) for k in out_keys]
-    return _frame(layout, out_keys, {k: np.asarray(v) for k, v in states.items()}, nk)
+    return _frame(layout, [np.asarray(k) for k in out_keys], {k: np.asarray(v) for k, v in states.items()}, nk)
 
 
 def _frame(layout: StateLayout, keys, states, nk) -> pd.DataFrame:
-    cols = {"window": np.asarray(keys[0], np.int64)}
+    cols: dict[str, np.ndarray | list[bytes]] = {"window": np.asarray(keys[0], np.int64)}
     for j in range(nk):
         cols[f"k{j}"] = np.asarray(keys[j + 1], np.uint64)
     for name, v in states.items():

@@ -1,1 +1,1 @@
-"""The GSQL language: lexer, parser, packet schema resolution, planner, explain, shipped queries."""
+"""The GSQL compiler: tokens, parser, expressions, analysis and types, planner, explain, printer, and the shipped queries."""

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from typing import Any
 
 from capture.schema import PROTOCOLS, protocol_fields
 from common.errors import ConfigError
@@ -92,7 +94,7 @@ class AnalysedQuery:
     node: E.Query
     name: str
     kind: str                         # 'aggregate' | 'select' | 'join' | 'merge'
-    defines: dict[str, object]
+    defines: dict[str, Any]           # checked values (queries.definitions): str, or int
     params: dict[str, str]            # declared: name -> type
     sources: list[SourceInfo]
     param_values: dict[str, object] = field(default_factory=dict)   # run-time or default
@@ -268,7 +270,7 @@ class Analyser:
 
     def _default_value(self, pname: str, ptype: str, lit):
         kind, value = getattr(lit, "kind", None), getattr(lit, "value", lit)
-        ok = {"int": T.INTEGER - {"bool", "ipv4", "mac"} | {"mac"}, "float": {"float"},
+        ok: dict[str | None, AbstractSet[str]] = {"int": T.INTEGER - {"bool", "ipv4", "mac"} | {"mac"}, "float": {"float"},
               "string": {"string"}, "bool": {"bool"}, "ip": {"ipv4", "ip"}, "ipv6": {"ip"}}
         if ptype not in ok.get(kind, set()) and not (kind == "int" and ptype == "float"):
             raise self.error(lit, f"the default of parameter {pname} is not a {ptype}")
@@ -374,6 +376,7 @@ class Analyser:
         `highlevel.joint`); an outer join's unmatched rows have no time on the other side."""
         if len(aq.sources) != 1 or aq.sources[0].kind != "query":
             return False
+        assert aq.sources[0].query is not None   # a query source names its query
         up = self.done[aq.sources[0].query]
         if up.kind != "join":
             return False
@@ -388,7 +391,7 @@ class Analyser:
         return True
 
     # --- plain and aggregating SELECT --------------------------------------------------------
-    def _select(self, aq: AnalysedQuery, stmt: E.Select, scope: "Scope") -> None:
+    def _select(self, aq: AnalysedQuery, stmt: E.Select, scope: Scope) -> None:
         group_nodes = list(stmt.group_by or [])
         aggs = [a for it in stmt.items for a in it.find_all(E.Aggregate)]
         if stmt.having is not None:
@@ -495,9 +498,9 @@ class Analyser:
                     raise self.error(it, f"two output columns are named {it.alias!r}")
                 seen.add(it.alias)
 
-    def _window_spec(self, specs, scope: "Scope") -> WindowInfo:
+    def _window_spec(self, specs, scope: Scope) -> WindowInfo:
         first_agg, w = specs[0]
-        for agg, other in specs[1:]:
+        for _agg, other in specs[1:]:
             if other != w:
                 raise self.error(other, "every aggregate of a query must have the same window")
         if w.rows is not None or w.partition_by:
@@ -518,7 +521,7 @@ class Analyser:
                              f"({unit} ns)")
         return WindowInfo(r, s, wa, form, w, unit, col)
 
-    def _window_attribute(self, w: E.WindowSpec, scope: "Scope") -> tuple[E.Field, T.TimeForm, int]:
+    def _window_attribute(self, w: E.WindowSpec, scope: Scope) -> tuple[E.Field, T.TimeForm, int]:
         wa = w.wa or "time"
         col = scope.resolve(E.Column(pos=w.pos, name=wa), "window")
         form = self.form_of(col)
@@ -530,7 +533,7 @@ class Analyser:
                              f"(use time, timestamp, timestamp_ms or a column like time/60)")
         return col, form, unit
 
-    def _landmark_spec(self, w: E.WindowSpec, scope: "Scope") -> WindowInfo:
+    def _landmark_spec(self, w: E.WindowSpec, scope: Scope) -> WindowInfo:
         """`[RANGE ALL, SLIDE s, WA a]`: windows from the origin to every slide end;
         `[RANGE ALL]`: one window over the whole input, closed at its end."""
         col, form, unit = self._window_attribute(w, scope)
@@ -542,7 +545,7 @@ class Analyser:
                                  f"unit ({unit} ns)")
         return WindowInfo(0, s, col.name, form, w, unit, col, kind="landmark")
 
-    def _rows_spec(self, w: E.WindowSpec, scope: "Scope") -> WindowInfo:
+    def _rows_spec(self, w: E.WindowSpec, scope: Scope) -> WindowInfo:
         """`[ROWS n]`, `[PARTITION BY a, b ROWS n]`: tumbling windows of n packets."""
         if w.rows is None:
             raise self.error(w, "PARTITION BY needs a row count: [PARTITION BY a ROWS n]")
@@ -576,7 +579,7 @@ class Analyser:
         return ns
 
     # --- joins -------------------------------------------------------------------------------
-    def _join(self, aq: AnalysedQuery, stmt: E.Select, scope: "Scope") -> None:
+    def _join(self, aq: AnalysedQuery, stmt: E.Select, scope: Scope) -> None:
         aq.kind = "join"
         aggs = [a for it in stmt.items for a in it.find_all(E.Aggregate)]
         if stmt.group_by or stmt.having is not None or aggs:
@@ -594,6 +597,7 @@ class Analyser:
                 if w.range is None or w.slide is not None or w.all or w.rows is not None:
                     raise self.error(w, "a band join source takes [RANGE r, WA attr]")
                 wa = scope.resolve(E.Column(pos=w.pos, name=w.wa or "time", table=s.alias), "window")
+                assert isinstance(wa, E.Field)   # a column resolves to a Field
                 form = self.form_of(wa)
                 if form is None:
                     raise self.error(w, f"window attribute {w.wa or 'time'!r} is not increasing")
@@ -640,6 +644,7 @@ class Analyser:
                              "the temporal attributes: use one")
         if aq.join_temporal is not None:
             lf, rf = (self.form_of(e) for e in aq.join_temporal)
+            assert lf is not None and rf is not None   # join_temporal pairs two temporal values
             if lf.pane_ns != rf.pane_ns:
                 raise self.error(stmt.where, "the joined temporal attributes have different "
                                  "window sizes")

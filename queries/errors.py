@@ -9,7 +9,8 @@ carries on with the next query) several errors are reported together: one `Query
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from common.errors import OopscopeError
 
@@ -32,7 +33,7 @@ class QueryError(OopscopeError):
 
     def __init__(self, message: str, path: str | None = None, line: int | None = None,
                  column: int | None = None, source: str | None = None, length: int = 1,
-                 errors: Iterable["QueryError"] = ()):
+                 errors: Iterable[QueryError] = ()):
         self.message = message
         self.path = None if path is None else str(path)
         self.line = line
@@ -44,8 +45,8 @@ class QueryError(OopscopeError):
 
     # --- construction ------------------------------------------------------------------------
     @classmethod
-    def at(cls, node: "Node | None", message: str, source: str | None = None,
-           path: str | None = None) -> "QueryError":
+    def at(cls, node: Node | None, message: str, source: str | None = None,
+           path: str | None = None) -> QueryError:
         """An error located at a syntax-tree node's position (for the analyser's semantic errors)."""
         pos = getattr(node, "pos", None)
         if pos is None:
@@ -53,7 +54,7 @@ class QueryError(OopscopeError):
         return cls(message, path=path, line=pos.line, column=pos.col, source=source)
 
     @classmethod
-    def collect(cls, errors: Iterable["QueryError"]) -> "QueryError":
+    def collect(cls, errors: Iterable[QueryError]) -> QueryError:
         """One error standing for `errors` (itself when there is exactly one)."""
         flat: list[QueryError] = []
         for e in errors:
@@ -72,7 +73,7 @@ class QueryError(OopscopeError):
         return self.column
 
     @property
-    def all(self) -> list["QueryError"]:
+    def all(self) -> list[QueryError]:
         """The individual errors (just this one when it is not a collection)."""
         return self.errors or [self]
 

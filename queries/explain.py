@@ -1,12 +1,12 @@
 """Readable text of a query plan: what runs in the low level per link and what in the high level.
 
 `explain_file(path_or_text, links, params, overrides)` parses, plans and formats a query file;
-`format_plan(file_plan)` formats an existing `FilePlan`; `format_expr` prints one expression.
+`format_plan(file_plan)` formats an existing `FilePlan`. Expressions print with
+`queries.printer.to_gsql`, the one GSQL printer, so they read as they would be written.
 """
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 
 from common.units import NS_PER_S as _NS
@@ -19,90 +19,13 @@ from queries.plan import (
     QueryPlan,
     WindowPlan,
 )
-
-#: precedence of binary operators, loosest first (for parentheses)
-_PREC = {"OR": 1, "AND": 2, "=": 4, "<>": 4, "<": 4, ">": 4, "<=": 4, ">=": 4,
-         "|": 5, "^": 6, "&": 7, "<<": 8, ">>": 8, "+": 9, "-": 9, "*": 10, "/": 10, "%": 10}
+from queries.printer import to_gsql
 
 
-def format_literal(lit: E.Literal) -> str:
-    kind, value = lit.kind, lit.value
-    if kind == "ip":
-        return f"IP_VAL '{ipaddress.IPv4Address(value)}'"
-    if kind == "ipv6":
-        return f"IPV6_VAL '{ipaddress.IPv6Address(value)}'"
-    if kind == "string":
-        return "'" + str(value).replace("'", "''") + "'"
-    if kind == "bool":
-        return "TRUE" if value else "FALSE"
-    return repr(value)
-
-
-def format_duration(d: E.Duration) -> str:
-    v = d.value
-    return f"{int(v) if float(v).is_integer() else v} {d.unit}"
-
-
-def format_window_spec(w: E.WindowSpec) -> str:
-    parts = []
-    if w.partition_by:
-        parts.append("PARTITION BY " + ", ".join(format_expr(c) for c in w.partition_by))
-    if w.rows is not None:
-        parts.append(f"ROWS {w.rows}")
-    if w.all:
-        parts.append("RANGE ALL")
-    if w.range is not None:
-        parts.append(f"RANGE {format_duration(w.range)}")
-    if w.slide is not None:
-        parts.append(f"SLIDE {format_duration(w.slide)}")
-    if w.wa:
-        parts.append(f"WA {w.wa}")
-    return "[" + ", ".join(parts) + "]"
-
-
-def format_expr(expr, prec: int = 0) -> str:
-    """An expression as GSQL text (resolved Fields print as their (qualified) names)."""
-    if expr is None:
-        return "-"
-    if isinstance(expr, E.Field):
-        return f"{expr.table}.{expr.name}" if expr.table else expr.name
-    if isinstance(expr, E.Column):
-        return f"{expr.table}.{expr.name}" if expr.table else expr.name
-    if isinstance(expr, E.Literal):
-        return format_literal(expr)
-    if isinstance(expr, E.Param):
-        return f"${expr.name}"
-    if isinstance(expr, E.Star):
-        return "*"
-    if isinstance(expr, E.Unary):
-        if expr.op == "NOT":
-            text = f"NOT {format_expr(expr.this, 11)}"
-            return f"({text})" if prec > 3 else text
-        inner = format_expr(expr.this, 11)
-        # `- -x` must not print as the comment marker `--x`
-        return f"{expr.op} {inner}" if inner.startswith(expr.op) else f"{expr.op}{inner}"
-    if isinstance(expr, E.Binary):
-        p = _PREC.get(expr.op, 3)
-        # comparisons do not chain: a comparison inside one keeps its parentheses
-        left = format_expr(expr.left, p + 1 if p == 4 else p)
-        text = f"{left} {expr.op} {format_expr(expr.right, p + 1)}"
-        return f"({text})" if p < prec else text
-    if isinstance(expr, E.In):
-        items = ", ".join(format_expr(i) for i in expr.items)
-        text = f"{format_expr(expr.this, 5)} IN [{items}]"
-        return f"({text})" if prec > 3 else text
-    if isinstance(expr, E.Func):
-        return f"{expr.name}({', '.join(format_expr(a) for a in expr.args['args'])})"
-    if isinstance(expr, E.Aggregate):
-        name = expr.name
-        if name == "COUNT_DISTINCT":
-            text = f"COUNT_DISTINCT({format_expr(expr.arg)})"
-        elif name == "END_REASON":
-            text = "END_REASON()"
-        else:
-            text = f"{name}({format_expr(expr.arg)})"
-        return text + (" " + format_window_spec(expr.window) if expr.window is not None else "")
-    return repr(expr)
+def format_expr(expr: E.Node | None) -> str:
+    """An expression as GSQL text, `-` for none: `queries.printer.to_gsql`, the one expression
+    printer (resolved Fields print as their (qualified) names)."""
+    return "-" if expr is None else to_gsql(expr)
 
 
 def _seconds(ns: int) -> str:

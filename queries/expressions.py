@@ -8,12 +8,16 @@ Arguments hold nodes, lists/tuples of nodes, dicts, or plain values (str, int, f
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Iterator, NamedTuple
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar, NamedTuple, Self, TypeVar
 
 
 class Pos(NamedTuple):
     line: int
     col: int
+
+
+N = TypeVar("N", bound="Node")   # find_all(Field) yields Fields
 
 
 class Node:
@@ -48,7 +52,7 @@ class Node:
         return (type(self).__name__,) + tuple((k, _freeze(self.args[k])) for k in self.arg_types)
 
     def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and self._key() == other._key()  # type: ignore[union-attr]
+        return type(self) is type(other) and self._key() == other._key()
 
     def __hash__(self) -> int:
         return hash(self._key())
@@ -62,30 +66,30 @@ class Node:
         # __init__, since the slots cannot be set directly on an immutable node
         return (_rebuild_node, (type(self), self.pos, self.args))
 
-    def replace(self, **changes: Any) -> "Node":
+    def replace(self, **changes: Any) -> Self:
         """A copy with some arguments changed (position kept)."""
         return type(self)(pos=self.pos, **{**self.args, **changes})
 
-    def children(self) -> Iterator["Node"]:
+    def children(self) -> Iterator[Node]:
         for value in self.args.values():
             yield from _nodes_in(value)
 
-    def walk(self) -> Iterator["Node"]:
+    def walk(self) -> Iterator[Node]:
         """This node and every descendant, pre-order."""
         yield self
         for child in self.children():
             yield from child.walk()
 
-    def find_all(self, *types: type) -> Iterator["Node"]:
+    def find_all(self, *types: type[N]) -> Iterator[N]:
         return (n for n in self.walk() if isinstance(n, types))
 
-    def transform(self, fn: Callable[["Node"], "Node"]) -> "Node":
+    def transform(self, fn: Callable[[Node], Node]) -> Node:
         """Rebuild bottom-up: children first, then `fn` on the rebuilt node."""
         new_args = {k: _transform_value(v, fn) for k, v in self.args.items()}
         return fn(type(self)(pos=self.pos, **new_args))
 
 
-def _rebuild_node(cls: type, pos: "Pos | None", args: dict) -> "Node":
+def _rebuild_node(cls: type, pos: Pos | None, args: dict) -> Node:
     return cls(pos=pos, **args)
 
 

@@ -9,7 +9,8 @@ comparisons, so `flags & 2 = 2` means `(flags & 2) = 2` as a network query means
 from __future__ import annotations
 
 import ipaddress
-from typing import Callable, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
 from queries.errors import QueryError
 from queries.expressions import (
@@ -139,9 +140,9 @@ class ExpressionParser(TokenCursor):
     """`_parse_<rule>` methods for expressions, aggregates and window specs."""
 
     # primary expressions introduced by a keyword
-    PRIMARY_KEYWORDS: ClassVar[dict[str, Callable[["ExpressionParser"], Expr]]] = {}
+    PRIMARY_KEYWORDS: ClassVar[dict[str, Callable[[ExpressionParser], Expr]]] = {}
     # window spec items: `[RANGE ..., SLIDE ..., WA ..., ROWS ..., PARTITION BY ...]`
-    WINDOW_ITEMS: ClassVar[dict[str, Callable[["ExpressionParser", dict], None]]] = {}
+    WINDOW_ITEMS: ClassVar[dict[str, Callable[[ExpressionParser, dict], None]]] = {}
 
     # --- expressions --------------------------------------------------------------------------
     def _parse_expression(self) -> Expr:
@@ -181,7 +182,7 @@ class ExpressionParser(TokenCursor):
     def _binary_operator(self) -> tuple[Token, str | None]:
         t = self.tok
         if t.kind is Kind.OP and t.value in BINARY_PRECEDENCE:
-            return t, t.value  # type: ignore[return-value]
+            return t, t.value
         if t.upper in ("AND", "OR", "IN"):
             return t, t.upper
         if t.upper == "NOT" and self.peek().upper == "IN":
@@ -244,8 +245,7 @@ class ExpressionParser(TokenCursor):
         self._enter(open_tok)
         inner = self._parse_expression()
         self._leave()
-        self.expect_op(")", "to close the '(' at line %d, column %d" % (open_tok.line,
-                                                                           open_tok.col))
+        self.expect_op(")", f"to close the '(' at line {open_tok.line}, column {open_tok.col}")
         return inner
 
     def _parse_column(self) -> Column:

@@ -11,8 +11,9 @@ name up to its first `.`, else `query`). When several queries of one file have n
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 from capture.schema import PROTOCOLS
 from queries.errors import QueryError
@@ -77,8 +78,8 @@ def _name_from_path(path: str | None) -> str | None:
 class Parser(ExpressionParser):
     """One `_parse_<rule>` method per grammar rule; keywords pick rules via the tables below."""
 
-    STATEMENTS: ClassVar[dict[str, Callable[["Parser"], Node]]] = {}
-    QUERY_BLOCKS: ClassVar[dict[str, Callable[["Parser", dict], None]]] = {}
+    STATEMENTS: ClassVar[dict[str, Callable[[Parser], Node]]] = {}
+    QUERY_BLOCKS: ClassVar[dict[str, Callable[[Parser, dict], None]]] = {}
     CLAUSES: ClassVar[tuple[tuple[str, str], ...]] = (
         ("WHERE", "_parse_where"), ("GROUP", "_parse_group_by"), ("HAVING", "_parse_having"))
 
@@ -166,7 +167,7 @@ class Parser(ExpressionParser):
             self.advance()
             number = self.advance()
             kind = "int" if number.kind is Kind.INT else "float"
-            return Literal(pos=self.pos(t), value=-number.value, kind=kind)  # type: ignore
+            return Literal(pos=self.pos(t), value=-number.value, kind=kind)
         nxt = self.peek()
         if t.kind in (Kind.INT, Kind.FLOAT) and nxt.kind is Kind.IDENT and \
                 nxt.value.lower() in DEFINE_UNITS:
@@ -201,7 +202,7 @@ class Parser(ExpressionParser):
                 raise self.error(f"parameter '{t.value}' declared twice", t)
             type_tok = self.expect_name(f"the type of parameter {t.value} (e.g. uint, "
                                         f"float, string, ip)")
-            params[t.value] = type_tok.value.lower()  # type: ignore[index]
+            params[t.value] = type_tok.value.lower()
             if self.match_op("="):
                 blocks["param_defaults"][t.value] = self._parse_param_default(t)
             self._end_block_entry("PARAM")
@@ -270,9 +271,9 @@ class Parser(ExpressionParser):
 
     def _parse_alias(self, required: bool, allow_bare: bool) -> str | None:
         if self.match_kw("AS"):
-            return self.expect_name("a name after AS").value  # type: ignore[return-value]
+            return self.expect_name("a name after AS").value
         if allow_bare and self.tok.kind is Kind.IDENT and self.tok.upper not in RESERVED:
-            return self.advance().value  # type: ignore[return-value]
+            return self.advance().value
         if required:
             raise self.unexpected("AS name")
         return None
@@ -360,15 +361,15 @@ class Parser(ExpressionParser):
             self.expect_op("]", "to close the list of links")
             self.expect_op(".", "and a protocol after the list of links, e.g. [link1, "
                                 "link2].IPV4")
-            return links, self._parse_protocol(), None  # type: ignore[return-value]
+            return links, self._parse_protocol(), None
         name = self.expect_name("a source: link.PROTOCOL, [link1, link2].PROTOCOL, a "
                                 "PROTOCOL or a query name")
         if self.at_op("."):
             self.advance()
-            return [name.value], self._parse_protocol(), None  # type: ignore[list-item]
+            return [name.value], self._parse_protocol(), None
         if name.upper in PROTOCOLS:
             return None, name.upper, None
-        return None, None, name.value  # type: ignore[return-value]
+        return None, None, name.value
 
     def _parse_protocol(self) -> str:
         t = self.tok

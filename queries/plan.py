@@ -70,7 +70,8 @@ class WindowPlan:
         return self.slide_ns // self.pane_ns
 
     def windows_of_pane(self, pane: int) -> range:
-        """Window ids (counted in slides) whose extent holds pane `pane` (SEMANTICS.md 2)."""
+        """Window ids (counted in slides) whose extent holds pane `pane` (docs/semantics.md
+        "Windows")."""
         first = pane // self.panes_per_slide
         return range(first, (pane + self.panes_per_window) // self.panes_per_slide)
 
@@ -130,7 +131,8 @@ class LowLevelPlan:
     #: itself over the result rows of the query named in `link` (query-on-query: a plain
     #: group-by without hash table or flush; `protocol` is then "")
     source_kind: str = "link"
-    #: SEMANTICS.md 8: "drop" late packets (counted) or "correct" them through a late partition
+    #: "drop" late packets (counted) or "correct" them through a late partition
+    #: (docs/semantics.md "Late data")
     late: str = "drop"
 
 
@@ -157,7 +159,8 @@ SUPERAGG_OF = {"count": "sum", "sum": "sum", "min": "min", "max": "max", "and": 
 
 @dataclass(frozen=True)
 class SuperAggregate:
-    """How the high level combines the partial states of one sub-aggregate (SEMANTICS.md 4).
+    """How the high level combines the partial states of one sub-aggregate (docs/semantics.md
+    "Sub-aggregates and super-aggregates").
 
     kind: sum | min | max | and | or | xor over the state column `name`; `first` / `last`:
     keep the value whose time (`name`_t) is smallest / largest, ties broken by the smaller /
@@ -216,7 +219,7 @@ class JoinSide:
 
 @dataclass(frozen=True)
 class JoinPlan:
-    """A two-way window join run with OA-Join (SEMANTICS.md 7).
+    """A two-way window join run with OA-Join (docs/semantics.md "Joins").
 
     type: inner | left | right | outer. Rows l (left) and r (right) join when every pair in
     `keys` is equal (l-side expression, r-side expression), the window matches and `residual`
@@ -255,9 +258,10 @@ class HighLevelPlan:
     union: "meld" (OOP, default) or "merge" (IOP: under `flush iop_slow` or a MERGE); None for
     one input. keys: the group keys of the partial rows (KeyColumn with a Field expr), the
     window column excluded (it is `window.column`, value pane/window id * scale + shift).
-    late: "drop" (count) or "correct" (SEMANTICS.md 8). correction: under late "correct", the
-    name of the extra int output column (the last of `outputs`) that is 0 on regular rows and 1
-    on correction rows (the delta of late data for an already-closed window); else None.
+    late: "drop" (count) or "correct" (docs/semantics.md "Late data"). correction: under late
+    "correct", the name of the extra int output column (the last of `outputs`) that is 0 on
+    regular rows and 1 on correction rows (the delta of late data for an already-closed window);
+    else None.
     """
 
     query: str

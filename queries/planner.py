@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from common.errors import ConfigError, LinkError
 from queries import expressions as E
 from queries import types as T
-from queries.analysis import AnalysedQuery, analyse_file
+from queries.analysis import AnalysedQuery, SourceInfo, analyse_file
 from queries.definitions import FLOW_KEYS
 from queries.inference import conjoin, conjuncts, type_of, unit_ns
 from queries.plan import (
@@ -36,6 +37,7 @@ from queries.plan import (
     SuperAggregate,
     WindowPlan,
 )
+from queries.printer import to_gsql
 
 DEFAULT_SLOTS = 1 << 16
 DEFAULT_SLOW_FLUSH = {"oop_slow": 160, "iop_slow": 1, "oop_lazy": 160}
@@ -69,6 +71,7 @@ def plan_file(tree: E.QueryFile, links: list[str], params: dict[str, str] | None
     for aq in analysed:
         for s in aq.sources:
             if s.kind == "query":
+                assert s.query is not None   # a query source names its query
                 readers.setdefault(s.query, []).append(aq.name)
     plans = []
     for aq in analysed:
@@ -97,6 +100,8 @@ def _state_dtype(kind: str, arg_type: str | None) -> str:
         return "uint64"
     if kind == "distinct":
         return "uint8"
+    if arg_type is None:
+        return "uint64"
     if kind == "sum":
         return {"float": "float64"}.get(arg_type, "int64" if arg_type in T.SIGNED else "uint64")
     return {"float": "float64", "int": "int64", "llong": "int64"}.get(arg_type, "uint64")
@@ -138,6 +143,7 @@ def split_aggregates(aggs: list[E.Aggregate], taken: set[str]) -> AggregateSplit
         if agg in split.final_of:
             continue
         name = agg.name
+        expr: E.Expr
         if name == "AVG":
             total, count = sub("sum", agg.arg), sub("count", None)
             expr = E.Binary(op="/", left=E.Func(name="float", args=[state(total)]),
@@ -187,9 +193,7 @@ def flow_settings(aq: AnalysedQuery, split: AggregateSplit, taken: set[str]) -> 
 
 
 def format_agg(agg: E.Aggregate) -> str:
-    from queries.explain import format_expr
-
-    return format_expr(agg)
+    return to_gsql(agg)
 
 
 def superaggs_of(subaggs: list[SubAggregate]) -> tuple[SuperAggregate, ...]:
@@ -199,7 +203,8 @@ def superaggs_of(subaggs: list[SubAggregate]) -> tuple[SuperAggregate, ...]:
 def replace_aggregates(expr: E.Expr | None, final_of: dict) -> E.Expr | None:
     if expr is None:
         return None
-    return expr.transform(lambda n: final_of.get(n, n) if isinstance(n, E.Aggregate) else n)
+    # aggregates become Fields: an expression stays an expression
+    return cast(E.Expr, expr.transform(lambda n: final_of.get(n, n) if isinstance(n, E.Aggregate) else n))
 
 
 # --- windows ----------------------------------------------------------------------------------
@@ -208,6 +213,7 @@ def window_plan(aq: AnalysedQuery) -> WindowPlan | None:
     """Pane and window sizes from the temporal group item or the aggregates' window spec."""
     if aq.temporal is not None:
         f = aq.temporal.form
+        assert f is not None   # a temporal group item has a time form
         reads_query = any(s.kind == "query" for s in aq.sources)
         pane_expr = None
         if reads_query:
@@ -312,6 +318,7 @@ def _plan_aggregate(aq: AnalysedQuery, links: list[str]):
     union = None
     inputs: tuple[str, ...]
     if source.kind == "link":
+        assert source.protocol is not None   # packet sources always name their protocol
         inputs = _links_of(source, links)
         union = ("merge" if settings["flush"] == "iop_slow" else "meld") if len(inputs) > 1 else None
         low = [LowLevelPlan(aq.name, link, source.protocol, aq.where, window, keys,
@@ -320,6 +327,7 @@ def _plan_aggregate(aq: AnalysedQuery, links: list[str]):
                for link in inputs]
         row_plans: tuple = ()
     else:
+        assert source.query is not None   # a query source names its query
         inputs = (source.query,)
         low = []
         row_plans = (LowLevelPlan(aq.name, source.query, "", aq.where, window, keys,
@@ -329,8 +337,9 @@ def _plan_aggregate(aq: AnalysedQuery, links: list[str]):
     late = aq.defines.get("late", "drop")
     correction = None
     if late == "correct":
-        # SEMANTICS.md 8: correction rows are marked by an extra output column, 0 on regular
-        # rows (the stage sets it to 1 on correction rows; the reference sees no late data)
+        # docs/semantics.md "Late data": correction rows are marked by an extra output column,
+        # 0 on regular rows (the stage sets it to 1 on correction rows; the reference sees no
+        # late data)
         names = {o.name for o in outputs}
         correction = next(n for n in ("correction", "late_correction", "_correction")
                           if n not in names)
@@ -350,6 +359,7 @@ def _second_window(aq: AnalysedQuery) -> WindowPlan | None:
     if aq.temporal2 is None:
         return None
     f = aq.temporal2.form
+    assert f is not None   # a temporal group item has a time form
     return WindowPlan(f.pane_ns, f.pane_ns, f.pane_ns, f.offset_ns, aq.temporal2.name,
                       f.scale, f.shift)
 
@@ -357,9 +367,11 @@ def _second_window(aq: AnalysedQuery) -> WindowPlan | None:
 def _plan_rows(aq: AnalysedQuery, links: list[str]):
     """A tuple-count window: the low level selects and projects what the windows need (the
     order of packets across links is only known after their union, so no pre-aggregation);
-    the high level numbers the rows and aggregates each window (highlevel.rowswindow)."""
+    the high level numbers the rows and aggregates each window (highlevel.countwindow)."""
     source = aq.sources[0]
     w = aq.window
+    assert w is not None and w.rows is not None and aq.window_end is not None   # a ROWS window
+    assert source.protocol is not None   # ROWS windows read links
     aggs = _aggregates(aq)
     taken = {g.name for g in aq.group} | {i.name for i in aq.items}
 
@@ -424,7 +436,7 @@ def _split_display(expr: E.Expr, projections: list[KeyColumn], taken: set[str]) 
             return node.replace(args=[E.Field(name=name, type=t)])
         return node
 
-    return expr.transform(fn)
+    return cast(E.Expr, expr.transform(fn))   # display functions keep their place
 
 
 def _plan_select(aq: AnalysedQuery, links: list[str]):
@@ -443,6 +455,7 @@ def _plan_select(aq: AnalysedQuery, links: list[str]):
                                         E.Field(name=item.name, type=item.type, form=item.form),
                                         item.form))
     if source.kind == "link":
+        assert source.protocol is not None   # packet sources always name their protocol
         inputs = _links_of(source, links)
         union = ("merge" if settings["flush"] == "iop_slow" else "meld") if len(inputs) > 1 else None
         low = [LowLevelPlan(aq.name, link, source.protocol, aq.where, None, (), (),
@@ -452,6 +465,7 @@ def _plan_select(aq: AnalysedQuery, links: list[str]):
                              late=aq.defines.get("late", "drop"))
         return low, high
     # over an earlier query: everything runs in the high level
+    assert source.query is not None   # a query source names its query
     high = HighLevelPlan(aq.name, "select", (source.query,), "queries", None, _outputs(aq),
                          predicate=aq.where, late=aq.defines.get("late", "drop"))
     return [], high
@@ -474,6 +488,7 @@ _PRESERVED = {"inner": (), "left": (0,), "right": (1,), "outer": (0, 1)}
 def push_down_join_filters(aq: AnalysedQuery) -> tuple[dict[str, E.Expr | None], E.Expr | None]:
     """Split the residual join condition: conjuncts on one side go to that side, unless an
     outer join preserves the side (its rows must appear even when they fail the condition)."""
+    assert aq.join is not None   # a join query
     kind = JOIN_TYPES[aq.join.upper()]
     aliases = [s.alias for s in aq.sources]
     pushable = {a for i, a in enumerate(aliases) if i not in _PRESERVED[kind]}
@@ -491,7 +506,7 @@ def push_down_join_filters(aq: AnalysedQuery) -> tuple[dict[str, E.Expr | None],
 def _unqualified(expr: E.Expr | None) -> E.Expr | None:
     if expr is None:
         return None
-    return expr.transform(lambda n: n.replace(table=None) if isinstance(n, E.Field) else n)
+    return cast(E.Expr, expr.transform(lambda n: n.replace(table=None) if isinstance(n, E.Field) else n))
 
 
 def _plan_join(aq: AnalysedQuery, links: list[str]):
@@ -502,8 +517,12 @@ def _plan_join(aq: AnalysedQuery, links: list[str]):
     for s in aq.sources:
         rng = None
         if s.window_ns is not None:
-            rng = s.window_ns // unit_ns(s.wa.form)
+            assert s.wa is not None   # a band join source has its windowing attribute
+            unit = unit_ns(s.wa.form)
+            assert unit is not None   # checked by the analysis
+            rng = s.window_ns // unit
         if s.kind == "link":
+            assert s.protocol is not None   # packet sources always name their protocol
             side_links = _links_of(s, links)
             low += [LowLevelPlan(aq.name, link, s.protocol, _unqualified(filters[s.alias]), None,
                                  (), (), projections=_side_projection(aq, s.alias), side=s.alias,
@@ -511,14 +530,21 @@ def _plan_join(aq: AnalysedQuery, links: list[str]):
                     for link in side_links]
             sides.append(JoinSide(s.alias, "links", aq.name, side_links, rng, s.wa))
         else:
-            sides.append(JoinSide(s.alias, "query", s.query, (), rng, s.wa, filters[s.alias]))
+            sides.append(JoinSide(s.alias, "query", _query_of(s), (), rng, s.wa, filters[s.alias]))
+    assert aq.join is not None   # a join query
     join = JoinPlan(JOIN_TYPES[aq.join.upper()], sides[0], sides[1], tuple(aq.join_keys),
                     aq.join_temporal, residual)
-    inputs = tuple(s.query if s.kind == "query" else s.alias for s in aq.sources)
+    inputs = tuple(_query_of(s) if s.kind == "query" else s.alias for s in aq.sources)
     high = HighLevelPlan(aq.name, "join", inputs,
                          "queries" if all(s.kind == "query" for s in aq.sources) else "links",
                          None, _outputs(aq), join=join, late=aq.defines.get("late", "drop"))
     return low, high
+
+
+def _query_of(source: SourceInfo) -> str:
+    """The query a query source reads (the analysis always names it)."""
+    assert source.query is not None
+    return source.query
 
 
 def _plan_merge(aq: AnalysedQuery, links: list[str]):
@@ -527,6 +553,7 @@ def _plan_merge(aq: AnalysedQuery, links: list[str]):
     inputs = []
     for s in aq.sources:
         if s.kind == "link":
+            assert s.protocol is not None   # packet sources always name their protocol
             proj = tuple(KeyColumn(c.name, _packet_field(s, c), c.type) for c in s.columns.values())
             for link in _links_of(s, links):
                 low.append(LowLevelPlan(aq.name, link, s.protocol, None, None, (), (),
@@ -534,7 +561,7 @@ def _plan_merge(aq: AnalysedQuery, links: list[str]):
                                         late=aq.defines.get("late", "drop"), **settings))
             inputs.append(s.alias)
         else:
-            inputs.append(s.query)
+            inputs.append(_query_of(s))
     kind = "links" if all(s.kind == "link" for s in aq.sources) else "queries"
     high = HighLevelPlan(aq.name, "merge", tuple(inputs), kind, "merge", _outputs(aq),
                          merge_fields=aq.merge_fields, late=aq.defines.get("late", "drop"))

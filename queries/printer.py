@@ -9,7 +9,8 @@ same default naming). `dump_tree` is the readable form the golden tests compare.
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from queries.expressions import (
     Aggregate,

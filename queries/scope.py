@@ -8,7 +8,8 @@ aggregation, where a column must be a group item or sit inside an aggregate.
 from __future__ import annotations
 
 import difflib
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from capture.schema import protocol_fields
 from queries import expressions as E
@@ -22,7 +23,7 @@ Hook = Callable[[E.Node], "E.Expr | None"]
 
 
 class Scope:
-    def __init__(self, analyser: "Analyser", sources: list["SourceInfo"]):
+    def __init__(self, analyser: Analyser, sources: list[SourceInfo]):
         self.a = analyser
         self.sources = sources
 
@@ -51,17 +52,18 @@ class Scope:
             where = " or ".join(
                 f"protocol {s.protocol}" if s.kind == "link" else f"query {s.query!r}"
                 for s in candidates)
-            known = sorted({c for s in candidates for c in s.columns})
-            close = difflib.get_close_matches(name, known, n=1)
+            known_cols = sorted({c for s in candidates for c in s.columns})
+            close = difflib.get_close_matches(name, known_cols, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise self.error(node, f"unknown column {name!r} in {where}{hint} (known: "
-                             f"{', '.join(known)})")
+                             f"{', '.join(known_cols)})")
         if len(hits) > 1:
             raise self.error(node, f"column {name!r} is ambiguous: qualify it "
                              f"({' or '.join(s.alias + '.' + name for s, _ in hits)})")
         s, col = hits[0]
         columns = None
         if s.kind == "link":
+            assert s.protocol is not None   # packet sources always name their protocol
             columns = tuple(protocol_fields(s.protocol)[col.name].columns)
         joined = len(self.sources) > 1
         return E.Field(pos=node.pos, name=col.name, type=col.type,
@@ -172,12 +174,12 @@ class Scope:
 class GroupedScope:
     """Resolution in SELECT/HAVING of an aggregation: group items become key Fields."""
 
-    def __init__(self, analyser: "Analyser", base: Scope, group: list["GroupInfo"]):
+    def __init__(self, analyser: Analyser, base: Scope, group: list[GroupInfo]):
         self.a = analyser
         self.base = base
         self.group = group
 
-    def _key(self, g: "GroupInfo", pos) -> E.Field:
+    def _key(self, g: GroupInfo, pos) -> E.Field:
         return E.Field(pos=pos, name=g.name, type=g.type, form=g.form)
 
     def resolve(self, expr: E.Node, clause: str, aliases: dict[str, E.Expr] | None = None) -> E.Expr:

@@ -9,11 +9,11 @@ at the next `;` like for any other syntax error.
 
 from __future__ import annotations
 
-from enum import Enum
-from typing import NamedTuple
+from enum import StrEnum
+from typing import Any, NamedTuple
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     IDENT = "identifier"
     INT = "integer"
     FLOAT = "number"
@@ -26,7 +26,8 @@ class Kind(str, Enum):
 
 class Token(NamedTuple):
     kind: Kind
-    value: object       # str for IDENT/OP/STRING/PARAM (PARAM without `$`), int, float, error text
+    # Any: which type depends on `kind` (mypy cannot narrow a value by its token's kind)
+    value: Any          # str for IDENT/OP/STRING/PARAM (PARAM without `$`), int, float, error text
     line: int
     col: int
     length: int         # characters of source text the token spans (for the error marker)
@@ -35,14 +36,14 @@ class Token(NamedTuple):
     @property
     def upper(self) -> str:
         """The upper-case spelling of a word (empty for other tokens): keyword tests use it."""
-        return self.value.upper() if self.kind is Kind.IDENT else ""  # type: ignore[union-attr]
+        return self.value.upper() if self.kind is Kind.IDENT else ""
 
     def describe(self) -> str:
         """The token as an error message names it."""
         if self.kind is Kind.EOF:
             return "end of input"
         if self.kind is Kind.STRING:
-            return f"string {_quote(self.value)}"  # type: ignore[arg-type]
+            return f"string {_quote(self.value)}"
         if self.kind is Kind.PARAM:
             return f"parameter ${self.value}"
         if self.kind is Kind.OP:

@@ -189,7 +189,7 @@ class TimeForm:
     scale: int = 1
     shift: int = 0
 
-    def divide(self, c: int) -> "TimeForm | None":
+    def divide(self, c: int) -> TimeForm | None:
         """The form of `self / c` (integer division), or None when it is not a pane form."""
         if c <= 0:
             return None
@@ -203,12 +203,12 @@ class TimeForm:
             return TimeForm(self.pane_ns * k, self.offset_ns + (self.shift // self.scale) * self.pane_ns)
         return None
 
-    def multiply(self, c: int) -> "TimeForm | None":
+    def multiply(self, c: int) -> TimeForm | None:
         if c <= 0:
             return None
         return TimeForm(self.pane_ns, self.offset_ns, self.scale * c, self.shift * c)
 
-    def add(self, c: int) -> "TimeForm":
+    def add(self, c: int) -> TimeForm:
         return TimeForm(self.pane_ns, self.offset_ns, self.scale, self.shift + c)
 
 

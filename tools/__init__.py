@@ -1,1 +1,1 @@
-"""The oopscope command line and the tools around the pipeline (generator, benchmarks, NetFlow export)."""
+"""The oopscope command line and what surrounds the pipeline: commands, the run, the traffic generator, the thesis experiments, the NetFlow exporter."""

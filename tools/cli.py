@@ -60,13 +60,14 @@ def main(argv: list[str] | None = None) -> None:
     from common.errors import OopscopeError
 
     # Numba imports scipy.linalg, when SciPy is installed, to look for a BLAS the first time it
-    # loads a kernel: 0.6 s of the start of every run. No oopscope kernel uses a BLAS (np.dot,
+    # loads a kernel, a noticeable part of every run's start. No oopscope kernel uses a BLAS (np.dot,
     # np.linalg), so the command's own process goes without it.
-    sys.modules.setdefault("scipy.linalg", None)
+    # (a None entry makes the import fail, as documented; typeshed's sys.modules has no None)
+    sys.modules.setdefault("scipy.linalg", None)  # type: ignore[arg-type]
     # Arrow's default allocator (mimalloc) hands freed memory back to the system at once, and
-    # every later buffer is page-faulted in afresh: reading 3.4M flow records' spool files
-    # and copying them took 4.4 s of system time against 1.0 s with the system allocator
-    # (the 5M anchor netflow run: 11.7 -> 11.0 s). A user's own choice of pool stands.
+    # every later buffer is page-faulted in afresh: reading and copying a large run's spool
+    # files spends several times the system time it does with the system allocator. A user's
+    # own choice of pool stands.
     os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     try:
         cli.main(args=argv, prog_name="oopscope", standalone_mode=False)
@@ -87,8 +88,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def entry() -> None:
     """The `oopscope` command's process: `main`, then a quick exit. Python's own teardown
-    (freeing every module, array and thread state one by one) took 0.25-0.35 s after a run's
-    last output. What a normal exit does first is done here too: the threads that are not
+    (freeing every module, array and thread state one by one) only delays the exit after a
+    run's last output. What a normal exit does first is done here too: the threads that are not
     daemons are joined, the atexit handlers run (py4j's ends the JVM), logging and the
     standard streams are flushed. Tests call `main`, which returns or raises as usual."""
     import atexit

@@ -1,4 +1,4 @@
-"""Errors of the tools (the `run` pipeline): subclasses of the one hierarchy in `capture.errors`."""
+"""Errors of the tools (runs, NetFlow export): subclasses of the one hierarchy rooted in `common.errors`."""
 
 from __future__ import annotations
 

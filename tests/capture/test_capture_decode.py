@@ -152,6 +152,7 @@ ETHERNET_CASES = {
 
 
 @pytest.mark.parametrize("name", list(ETHERNET_CASES))
+@pytest.mark.slow
 def test_ethernet_frames_match_scapy(tmp_path, name):
     pkt = ETHERNET_CASES[name]
     raw = bytes(pkt)

@@ -64,6 +64,7 @@ def _assert_same(a, b, n):
 @given(base=st.sampled_from(range(len(BASE))),
        edits=st.lists(st.tuples(st.integers(12, 60), st.integers(0, 255)), max_size=4),
        cut=st.integers(0, 40), wire_extra=st.integers(-20, 20))
+@pytest.mark.slow
 def test_fast_path_equals_general_decoder(base, edits, cut, wire_extra):
     frame = bytearray(BASE[base])
     for pos, val in edits:

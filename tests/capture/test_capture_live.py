@@ -147,6 +147,7 @@ def _check_capture(batches: list[PacketBatch], traffic, t0: int, t1: int, snaple
     assert np.all(allb["vlan"][mine & (allb["protocol"] == 17) & (allb["srcPort"] == 9)] == 42)
 
 
+@pytest.mark.slow
 def test_sent_traffic_is_captured_exactly(pair, traffic):
     """Read after the sender finished: 64 blocks retired every 20 ms hold the whole 0.2 s burst."""
     pcap = traffic[0]

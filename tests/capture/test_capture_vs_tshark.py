@@ -170,7 +170,7 @@ def test_every_capture_matches_tshark(corpus):
 def test_corpus_covers_the_decoder(corpus):
     """The comparison above is only as good as what the corpus exercises: make sure it does."""
     seen = Counter()
-    for name, (ours, _) in corpus.items():
+    for _name, (ours, _) in corpus.items():
         for row in ours:
             seen["ipv6" if row["ipversion"] == "6" else "ipv4" if row["ipversion"] == "4" else "no ip"] += 1
             seen["vlan"] += row["vlan"] != ""

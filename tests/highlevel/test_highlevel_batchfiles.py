@@ -8,10 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from common.spool import LINK, PUNCT, SEQ, SpoolWriter, list_spool
+from highlevel.aggregate import AggregateStage
 from highlevel.batchfiles import batch_files, batch_markers, file_markers
-from highlevel.stage import Stage
 from highlevel.testing import ListSink, demo_spec, random_partials
 
 SECOND = 10**9
@@ -27,6 +28,7 @@ def _written(path) -> dict:
             "rows": int(is_row.sum())}
 
 
+@pytest.mark.slow
 def test_batch_files_and_footers_match_the_spool(spark, tmp_path):
     rng = np.random.default_rng(11)
     spec = demo_spec(query="bf", links=("a", "b"), registers=4)
@@ -38,7 +40,7 @@ def test_batch_files_and_footers_match_the_spool(spark, tmp_path):
     writers["a"].write([], None)                 # no rows, no punctuation
     for w in writers.values():
         w.write([], (1 << 63) - 1)
-    stage = Stage(spec, tmp_path / "spool", tmp_path / "ck", [ListSink()], spark=spark,
+    stage = AggregateStage(spec, tmp_path / "spool", tmp_path / "ck", [ListSink()], spark=spark,
                   max_files_per_trigger=3)
     stage.run_available()
     stream = tmp_path / "ck" / "stream"
@@ -48,17 +50,17 @@ def test_batch_files_and_footers_match_the_spool(spark, tmp_path):
         assert paths is not None and 0 < len(paths) <= 3
         listed += paths
         markers = [file_markers(p) for p in paths]
-        assert [{k: m[k] for k in (LINK, SEQ, "p", "rows")} for m in markers] == \
-            [_written(p) for p in paths]
+        assert [{LINK: m.link, SEQ: m.seq, "p": m.punctuation, "rows": m.rows}
+                for m in markers] == [_written(p) for p in paths]
     assert sorted(listed) == sorted(p for _, _, p in list_spool(tmp_path / "spool", "bf"))
     assert batch_files(stream, stage.state.batch + 1) is None        # no such batch
     # markers from the footers: nothing was late, every row kept
     assert stage.state.late_rows == 0
     got = batch_markers(stream, 0, lambda pane: (pane + 1) * SECOND, None)
-    assert [(f["rows"], f["late"], f["kept"]) for f in got] == \
-        [(f["rows"], 0, f["rows"]) for f in got]
+    assert [(f.rows, f.late, f.kept) for f in got] == [(f.rows, 0, f.rows) for f in got]
 
 
+@pytest.mark.slow
 def test_possible_late_rows_and_foreign_files_go_to_the_spark_job(spark, tmp_path):
     rng = np.random.default_rng(12)
     spec = demo_spec(query="late", links=("a",), registers=4)
@@ -68,7 +70,7 @@ def test_possible_late_rows_and_foreign_files_go_to_the_spark_job(spark, tmp_pat
     late = random_partials(rng, [5, 45], 40, registers=4, query="late")
     n_late = int((np.asarray(late.column("window")) == 5).sum())
     w.write([late], (1 << 63) - 1)
-    stage = Stage(spec, tmp_path / "spool", tmp_path / "ck", [ListSink()], spark=spark,
+    stage = AggregateStage(spec, tmp_path / "spool", tmp_path / "ck", [ListSink()], spark=spark,
                   max_files_per_trigger=1)
     stage.run_available()
     assert stage.state.batch == 1 and n_late > 0

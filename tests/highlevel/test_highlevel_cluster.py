@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from common.spool import SpoolWriter
+from highlevel.aggregate import AggregateStage
 from highlevel.cluster import LocalCluster
 from highlevel.sinks import ParquetSink
-from highlevel.stage import Stage
 from highlevel.testing import demo_spec, random_partials
 
 SECOND = 10**9
@@ -26,7 +26,7 @@ def test_standalone_cluster_gives_the_rows_of_local_mode(spark, tmp_path):
         for t in range(30, 34):
             w.write([random_partials(rng, [t, t + 1], 30)], (t + 1) * SECOND)
     local = ParquetSink(tmp_path / "local")
-    Stage(spec, tmp_path / "spool", tmp_path / "ck-local", [local], spark=spark).run_available()
+    AggregateStage(spec, tmp_path / "spool", tmp_path / "ck-local", [local], spark=spark).run_available()
     with LocalCluster(cores=1, memory="1g", workdir=str(tmp_path / "cluster")) as url:
         done = subprocess.run(
             [sys.executable, "-m", "highlevel.testing", "run-stage", "--spool",

@@ -10,8 +10,8 @@ import pandas as pd
 import pyarrow as pa
 
 from common.spool import SpoolWriter, list_spool
+from highlevel.aggregate import AggregateStage
 from highlevel.sinks import ParquetSink
-from highlevel.stage import Stage
 from highlevel.testing import ListSink, batch_frame, demo_spec, random_partials
 from lowlevel.hll import estimate
 
@@ -57,7 +57,7 @@ def _run_all_at_once(spark, spec, tmp_path, batches):
     for k, b in enumerate(batches):
         writer.write([b], None if k < len(batches) - 1 else 10**6 * SECOND)
     sink = ListSink()
-    stage = Stage(spec, tmp_path / "spool", tmp_path / "ck", [sink], spark=spark)
+    stage = AggregateStage(spec, tmp_path / "spool", tmp_path / "ck", [sink], spark=spark)
     files = [p for _, _, p in list_spool(tmp_path / "spool", spec.query)]
     stage.process_batch(batch_frame(spark, spec, files), 0)
     return sink, stage
@@ -100,7 +100,7 @@ def test_streaming_run_writes_typed_parquet(spark, tmp_path):
     a.write(batches[:1], 7 * SECOND)
     b.write(batches[1:], 6 * SECOND)
     sink = ParquetSink(tmp_path / "out")
-    Stage(spec, tmp_path / "spool", tmp_path / "ck", [sink], spark=spark).run_available()
+    AggregateStage(spec, tmp_path / "spool", tmp_path / "ck", [sink], spark=spark).run_available()
     table = sink.read()
     assert table.schema == spec.output_arrow_schema().remove_metadata() or \
         table.schema.remove_metadata() == spec.output_arrow_schema().remove_metadata()

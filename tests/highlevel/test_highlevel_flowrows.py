@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from common.spool import list_spool
-from highlevel.spec import from_high_level
-from highlevel.stage import Stage
+from highlevel.aggregate import AggregateStage
+from highlevel.spec import StageExtras, from_high_level
 from highlevel.testing import ListSink, batch_frame, feed_spool
 from queries.library import __file__ as library_init
 from queries.planner import plan_text
@@ -44,24 +44,25 @@ def flows(tmp_path_factory):
 
 def _run(spark, spec, files, ck, cuts, restart_after=None):
     sink = ListSink()
-    stage = Stage(spec, ck.parent / "unused-spool", ck, [sink], spark=spark)
+    stage = AggregateStage(spec, ck.parent / "unused-spool", ck, [sink], spark=spark)
     for batch_id, chunk in enumerate(np.split(np.array(files, dtype=object), cuts)):
         if restart_after is not None and batch_id == restart_after:
             # a new process on the same checkpoint: resumes from the committed open state
-            stage = Stage(spec, ck.parent / "unused-spool", ck, [sink], spark=spark)
+            stage = AggregateStage(spec, ck.parent / "unused-spool", ck, [sink], spark=spark)
         stage.process_batch(batch_frame(spark, spec, list(chunk)), batch_id)
     return sink.table().to_pandas(), stage, sink
 
 
+@pytest.mark.slow
 def test_flow_rows_are_unique_and_pass_the_combine_by(spark, flows, tmp_path):
     qp, files, want, _ = flows
     spec = from_high_level(qp.high, qp.low)
-    assert spec.extras["unique_rows"]
+    assert spec.extras.unique_rows
     # without the low plans (or over a plain aggregate) nothing is assumed unique
-    assert not from_high_level(qp.high).extras["unique_rows"]
+    assert not from_high_level(qp.high).extras.unique_rows
     cuts = [2, 4]                     # 3 micro-batches: windows close in each, some stay open
     got, stage, sink = _run(spark, spec, files, tmp_path / "ck-unique", cuts, restart_after=2)
-    combined, _, _ = _run(spark, replace(spec, extras={"unique_rows": False}), files,
+    combined, _, _ = _run(spark, replace(spec, extras=StageExtras(unique_rows=False)), files,
                        tmp_path / "ck-combine", cuts)
     assert len([t for t in sink.tables.values() if t.num_rows]) > 1   # several closes
     assert stage.state.late_rows == 0 and stage.state.open_dir is None   # all closed at the end
@@ -85,15 +86,16 @@ def test_flow_rows_are_unique_and_pass_the_combine_by(spark, flows, tmp_path):
     assert (np.diff(order["tb"].to_numpy().astype(np.int64)) >= 0).all()
 
 
-def _stream(spec, spool, ck, sink, monkeypatch, on_driver: bool) -> Stage:
+def _stream(spec, spool, ck, sink, monkeypatch, on_driver: bool) -> AggregateStage:
     monkeypatch.setenv("OOPSCOPE_DRIVER_ROWS", "1" if on_driver else "0")
-    stage = Stage(spec, spool, ck, [sink], max_files_per_trigger=2)
+    stage = AggregateStage(spec, spool, ck, [sink], max_files_per_trigger=2)
     stage.run_available()
     return stage
 
 
+@pytest.mark.slow
 def test_flow_batches_closed_on_the_driver_equal_spark_s(spark, flows, tmp_path, monkeypatch):
-    """Streamed flow records: batches closed on the driver (highlevel.driverrows) give the
+    """Streamed flow records: batches closed on the driver (highlevel.flowrecords) give the
     rows the Spark job gives, in the same order; halfway through, the driver's open state is
     handed to a stage that closes through Spark (and the reverse), with the same result."""
     import shutil
@@ -126,10 +128,11 @@ def test_flow_batches_closed_on_the_driver_equal_spark_s(spark, flows, tmp_path,
         pd.testing.assert_frame_equal(results[name], results["spark"], obj=name)
 
 
+@pytest.mark.slow
 def test_a_batch_computed_ahead_is_used_for_its_own_inputs_only(spark, flows, tmp_path):
-    """`Stage.speculate` (a run's low level ended before Spark's stream started): the next
-    batch finds its closed and open rows computed, and writes what it would have computed;
-    a batch over other files (one came after) computes its own."""
+    """`AggregateStage.speculate` (a run's low level ended before Spark's stream started): the
+    next batch finds its closed and open rows computed, and writes what it would have
+    computed; a batch over other files (one came after) computes its own."""
     import shutil
 
     qp, files, _, _ = flows
@@ -141,7 +144,7 @@ def test_a_batch_computed_ahead_is_used_for_its_own_inputs_only(spark, flows, tm
         d.mkdir(parents=True)
         for f in files[:3]:
             shutil.copy(f, d / f.name)
-        stage = Stage(spec, spool, tmp_path / f"ck-{name}", [sink])
+        stage = AggregateStage(spec, spool, tmp_path / f"ck-{name}", [sink])
         stage.prune_spool = True          # as in a run: the next batch's files are the spool
         if speculate:
             assert stage.speculate()
@@ -151,7 +154,7 @@ def test_a_batch_computed_ahead_is_used_for_its_own_inputs_only(spark, flows, tm
         first = (stage.ahead_batches, stage.state.open_dir is not None)
         for f in files[3 + len(late_files):]:
             shutil.copy(f, d / f.name)
-        again = Stage(spec, spool, tmp_path / f"ck-{name}", [sink])
+        again = AggregateStage(spec, spool, tmp_path / f"ck-{name}", [sink])
         again.prune_spool = True
         assert again.speculate()          # the rest, over the open rows the first one left
         again.run_available()
@@ -170,22 +173,22 @@ def test_a_batch_computed_ahead_is_used_for_its_own_inputs_only(spark, flows, tm
 
 def test_the_driver_path_is_only_taken_where_it_is_exact(spark, flows, tmp_path, monkeypatch):
     """Outputs that need an expression, HAVING, or a combine keep Spark's job."""
-    from highlevel.driverrows import DriverRows
+    from highlevel.flowrecords import FlowRecords
     from queries import expressions as E
 
     qp, _, _, _ = flows
     spec = from_high_level(qp.high, qp.low)
-    make = lambda s: Stage(s, tmp_path / "sp", tmp_path / "ck", [], spark=spark)  # noqa: E731
-    assert make(spec)._driver is not None
+    make = lambda s: AggregateStage(s, tmp_path / "sp", tmp_path / "ck", [], spark=spark)  # noqa: E731
+    assert make(spec).flow_records is not None
     monkeypatch.setenv("OOPSCOPE_DRIVER_ROWS", "0")
-    assert make(spec)._driver is None
+    assert make(spec).flow_records is None
     monkeypatch.delenv("OOPSCOPE_DRIVER_ROWS")
-    assert make(replace(spec, extras={"unique_rows": False}))._driver is None
+    assert make(replace(spec, extras=StageExtras(unique_rows=False))).flow_records is None
     first = spec.outputs[-1]
     doubled = replace(first, expr=E.Binary(op="*", left=first.expr,
                                            right=E.Literal(value=2, kind="int")))
-    assert make(replace(spec, outputs=spec.outputs[:-1] + (doubled,)))._driver is None
+    assert make(replace(spec, outputs=spec.outputs[:-1] + (doubled,))).flow_records is None
     assert make(replace(spec, having=E.Binary(op=">", left=first.expr,
-                                              right=E.Literal(value=2, kind="int"))))._driver \
+                                              right=E.Literal(value=2, kind="int")))).flow_records \
         is None
-    assert DriverRows.for_stage(make(spec)).layout[0][0] == "tb"
+    assert FlowRecords.of(spec, make(spec).window).layout[0][0] == "tb"

@@ -51,6 +51,7 @@ def _run(spark, tmp_path, text, batches, *, pieces, disorder_s, files_per_batch=
     return graph, sinks, fp
 
 
+@pytest.mark.slow
 def test_rollup_selections_and_syn_flood_equal_the_reference(spark, tmp_path):
     text = (HERE / "rollup.gsql").read_text() + ";\n" + (LIBRARY / "syn_flood.gsql").read_text()
     batches = {"main": random_batch(2500, seed=3, span_s=420, hosts=6, sort=False)}
@@ -66,6 +67,7 @@ def test_rollup_selections_and_syn_flood_equal_the_reference(spark, tmp_path):
     assert got.null_count == nulls
 
 
+@pytest.mark.slow
 def test_two_skewed_links_joins_and_merge_equal_the_reference(spark, tmp_path):
     q8_2 = (LIBRARY / "q8_2.gsql").read_text().replace("link1", "main").replace("link2", "other")
     text = q8_2 + ";\n" + (HERE / "flow_join.gsql").read_text() + ";\n" + \
@@ -107,6 +109,7 @@ class SideRecorder(Sink):
         self.puncts[batch_id] = punctuation
 
 
+@pytest.mark.slow
 def test_band_join_punctuation_per_side_is_never_violated(spark, tmp_path):
     """Every row the band join emits after giving a side's individual punctuation P has that
     side's time >= P (checked per micro-batch, 1 file per batch). The left side's files all
@@ -150,6 +153,7 @@ def test_band_join_punctuation_per_side_is_never_violated(spark, tmp_path):
     assert rows is not None and rows.num_rows > 0
 
 
+@pytest.mark.slow
 def test_joint_reader_closes_each_group_once_covered(spark, tmp_path):
     """`iband_boxes` groups the inner band join's rows by both times (10 s windows on x.time
     and y.time). The join's spool files are taken alternately from the two sides (both
@@ -201,7 +205,7 @@ def test_joint_reader_closes_each_group_once_covered(spark, tmp_path):
                 if table is not None else ():
             e1, e2 = (tb + 1) * 10 * SECOND, (yb + 1) * 10 * SECOND
 
-            def covers(bd):
+            def covers(bd, e1=e1, e2=e2):
                 joint = [(bd[2], bd[3])] if None not in bd[2:] else []
                 return group_closed(e1, e2, None if None in bd[:2] else bd[:2], joint)
 

@@ -13,7 +13,7 @@ import pytest
 
 from common.spool import SpoolWriter
 from highlevel.graph import output_columns_of
-from highlevel.join import JoinStage
+from highlevel.join import JoinSpec, JoinStage
 from highlevel.testing import ListSink, batch_frame, canonical_rows
 from queries.planner import plan_text
 from tests.oracles.reference import evaluate_file
@@ -38,8 +38,8 @@ def _side_files(writer, frame, alias):
     files = []
     for tb in sorted(frame.tb.unique()):
         rows = frame[frame.tb == tb]
-        table = pa.table({"window": pa.array(((rows.tb.to_numpy().astype(np.int64) + 1)
-                                              * MINUTE)),
+        table = pa.table({"window": pa.array((rows.tb.to_numpy().astype(np.int64) + 1)
+                                              * MINUTE),
                           **{f"{alias}__{c}": pa.array(rows[c].to_numpy().astype(np.uint64)
                                                        .view(np.int64))
                              for c in ("tb", "srcIP", "destIP", "Cnt")}})
@@ -65,13 +65,14 @@ def _nested_loop(up, down):
 
 
 @pytest.mark.parametrize("order", ["interleaved", "b_lags"])
+@pytest.mark.slow
 def test_oa_join_batch_by_batch(spark, tmp_path, flows, order):
     fp, up, down = flows
     h = fp.query("flows").high
     columns = {"a": output_columns_of(fp.query("up")), "b": output_columns_of(fp.query("down"))}
     sink = ListSink()
-    stage = JoinStage("flows", h.join, columns, [(o.name, o.expr, o.type) for o in h.outputs],
-                      tmp_path / "spool", tmp_path / "ck", [sink], spark=spark)
+    spec = JoinSpec("flows", h.join, columns, [(o.name, o.expr, o.type) for o in h.outputs])
+    stage = JoinStage(spec, tmp_path / "spool", tmp_path / "ck", [sink], spark=spark)
     a = _side_files(SpoolWriter(tmp_path / "spool", "flows", "a"), up, "a")
     b = _side_files(SpoolWriter(tmp_path / "spool", "flows", "b"), down, "b")
     rng = np.random.default_rng(len(order))

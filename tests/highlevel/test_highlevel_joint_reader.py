@@ -76,6 +76,7 @@ def _groups(out: ListSink, batch: int, correction: bool = False) -> list[tuple]:
 
 
 @pytest.mark.parametrize("late", ["drop", "correct"])
+@pytest.mark.slow
 def test_groups_close_on_the_box_either_slab_or_the_end(spark, tmp_path, late):
     stage, feed, out = _reader(spark, tmp_path, late)
     files = [
@@ -111,6 +112,7 @@ def test_groups_close_on_the_box_either_slab_or_the_end(spark, tmp_path, late):
     assert _groups(out, 4) == [(1, 2, 1)]            # end of input
 
 
+@pytest.mark.slow
 def test_a_file_after_a_gap_waits_for_its_predecessor(spark, tmp_path):
     """Files apply in sequence order: file 1's box is used only once file 0 has come."""
     stage, feed, out = _reader(spark, tmp_path)

@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from highlevel import jvm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,6 +55,7 @@ def _entries(cache: Path) -> list[Path]:
     return sorted((cache / "oopscope").glob("jvm-launch-*.json"))
 
 
+@pytest.mark.slow
 def test_launch_is_remembered_reused_and_replaced_when_it_fails(tmp_path):
     first, err = _probe(tmp_path, nice=3)
     assert _how(err) == "spark-submit"

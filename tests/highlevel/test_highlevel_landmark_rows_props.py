@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -121,6 +122,7 @@ _SETTINGS = settings(max_examples=2, deadline=None,
        st.booleans())
 # its first micro-batch holds punctuation only (no pane yet): a None pane once broke the next
 @example(seed=1, slide=", SLIDE 2 sec", two=False)
+@pytest.mark.slow
 def test_landmark_equals_reference(spark, tmp_path, seed, slide, two):
     links = ["a", "b"] if two else ["main"]
     src = "[a, b].IP" if two else "main.IP"
@@ -130,6 +132,7 @@ def test_landmark_equals_reference(spark, tmp_path, seed, slide, two):
 @_SETTINGS
 @given(st.integers(0, 10_000), st.integers(1, 9), st.sampled_from(["", "PARTITION BY protocol "]),
        st.booleans())
+@pytest.mark.slow
 def test_rows_equals_reference(spark, tmp_path, seed, n, part, two):
     links = ["a", "b"] if two else ["main"]
     src = "[a, b].IP" if two else "main.IP"

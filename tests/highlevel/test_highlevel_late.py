@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from capture.batch import PacketBatch
 from common.spool import SpoolWriter
+from highlevel.aggregate import AggregateStage
 from highlevel.spec import from_high_level
-from highlevel.stage import Stage
 from highlevel.testing import ListSink
 from lowlevel.operator import LATE_MARKER, LowLevelOperator
 from lowlevel.testing import PATENT_MINUTES, patent_segments
@@ -48,9 +49,9 @@ def reference(qp, plan, keys: list[str]) -> pd.DataFrame:
     return ref.drop(columns="correction").sort_values(keys).reset_index(drop=True)
 
 
-def run_stage(spark, qp, root) -> tuple[pd.DataFrame, Stage]:
+def run_stage(spark, qp, root) -> tuple[pd.DataFrame, AggregateStage]:
     sink = ListSink()
-    stage = Stage(from_high_level(qp.high), root / "spool", root / "ck", [sink], spark=spark,
+    stage = AggregateStage(from_high_level(qp.high), root / "spool", root / "ck", [sink], spark=spark,
                   max_files_per_trigger=1)
     stage.run_available()
     return sink.table().to_pandas(), stage
@@ -67,6 +68,7 @@ def early_link_spool(qp, root) -> None:
     writer.write(None, END_OF_INPUT)
 
 
+@pytest.mark.slow
 def test_patent_vector_corrections_at_the_stage(spark, tmp_path):
     plan = plan_text(PATENT.format(late="late 'correct';"), ["main"])
     qp = plan.queries[0]
@@ -87,6 +89,7 @@ def test_patent_vector_corrections_at_the_stage(spark, tmp_path):
     assert int(total["cnt"].sum()) == 16       # the 15-minute rollup: the patent's 16
 
 
+@pytest.mark.slow
 def test_patent_vector_late_partition_end_to_end(spark, tmp_path):
     """The low level's late partition (flush iop_slow: its punctuation follows the input's,
     so the windows close at the stage before the late rows come)."""
@@ -117,6 +120,7 @@ SELECT COUNT(*) [RANGE 10 minutes, SLIDE 5 minutes, WA timestamp] AS cnt, SUM(le
 FROM main.PACKET;"""
 
 
+@pytest.mark.slow
 def test_sliding_late_pane_corrects_closed_windows_only(spark, tmp_path):
     """A late 5-minute pane belongs to a closed 10-minute window (corrected) and to an open
     one (combined as usual): merged rows equal the reference; nothing is counted twice."""

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 
 from common.spool import SpoolWriter, list_spool
+from highlevel.aggregate import AggregateStage
 from highlevel.errors import StageConfigError
 from highlevel.spec import OutputColumn, from_high_level
-from highlevel.stage import Stage
 from highlevel.testing import ListSink, batch_frame, col, demo_spec
 from highlevel.windows import SlidingWindow
 from queries.library import __file__ as library_init
@@ -47,7 +47,7 @@ def test_q8_2_plan_runs_on_spark_and_sums_partial_counts(spark, tmp_path):
         fed.append(batch.to_pandas())
         writer.write([batch], 7 * pane)            # windows 5 and 6 may close, 7 not
     sink = ListSink()
-    stage = Stage(spec, tmp_path / "spool", tmp_path / "ck", [sink], spark=spark)
+    stage = AggregateStage(spec, tmp_path / "spool", tmp_path / "ck", [sink], spark=spark)
     files = [p for _, _, p in list_spool(tmp_path / "spool", spec.query)]
     stage.process_batch(batch_frame(spark, spec, files), 0)
     got = sink.table().to_pandas()
@@ -66,7 +66,7 @@ def test_configuration_errors_say_what_is_allowed(spark, tmp_path):
     spec = demo_spec()
     bad = replace(spec, outputs=spec.outputs + (OutputColumn("x", col("nope"), "int64"),))
     with pytest.raises(StageConfigError, match="unknown name `nope`.*known: bytes, cnt"):
-        Stage(bad, tmp_path / "spool", tmp_path / "ck", [], spark=spark)
+        AggregateStage(bad, tmp_path / "spool", tmp_path / "ck", [], spark=spark)
     with pytest.raises(StageConfigError, match=r"window `slide` \(90\) can't exceed `range` "
                                                r"\(60\)"):
         SlidingWindow(60, 90).build()

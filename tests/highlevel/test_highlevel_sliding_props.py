@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from capture.batch import PacketBatch
 from common.spool import SpoolWriter
+from highlevel.aggregate import AggregateStage
 from highlevel.spec import from_high_level
-from highlevel.stage import Stage
 from highlevel.testing import ListSink
 from lowlevel.operator import LowLevelOperator
 from lowlevel.testing import arrival_order, patent_segments
@@ -83,6 +84,7 @@ def wid_rows(grid: WindowGrid, batch: PacketBatch, punct) -> pd.DataFrame:
     return normal(df)
 
 
+@pytest.mark.slow
 def test_stage_sliding_windows_independent_of_punctuation(spark, tmp_path):
     # one case: Spark micro-batches are slow; tests/lowlevel/test_lowlevel_windows_props.py
     # checks many more windows and orders through the low level and the same window rule
@@ -106,7 +108,7 @@ def test_stage_sliding_windows_independent_of_punctuation(spark, tmp_path):
         # the 10 ms run in two micro-batches, so windows close across batches (each batch
         # costs about a second: the others run in one)
         split = -(-files // 2) if name == "10ms" else None
-        stage = Stage(from_high_level(qp.high), spool, tmp_path / name / "ck", [sink],
+        stage = AggregateStage(from_high_level(qp.high), spool, tmp_path / name / "ck", [sink],
                       spark=spark, max_files_per_trigger=split)
         stage.run_available()
         got = normal(sink.table().to_pandas())
@@ -158,7 +160,7 @@ def test_patent_vector_drop_at_the_low_level(spark, tmp_path):
     assert op.counters["late"] == late
     assert op.counters["packets_in"] == 16
     sink = ListSink()
-    stage = Stage(from_high_level(qp.high), tmp_path / "spool", tmp_path / "ck", [sink],
+    stage = AggregateStage(from_high_level(qp.high), tmp_path / "spool", tmp_path / "ck", [sink],
                   spark=spark)
     stage.run_available()
     got = sink.table().to_pandas()
@@ -185,7 +187,7 @@ def test_patent_vector_drop_at_the_stage(spark, tmp_path):
         writer.write(rows, punct)
         p_before = punct
     sink = ListSink()
-    stage = Stage(from_high_level(qp.high), tmp_path / "spool", tmp_path / "ck", [sink],
+    stage = AggregateStage(from_high_level(qp.high), tmp_path / "spool", tmp_path / "ck", [sink],
                   spark=spark, max_files_per_trigger=1)
     stage.run_available()
     got = sink.table().to_pandas()

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from common.spool import SpoolWriter, list_spool
-from highlevel.stage import Stage
+from highlevel.aggregate import AggregateStage
 from highlevel.testing import ListSink, batch_frame, demo_spec, random_partials
 
 SECOND = 10**9
 
 
+@pytest.mark.slow
 def test_windows_close_exactly_once_under_random_punctuation(spark, tmp_path):
     rng = np.random.default_rng(2024)
     spec = demo_spec(query="rand", links=("a", "b"), registers=16)
@@ -31,7 +33,7 @@ def test_windows_close_exactly_once_under_random_punctuation(spark, tmp_path):
     files = [p for _, _, p in list_spool(tmp_path / "spool", "rand")]
     rng.shuffle(files)                                # the listing may see a link's files late
     sink = ListSink()
-    stage = Stage(spec, tmp_path / "spool", tmp_path / "ck", [sink], spark=spark)
+    stage = AggregateStage(spec, tmp_path / "spool", tmp_path / "ck", [sink], spark=spark)
     closes = []
     cuts = sorted(rng.choice(np.arange(1, len(files)), 3, replace=False).tolist())
     for batch_id, chunk in enumerate(np.split(np.array(files, dtype=object), cuts)):
@@ -60,7 +62,7 @@ def test_silent_link_holds_windows_until_its_timer_punctuation(spark, tmp_path):
     first = [busy.write([random_partials(rng, [t], 10, query="silent")], (t + 1) * SECOND)
              for t in range(20, 26)]
     sink = ListSink()
-    stage = Stage(spec, tmp_path / "spool", tmp_path / "ck", [sink], spark=spark)
+    stage = AggregateStage(spec, tmp_path / "spool", tmp_path / "ck", [sink], spark=spark)
     stage.process_batch(batch_frame(spark, spec, first), 0)
     assert sink.table() is None and stage.state.punctuation is None   # quiet never punctuated
     timer = quiet.write([], 23 * SECOND)                   # the quiet link's timer punctuation

@@ -129,6 +129,7 @@ def test_reference_sees_every_reason_and_several_flows_per_bucket(reference):
 
 
 @pytest.mark.parametrize("step_ns", [10_000_000, NS, None], ids=["10ms", "1s", "end"])
+@pytest.mark.slow
 def test_kernel_equals_reference(flow_batch, reference, step_ns):
     fp, qp = plan(idle_timeout="3s")
     got, counters, nrows = run_kernel(qp, flow_batch, step_ns)
@@ -150,6 +151,7 @@ def test_operator_equals_reference(flow_batch, reference, step_ns):
 
 
 @pytest.mark.parametrize("step_ns", [10_000_000, None], ids=["10ms", "end"])
+@pytest.mark.slow
 def test_tiny_table_keeps_totals_and_counts_evictions(flow_batch, reference, step_ns):
     fp, qp = plan(idle_timeout="3s")
     got, counters, nrows = run_kernel(qp, flow_batch, step_ns, slots=64)
@@ -168,6 +170,7 @@ def test_tiny_table_keeps_totals_and_counts_evictions(flow_batch, reference, ste
     assert got[totals].sum().tolist() == reference[totals].sum().tolist()
 
 
+@pytest.mark.slow
 def test_flow_ids_keep_flows_apart_and_links_apart():
     """Two links, the same 5-tuple and bucket: flow ids differ per flow and per link."""
     from lowlevel.aggregates import AggSpec, StateLayout

@@ -101,6 +101,7 @@ def test_more_rows_than_the_output_buffer_in_one_append():
 
 
 @pytest.mark.parametrize("flow", [False, True])
+@pytest.mark.slow
 def test_kernels_count_and_drop_late_packets(flow):
     layout = StateLayout([AggSpec("cnt", "count")])
     if flow:

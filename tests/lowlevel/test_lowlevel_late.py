@@ -1,5 +1,6 @@
-"""Late data at the low level (SEMANTICS.md 8): `late 'drop'` counts and drops, `late 'correct'`
-routes late packets to a late partition whose marked partial rows carry the same windows.
+"""Late data at the low level (docs/semantics.md "Late data"): `late 'drop'` counts and drops,
+`late 'correct'` routes late packets to a late partition whose marked partial rows carry the same
+windows.
 
 Oracles: the patent's worked example (p[49]-p[52]) and a plain numpy count/sum per
 (window, key) over every packet, whatever the arrival order, punctuation and table size.

@@ -57,7 +57,7 @@ def _run(low, batch: PacketBatch, step: int = 2500, hold_rows: int = 0):
     op = LowLevelOperator(low, hold_rows=hold_rows)
     ts = batch["timestamp"]
     suffix_min = np.minimum.accumulate(ts[::-1])[::-1]
-    out, puncts, row_after = [], [], []
+    out, puncts = [], []
     for a in range(0, len(batch), step):
         b = min(len(batch), a + step)
         got = op.process(batch.slice(a, b))

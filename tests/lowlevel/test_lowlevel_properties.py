@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -105,6 +106,7 @@ params = st.fixed_dictionaries({
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(params)
+@pytest.mark.slow
 def test_any_table_any_policy_equals_reference(prm):
     pane = prm["pane"]
     stream = make_stream(ALL_AGGS, prm["seed"], prm["n"], prm["ngroups"], prm["nkeys"],

@@ -63,6 +63,7 @@ def run(kernel, seed: int):
 
 
 @pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.slow
 def test_specialized_flow_kernel_equals_the_generic_one(seed):
     generic, g = run(flow_append, seed)
     special, s = run(None, seed)

@@ -1,12 +1,12 @@
 """Sliding windows: window ids vs extents, and Paned-WID (low level + window level) = WID = reference.
 
-Window-id property (SEMANTICS.md 2): for any RANGE r, SLIDE s (s need not divide r), origin
-offset and time t, `w in wids(t) <=> t in extent(w)`, for each place that computes window ids:
+Window-id property (docs/semantics.md "Windows"): for any RANGE r, SLIDE s (s need not divide
+r), origin offset and time t, `w in wids(t) <=> t in extent(w)`, for each place that computes window ids:
 the planner's `WindowPlan` with `lowlevel.evaluate.pane_ids`, the high level's `WindowLogic`,
 and `tools.experiments.windowgrid.WindowGrid`; the oracle is the extent definition checked window by window.
 
-Results (SEMANTICS.md 1, 6): the real low level (`LowLevelOperator`) over packets in a random
-arrival order with grammatical punctuation every 10 ms, every second or only at the end, its
+Results (docs/semantics.md: its guarantees, and "Windows" on Paned-WID): the real low level
+(`LowLevelOperator`) over packets in a random arrival order with grammatical punctuation every 10 ms, every second or only at the end, its
 pane rows assembled into windows when its punctuation passes their end (a plain pandas window
 level written here), equals the WID model (`tools.experiments.windowgrid.WidOperator`) fed the same arrivals,
 equals the reference evaluator, for COUNT, SUM, AVG, MIN, MAX per group.
@@ -174,6 +174,7 @@ def run_wid(grid: WindowGrid, batch: PacketBatch, punct) -> pd.DataFrame:
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(k_s=st.integers(1, 6), k_r=st.integers(0, 14), n=st.integers(20, 400),
        seed=st.integers(0, 2**31), order=st.sampled_from(["band", "block", "random"]))
+@pytest.mark.slow
 def test_paned_wid_equals_wid_equals_reference(k_s, k_r, n, seed, order):
     s = 250 * k_s
     r = max(s, 250 * k_r + s * (k_r % 3))        # in ms; s divides r or not

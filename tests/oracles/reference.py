@@ -3,11 +3,11 @@
 Deliberately simple and independent of the low/high split: no hash table, no panes, no
 punctuation. It works from the analysed query (the expressions as written, resolved), groups
 whole inputs at once (pandas factorisation + numpy reductions), expands sliding windows by the
-definition of SEMANTICS.md section 2 (`wids(x) = {w : floor(x/s) <= w < floor((x+r)/s)}`),
+definition of docs/semantics.md "Windows" (`wids(x) = {w : floor(x/s) <= w < floor((x+r)/s)}`),
 joins by key equality then the band / temporal condition, and reads earlier queries' results
 for query-on-query. Every tuple counts (no late data: it sees the whole input).
 
-Flow queries (DEFINE idle_timeout / flow_end) follow the flow semantics of README "Flow
+Flow queries (DEFINE idle_timeout / flow_end) follow the flow semantics of docs/semantics.md "Flow
 queries" with a plain loop over each link's packets in arrival order (`flow_assignment`): each
 packet gets a flow number (a hidden group key) and each flow its end reason.
 
@@ -303,13 +303,14 @@ def _aggregate(qp, aq, batches, tables) -> Table:
         else:
             out[item.name] = evaluate_columns(finals(item.expr), frame, ngroups)
     if getattr(qp.high, "correction", None):
-        # late 'correct': every row of the whole input is a regular row (SEMANTICS.md 8)
+        # late 'correct': every row of the whole input is a regular row (docs/semantics.md
+        # "Late data")
         out[qp.high.correction] = np.zeros(ngroups, np.int64)
     return Table(out, ngroups)
 
 
 def row_windows(qp, aq: AnalysedQuery, rows: Rows, keys: dict, aggs, args, times) -> np.ndarray:
-    """The count window of each row (README "Windows"): rows in order of timestamp, link
+    """The count window of each row (docs/semantics.md "Windows"): rows in order of timestamp, link
     position, then the values of PARTITION BY, GROUP BY and the aggregates' arguments (in query
     order; unsigned and ip values as unsigned); numbered per partition from 0; window = number
     // n. The partition values join the group keys (a window is per partition)."""

@@ -91,3 +91,21 @@ def test_bad_options_are_reported_without_traceback():
 def test_help():
     result = CliRunner().invoke(explain, ["--help"])
     assert result.exit_code == 0 and "--set" in result.output and "q8_1" in result.output
+
+
+def test_expressions_print_as_the_gsql_printer_prints_them():
+    # one printer (queries.printer.to_gsql): explain shows GSQL that parses back to the same tree
+    from queries.explain import explain_text
+    from queries.parser import parse
+    from queries.printer import to_gsql
+
+    text = "SELECT -(-len) AS a, ~(~len) AS b FROM main.IP WHERE NOT (len > 5) AND len IN [1, 2]\n"
+    out = explain_text(text)
+    assert "where: NOT (len > 5) AND len IN [1, 2]" in out
+    assert "project: a llong = -(-len), b uint = ~(~len)" in out
+    where = parse(text).queries[0].statement.where
+    assert to_gsql(where) in out
+    # a count window prints in the thesis form, without a comma before ROWS
+    result = CliRunner().invoke(explain, ["packet_runs"])
+    assert result.exit_code == 0, result.output
+    assert "[COUNT(*) [PARTITION BY srcIP ROWS 100]]" in result.output

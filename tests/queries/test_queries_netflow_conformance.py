@@ -156,6 +156,7 @@ def meters(pcaps_dir):
     return dict(zip([p.name for p in pcaps], got))
 
 
+@pytest.mark.slow
 def test_netflow_totals_agree_with_nfpcapd_and_softflowd(plan, meters):
     fp, qp = plan
     text = NETFLOW.read_text().replace("SUM(ip_len) AS bytes", "SUM(len) AS bytes")

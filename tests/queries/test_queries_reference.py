@@ -165,7 +165,7 @@ def test_band_join_boundaries_match_nested_loops():
     want = collections.Counter()
     for l in rows(a, L_IPV4 | 8):
         for r in rows(b, L_IPV4 | 8):
-            # SEMANTICS.md 7: l joins r iff l.ts - R_R <= r.ts < l.ts + R_L
+            # docs/semantics.md "Joins": l joins r iff l.ts - R_R <= r.ts < l.ts + R_L
             if l["src"] == r["dst"] and l["time"] - 120 <= r["time"] < l["time"] + 180:
                 want[(l["time"], r["time"], l["src"])] += 1
     got = collections.Counter((int(x), int(y), int(s)) for x, y, s in res.itertuples(index=False))
@@ -198,7 +198,7 @@ def test_count_distinct_is_mergeable_and_close(batch):
     res = run("SELECT tb, COUNT_DISTINCT(seq) AS d, count(*) AS n FROM main.TCP GROUP BY time/300 AS tb",
               {"main": batch})["query"]
     tcp = (batch["layers"] & L_TCP) != 0
-    for tb, d, n in res.itertuples(index=False):
+    for tb, d, _n in res.itertuples(index=False):
         sel = tcp & (batch["timestamp"] // NS // 300 == tb)
         exact = len(np.unique(batch["seq"][sel]))
         # HLL with 64 registers: standard error ~13%; 4 sigma
@@ -280,7 +280,7 @@ def test_netflow_tcp_packets_match_dpkt(capture):
     path, b = capture
     per_src = collections.Counter()
     with open(path, "rb") as f:
-        for ts, buf in dpkt.pcap.Reader(f):
+        for _ts, buf in dpkt.pcap.Reader(f):
             ip = dpkt.ethernet.Ethernet(buf).data
             if isinstance(ip, (dpkt.ip.IP, dpkt.ip6.IP6)) and isinstance(ip.data, dpkt.tcp.TCP):
                 src = ipaddress.ip_address(ip.src)

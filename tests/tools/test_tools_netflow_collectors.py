@@ -196,7 +196,7 @@ def _tshark_records(pcap: Path, port: int) -> tuple[list[dict], list[dict]]:
     headers, records = [], []
 
     def walk(node, head, index):
-        for key, value in node.items():
+        for _key, value in node.items():
             if isinstance(value, dict):
                 if "cflow.packets" in value:
                     records.append({**value, "_head": head, "_packet": index})

@@ -137,6 +137,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("query,name,extra,params", CASES, ids=[c[1] for c in CASES])
+@pytest.mark.slow
 def test_run_equals_reference(query, name, extra, params, capture, batches, spark_session,
                               tmp_path, capsys):
     out = tmp_path / f"{name}.csv"
@@ -255,10 +256,11 @@ def test_q8_2_two_links_with_skew(settings, two_links, spark_session, tmp_path, 
 
 
 def test_punctuation_period_changes_nothing(capture, batches, spark_session, tmp_path):
-    """SEMANTICS 1: punctuation every 10 ms of data (small batches) or only at the end give
-    the same rows; the library entry point returns the result tables."""
+    """Punctuation changes when results appear, never what they are (docs/semantics.md):
+    punctuation every 10 ms of data (small batches) or only at the end give the same rows; the
+    library entry point returns the result tables."""
     from tools.run.config import RunConfig
-    from tools.run.runner import run as run_offline
+    from tools.run.runner import run
 
     tables = []
     counts = []
@@ -266,7 +268,7 @@ def test_punctuation_period_changes_nothing(capture, batches, spark_session, tmp
         config = RunConfig("q8_1", (("main", str(capture)),),
                            outputs=(("q8_1", str(tmp_path / f"{every}.csv")),),
                            punctuate_every_ns=every, batch_size=batch_size)
-        summary = run_offline(config)
+        summary = run(config)
         tables.append(summary.results["q8_1"].to_pandas())
         counts.append(summary.links["main"].punctuations)
     # aligned down to the 1-minute slide: one punctuation per minute boundary of the 4 min
@@ -279,11 +281,12 @@ def test_punctuation_period_changes_nothing(capture, batches, spark_session, tmp
 
 def test_late_packets_are_dropped_and_counted(spark_session, tmp_path):
     """Band disorder: packets behind the punctuation are late; every one is counted, so the
-    output counts plus the late packets equal the reference counts (SEMANTICS 8, drop)."""
+    output counts plus the late packets equal the reference counts (docs/semantics.md "Late
+    data", drop)."""
     from capture.reader import read_all
     from tools.gen.traffic import TrafficConfig, generate
     from tools.run.config import RunConfig
-    from tools.run.runner import run as run_offline
+    from tools.run.runner import run
 
     cfg = TrafficConfig(packets=40_000, duration_ns=150 * NS, groups=500, tcp=1.0, udp=0.0,
                         icmp=0.0, disorder="band", max_delay_ns=3 * NS, disorder_share=0.3,
@@ -292,7 +295,7 @@ def test_late_packets_are_dropped_and_counted(spark_session, tmp_path):
     config = RunConfig("q8_1", (("main", str(pcap)),),
                        outputs=(("q8_1", str(tmp_path / "q.csv")),),
                        punctuate_every_ns=NS // 10, batch_size=1024)
-    summary = run_offline(config)
+    summary = run(config)
     late = summary.queries["q8_1"].late_packets
     got = summary.results["q8_1"].to_pandas()
     _, want = reference("q8_1", {"main": read_all(pcap, "main")})
@@ -377,6 +380,7 @@ def test_unknown_link_lists_the_query_links(capture, capsys):
     assert "main" in msg and "link1, link2" in msg
 
 
+@pytest.mark.slow
 def test_join_and_its_inputs_in_one_run(capture, batches, spark_session, tmp_path, capsys):
     """syn_flood.gsql: two aggregations and the OA-Join reading both, every result to CSV."""
     outs = {n: tmp_path / f"{n}.csv" for n in ("syns", "synacks", "syn_flood")}
@@ -390,6 +394,7 @@ def test_join_and_its_inputs_in_one_run(capture, batches, spark_session, tmp_pat
 
 
 @pytest.mark.parametrize("asked,reads", [("syn_flood", "syns"), ("syns", None)])
+@pytest.mark.slow
 def test_only_the_asked_query_and_what_it_reads_run(asked, reads, capture, batches,
                                                     spark_session, tmp_path, capsys):
     """--output names one query of a file: it runs, with the queries it reads (reported as

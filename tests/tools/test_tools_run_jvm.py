@@ -32,6 +32,7 @@ def _run(argv: list[str], **env) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
+@pytest.mark.slow
 def test_run_prints_rows_and_summary_without_jvm_noise(small_capture, tmp_path):
     out = tmp_path / "q.csv"
     res = _run(["run", "q8_1", "--link", f"main={small_capture}", "--output", f"q8_1={out}"])
@@ -42,6 +43,7 @@ def test_run_prints_rows_and_summary_without_jvm_noise(small_capture, tmp_path):
     assert rows[0].startswith("tb,") and len(rows) > 1
 
 
+@pytest.mark.slow
 def test_a_jvm_that_cannot_start_is_one_clear_error(small_capture, tmp_path):
     res = _run(["run", "q8_1", "--link", f"main={small_capture}", "--output",
                 f"q8_1={tmp_path / 'q.csv'}"], JAVA_HOME=str(tmp_path / "no-java"))

@@ -1,4 +1,5 @@
-"""`oopscope run` with `late 'correct'` (SEMANTICS.md 8) over two links, the second one late.
+"""`oopscope run` with `late 'correct'` (docs/semantics.md "Late data") over two links, the
+second one late.
 
 Captures crafted with scapy: link `a` in time order; link `b` in order except for a block of
 old packets written after newer ones (a collector that caught up). With `late 'drop'` the run

@@ -66,6 +66,7 @@ def _wait_for_progress(proc, timeout: float = 60.0) -> None:
     raise AssertionError("oopscope run never started capturing")
 
 
+@pytest.mark.slow
 def test_run_on_an_interface_counts_exactly_the_sent_packets(pair, tmp_path):
     require_tool("tcpreplay")
     pcap = tmp_path / "sent.pcap"

@@ -32,6 +32,7 @@ def _run(capture: Path, out: Path):
                          outputs=(("netflow", str(out)),), batch_size=2048))
 
 
+@pytest.mark.slow
 def test_overlapped_stage_gives_the_rows_of_one_final_stage(overlap_capture, tmp_path,
                                                             monkeypatch, caplog):
     import logging
@@ -73,7 +74,7 @@ def test_overlapped_stage_gives_the_rows_of_one_final_stage(overlap_capture, tmp
     monkeypatch.setattr(threads.OverlappedStages, "MIN_BYTES", 0)
     monkeypatch.setattr(threads.OverlappedStages, "run", run_and_tell)
     monkeypatch.setattr(pipeline, "_drive", drive_after_start)
-    caplog.set_level(logging.INFO, logger="highlevel.stage")
+    caplog.set_level(logging.INFO, logger="highlevel.aggregate")
     overlapped = _run(overlap_capture, tmp_path / "overlap.csv")
     assert seen["started"] is True
     closing = [r for r in caplog.records if "closed windows" in r.getMessage()]

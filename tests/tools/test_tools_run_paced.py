@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from highlevel.sinks import Sink
 from tests.tools.test_tools_run import assert_same_rows, run_cli
 
 NS = 1_000_000_000
@@ -75,7 +76,7 @@ def _reference(query: Path, batches: dict):
     return plan, evaluate_file(plan, batches, {})
 
 
-class TimingSink:
+class TimingSink(Sink):
     """Records when each window's rows reached the outputs (wall clock)."""
 
     def __init__(self):
@@ -91,6 +92,7 @@ class TimingSink:
         pass
 
 
+@pytest.mark.slow
 def test_paced_run_closes_windows_during_a_lull(lull, spark_session, tmp_path):
     """The quiet link's lull does not hold the busy link's windows back (timer punctuation:
     clock - slack), and its packets after the lull are still counted."""
@@ -147,6 +149,7 @@ def test_duration_stops_the_replay_at_that_capture_time(one_link, spark_session,
     assert_same_rows(out, want["per5s"], plan.query("per5s"))
 
 
+@pytest.mark.slow
 def test_sigterm_closes_every_window_and_exits_0(one_link, tmp_path):
     """A paced run stopped by SIGTERM writes the windows of every packet it read, exit 0."""
     from capture.reader import read_all

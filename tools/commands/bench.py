@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -42,7 +43,7 @@ def iop_vs_oop(quick: bool, json_out: Path | None, plot_dir: Path | None, groups
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="bench: %(message)s")
     logging.getLogger("tools").setLevel(logging.INFO)
     tcfg = bio.QUICK if quick else bio.ThroughputConfig()
-    changes = {}
+    changes: dict[str, Any] = {}   # ThroughputConfig fields to replace (of several types)
     if groups:
         try:
             changes["groups"] = tuple(int(g) for g in groups.split(","))
@@ -66,3 +67,25 @@ def iop_vs_oop(quick: bool, json_out: Path | None, plot_dir: Path | None, groups
     if json_out:
         json_out.write_text(json.dumps(report, indent=1, default=str))
         log.info("report written to %s", json_out)
+
+
+@bench.command("disorder")
+@click.option("--quick", is_flag=True, help="Shorter inputs (same windows, slacks and disorder).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Write the report as JSON here.")
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help="Write bench_disorder.png into this directory (matplotlib).")
+def disorder(quick: bool, json_path: Path | None, plot_dir: Path | None) -> None:
+    """Buffering with slack (consistent, generous) vs punctuation on band and block disorder."""
+    from tools.experiments.disorder import format_report, plain_json, plot_report, run
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="bench: %(message)s")
+    report = run(quick)
+    click.echo(format_report(report))
+    if json_path is not None:
+        json_path.write_text(json.dumps(report, indent=1, default=plain_json))
+        log.info("report written to %s", json_path)
+    if plot_dir is not None:
+        path = plot_report(report, plot_dir)
+        click.echo(f"plot: {path}", err=True)

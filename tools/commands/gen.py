@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import click
 
@@ -50,9 +50,10 @@ def parse_start(text: str) -> int:
     try:
         dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise click.BadParameter(f"{text!r} is neither epoch seconds nor an ISO 8601 time", param_hint="--start")
+        raise click.BadParameter(f"{text!r} is neither epoch seconds nor an ISO 8601 time",
+                                 param_hint="--start") from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)   # a capture clock is UTC; never local time
+        dt = dt.replace(tzinfo=UTC)   # a capture clock is UTC; never local time
     return int(dt.timestamp()) * _NS + dt.microsecond * 1000
 
 
@@ -132,7 +133,7 @@ def gen(out, packets, rate, duration, groups, flows, tcp, udp, icmp, sizes, ipv6
     try:
         cfg.validate()
     except ConfigError as exc:
-        raise click.UsageError(str(exc))
+        raise click.UsageError(str(exc)) from exc
     t0 = time.perf_counter()
     paths = generate(cfg, out)
     secs = time.perf_counter() - t0

@@ -151,7 +151,7 @@ def run(query_file: str, links, interfaces, outputs, fmt, speed, duration, sets,
     capture_options = (("promiscuous", promiscuous), ("snaplen", snaplen),
                        ("block_count", ring_blocks), ("block_size", ring_block_size),
                        ("frame_timeout_ms", max(1, ring_timeout // 1_000_000)))
-    extra = ()
+    extra: tuple = ()                  # (query, Sink) pairs (RunConfig.extra_sinks)
     exporter = None
     if netflow is not None:
         from tools.netflow.sink import NetflowSink

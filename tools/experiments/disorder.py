@@ -1,7 +1,6 @@
 """The thesis' disorder experiments (6.1.3, Fig 6-11 and 6-12): buffering with slack vs punctuation.
 
     oopscope bench disorder [--quick] [--json OUT] [--plot DIR]
-    python -m tools.experiments.disorder [--quick] [--json OUT] [--plot DIR]
 
 Two workloads from the traffic generator (`tools.gen.traffic`), both replayed in record (arrival)
 order:
@@ -17,7 +16,8 @@ of gcd(range, slide)) fed the same arrivals with the source's grammatical punctu
 passes their end (Paned-WID's window level, `tools.experiments.windowgrid.assemble_panes`). OOP runs twice:
 with m = 0 (every pane below the punctuation leaves the table at once, so the operator's
 punctuation is the source's) and with the planner's default lazy flush (m = 2: the operator's
-punctuation may lag by two panes, the price of smoothing its output; SEMANTICS.md 3).
+punctuation may lag by two panes, the price of smoothing its output; docs/semantics.md "Flush
+policies").
 
 The exact answer is plain numpy over the whole input. Latency is in the source's time: the
 time at which the record that triggered the window's output left the source, minus the
@@ -30,15 +30,11 @@ ends). Wall-clock seconds of each method are printed too (noisy on a shared mach
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-
-import click
 
 from common.units import NS_PER_S as NS
 
@@ -217,6 +213,7 @@ def run_workload(w: Workload) -> dict:
     for method, plan in (("oop-punctuation", replace(lazy, max_disorder=0)),
                          (f"oop-lazy-m{lazy.max_disorder}", lazy)):
         t1 = time.perf_counter()
+        assert plan.window is not None   # an aggregate query
         pane, event, states, out, counters = run_oop(plan, ts, lens, punctuation)
         cnt = next(s.name for s in plan.subaggs if s.kind == "count")
         total = next((s.name for s in plan.subaggs if s.kind == "sum"), cnt)
@@ -305,30 +302,8 @@ def run(quick: bool) -> dict:
             "workloads": [run_workload(w) for w in workloads(quick)]}
 
 
-@click.command("disorder")
-@click.option("--quick", is_flag=True, help="Shorter inputs (same windows, slacks and disorder).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="Write the report as JSON here.")
-@click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=None, help="Write bench_disorder.png into this directory (matplotlib).")
-def disorder(quick: bool, json_path: Path | None, plot_dir: Path | None) -> None:
-    """Buffering with slack (consistent, generous) vs punctuation on band and block disorder."""
-    report = run(quick)
-    click.echo(format_report(report))
-    if json_path is not None:
-        json_path.write_text(json.dumps(report, indent=1, default=_plain))
-        log.info("report written to %s", json_path)
-    if plot_dir is not None:
-        path = plot_report(report, plot_dir)
-        click.echo(f"plot: {path}", err=True)
-
-
-def _plain(x):
+def plain_json(x):
     if isinstance(x, float) and not math.isfinite(x):
         return None
     return str(x)
 
-
-if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    disorder()

@@ -67,7 +67,8 @@ class ThroughputConfig:
     policies: tuple[str, ...] = POLICIES
     per_group: int = 3                # packets per group per window
     lap_windows: int = 2
-    ring_rows: int = 1 << 13          # the fixed ring: 8K rows (860 KB of columns; see README)
+    # the fixed ring: 8K rows, 860 KB of columns (docs/performance.md "The IOP-vs-OOP experiments")
+    ring_rows: int = 1 << 13
     take_rows: int = 2048             # the consumer takes at most this many rows at once
     push_rows: int = 256              # the producer offers this many rows at a time
     punct_every_s: float = 1.0        # data-time seconds between heartbeats
@@ -275,7 +276,7 @@ def consume(ring, op, *, take_rows: int) -> dict:
 def no_collector():
     """The cyclic garbage collector off (and what exists frozen out of its reach) while a
     probe runs: a full collection walks every object of the interpreter (numba, pyarrow:
-    ~60K of them), a stall of up to ~100 ms that fills the ring, while the operator's loop
+    ~60K of them), a stall long enough to fill the ring, while the operator's loop
     creates no reference cycles."""
     gc.collect()
     gc.freeze()
@@ -294,6 +295,7 @@ def run_probe(producer: Producer, plan, cfg: ThroughputConfig, rate: float, seco
     op = LowLevelOperator(plan, hold_rows=HOLD_ROWS)      # as `oopscope run` has it
     ring = PacketRing.create(cfg.ring_rows, link="main", shared=True)
     try:
+        assert ring.name is not None   # a shared ring has a name
         with no_collector():
             producer.start_probe(ring.name, rate, seconds)
             got = consume(ring, op, take_rows=cfg.take_rows)
@@ -505,8 +507,8 @@ def throughput_table(results: list[dict], cfg: ThroughputConfig) -> str:
             cells = []
             for g in groups:
                 iop = by.get((f"IOP-{_frac(factor)}", g))
-                oop = [by.get((f"{LABELS[p]}-{_frac(factor)}", g)) for p in cfg.policies if p != "iop_slow"]
-                oop = [o[key] for o in oop if o is not None]
+                runs = [by.get((f"{LABELS[p]}-{_frac(factor)}", g)) for p in cfg.policies if p != "iop_slow"]
+                oop = [o[key] for o in runs if o is not None]
                 ratio = (max(oop) / iop[key]) if iop and oop and iop[key] > 0 else None
                 cells.append(f"{'-' if ratio is None else f'{ratio:.2f}':>16}")
             lines.append(f"{'table ' + _frac(factor):12}" + "".join(cells))

@@ -159,7 +159,7 @@ def _union_once(cfg: UnionConfig, links, skew: int, mode: str, q81_plan, Meld, M
     agg = WindowAggregate(in_order=mode == "iop")
     pane = MINUTE
     row_bytes = [0.0]
-    peak = {"union_rows": 0, "union_bytes": 0, "total_rows": 0, "total_bytes": 0}
+    peak: dict[str, float] = {"union_rows": 0, "union_bytes": 0, "total_rows": 0, "total_bytes": 0}
 
     def deliver(i: int, rbs) -> None:
         for rb in rbs:
@@ -240,7 +240,7 @@ def _join_tuples(cfg: JoinConfig, duration_s: int) -> list[dict]:
 class SideState:
     """Tuples held per window on one side of the join (counts: the rules need no contents)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.held: dict[int, int] = defaultdict(int)
         self.total = 0
 
@@ -277,8 +277,7 @@ def _join_once(cfg: JoinConfig, tuples: list[dict], skew: int) -> list[dict]:
 
     wns = cfg.window_s * NS
     lags = (0, skew * NS, 0, skew * NS)          # B lags A, D lags C
-    names = ("A", "B", "C", "D")
-    side_of = (0, 0, 1, 1)
+    side_of = (0, 0, 1, 1)                       # streams A, B, C, D: A and B one side, C and D the other
     arrivals = [t["time"] for t in tuples]
     data = []
     for t, lag in zip(tuples, lags):
@@ -288,16 +287,16 @@ def _join_once(cfg: JoinConfig, tuples: list[dict], skew: int) -> list[dict]:
     row_bytes = data[0].nbytes / max(1, data[0].num_rows)
     # OOP: the OA-Join's two sides and the Meld bound of each side
     oop = [SideState(), SideState()]
-    oop_punct = [[None, None], [None, None]]
+    oop_punct: list[list[int | None]] = [[None, None], [None, None]]
     # IOP: two Merges, then the in-order join's window state
     merges = [Merge(("A", "B")).build(), Merge(("C", "D")).build()]
     iop = [SideState(), SideState()]
-    iop_progress = [None, None]
+    iop_progress: list[int | None] = [None, None]
     peak = {"oop": 0, "iop": 0, "iop_merge": 0, "iop_join": 0}
 
-    def side_bound(s: int):
-        b = oop_punct[s]
-        return None if None in b else min(b)
+    def side_bound(s: int) -> int | None:
+        b0, b1 = oop_punct[s]
+        return None if b0 is None or b1 is None else min(b0, b1)
 
     def iop_feed(s: int, released, q) -> None:
         for tab in released:
@@ -305,8 +304,9 @@ def _join_once(cfg: JoinConfig, tuples: list[dict], skew: int) -> list[dict]:
                 iop[s].add(tab.column("time").to_numpy() // wns)
         if q is not None:
             iop_progress[s] = q
-        if None not in iop_progress:          # a window is complete once both sides passed it
-            low = min(iop_progress)
+        p0, p1 = iop_progress
+        if p0 is not None and p1 is not None:   # a window is complete once both sides passed it
+            low = min(p0, p1)
             iop[0].purge_below_end(low, wns)
             iop[1].purge_below_end(low, wns)
 

@@ -3,7 +3,7 @@
 Models used by `tools/bench_disorder.py` and the window tests, over plain numpy arrays in
 arrival order (`ts` int64 ns, one value per tuple):
 
-- `WindowGrid`: the window arithmetic of SEMANTICS.md section 2 (`wids`, extent, end), written
+- `WindowGrid`: the window arithmetic of docs/semantics.md "Windows" (`wids`, extent, end), written
   independently of `queries.plan.WindowPlan` so each can check the other.
 - `slack_windows`: the buffering baseline. A sort buffer with a slack (in time) releases tuples
   once they are `slack` older than the largest time seen; the window aggregate downstream sees

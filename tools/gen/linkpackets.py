@@ -15,7 +15,7 @@ arrive before the next chunk's first timestamp; block-sorted disorder emits comp
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 

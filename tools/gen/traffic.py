@@ -41,8 +41,8 @@ unioned and reverse-direction joins across links find partners):
   `seed`, `disorder` {model, max_delay_ns, share, block_ns} and the whole `config`.
 - Deterministic: the same config (seed included) gives byte-identical files.
 - Fast and bounded: numpy over columns, two small Numba passes (per-flow connection state,
-  record packing), generated in chunks of 256K packets (5M packets of the benchmark workload
-  in ~4 s on one core; memory ~12 bytes per packet plus one chunk).
+  record packing), generated in chunks of 256K packets (memory ~12 bytes per packet plus
+  one chunk).
 - Headers: Ethernet II, IPv4 (IHL 5, DF, header checksum) or IPv6, TCP (data offset 5), UDP,
   ICMP/ICMPv6 echo, all lengths and checksums right (payload bytes are zeros, so the transport
   checksums are exact even when the snap length cuts the payload).
@@ -132,7 +132,7 @@ class TrafficConfig:
             return ()
         return self.quiet_links if self.quiet_links else tuple(range(self.links))
 
-    def validate(self) -> "TrafficConfig":
+    def validate(self) -> TrafficConfig:
         """Raise ConfigError naming the first inconsistent option; return self otherwise."""
         def bad(msg: str) -> None:
             raise ConfigError(msg)
@@ -235,7 +235,7 @@ def generate(cfg: TrafficConfig, out: str | Path, chunk: int = CHUNK) -> dict[st
     cfg.validate()
     paths = link_paths(out, cfg.links)
     ft = flow_table(cfg)
-    links = []
+    links: list[dict] = []
     for i, (name, path) in enumerate(paths.items()):
         meta: dict = {}
         flows_seen = np.zeros(cfg.n_flows, np.int64)

@@ -112,7 +112,7 @@ class VethPair:
                 log.warning("could not delete network namespace %s: %s", self.netns, res.stderr.strip())
             self._made_ns = False
 
-    def __enter__(self) -> "VethPair":
+    def __enter__(self) -> VethPair:
         return self
 
     def __exit__(self, *exc) -> None:

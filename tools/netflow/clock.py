@@ -20,6 +20,7 @@ going back, as after a router restart).
 from __future__ import annotations
 
 import logging
+from typing import overload
 
 import numpy as np
 
@@ -52,6 +53,9 @@ class ExportClock:
 
     def uptime(self, ms: np.ndarray) -> np.ndarray:
         """Record times as uint32 ms since boot (clamped to [0, 2^32-1], clamps counted)."""
+        if len(ms) == 0:     # may come before any record fixed the boot time
+            return np.zeros(0, np.uint32)
+        assert self.boot_ms is not None   # `start` fixed it for these records
         up = ms.astype(np.int64) - self.boot_ms
         bad = (up < 0) | (up > U32_MAX)
         if bad.any():
@@ -77,5 +81,9 @@ class ExportClock:
         self.last_export_ms = t
         return t
 
-    def sys_uptime(self, export_ms) -> np.ndarray | int:
+    @overload
+    def sys_uptime(self, export_ms: int) -> int: ...
+    @overload
+    def sys_uptime(self, export_ms: np.ndarray) -> np.ndarray: ...
+    def sys_uptime(self, export_ms):
         return export_ms - self.boot_ms

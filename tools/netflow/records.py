@@ -54,7 +54,7 @@ class FlowRecords:
     def __len__(self) -> int:
         return len(self.packets)
 
-    def take(self, index) -> "FlowRecords":
+    def take(self, index) -> FlowRecords:
         return FlowRecords(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
     @property
@@ -66,7 +66,7 @@ class FlowRecords:
         return (self.dst_lo & np.uint64(0xFFFF_FFFF)).astype(np.uint32)
 
     @classmethod
-    def empty(cls) -> "FlowRecords":
+    def empty(cls) -> FlowRecords:
         return from_table(pa.table({k: pa.array([], pa.int64()) for k in REQUIRED}))
 
 

@@ -28,17 +28,17 @@ from tools.errors import NetflowTargetError
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 2055
-#: datagrams a second by default (~60k v9 records/s). Measured on a loaded 2-core machine,
-#: 300k v9 records to nfcapd 1.7.1 on loopback (default 208 KiB receive buffer): unpaced it kept
-#: 24%, at 20k/s 71%, 10k/s 94%, 5k/s 97%, 2k/s 100%; with `nfcapd -B 33554432`, 10k/s kept
-#: 100%. Raise --pace for a collector with a big socket buffer.
+#: datagrams a second by default (~60k v9 records/s): a collector with its default socket
+#: receive buffer (nfcapd: 208 KiB) loses datagrams sent faster, and most of them unpaced.
+#: Raise --pace for a collector with a big socket buffer (`nfcapd -B 33554432`).
 DEFAULT_PACE = 2_000
 
 
 def parse_target(text: str, default_port: int | None = None) -> tuple[str, int]:
     """(host, port) of `HOST:PORT`, `[IPv6]:PORT` or a bare IPv6 address with a default port."""
     text = text.strip()
-    host, port = text, None
+    host = text
+    raw_port: str | int | None = None   # as given (or the default), checked below
     if text.startswith("["):
         end = text.find("]")
         if end < 0:
@@ -47,20 +47,20 @@ def parse_target(text: str, default_port: int | None = None) -> tuple[str, int]:
         if rest:
             if not rest.startswith(":"):
                 raise NetflowTargetError(f"collector {text!r}: expected :PORT after ']'")
-            port = rest[1:]
+            raw_port = rest[1:]
     elif text.count(":") == 1:
-        host, port = text.split(":")
+        host, raw_port = text.split(":")
     elif text.count(":") > 1:  # a bare IPv6 address
         host = text
-    if port is None:
+    if raw_port is None:
         if default_port is None:
             raise NetflowTargetError(f"collector {text!r} is not HOST:PORT (e.g. 127.0.0.1:2055 "
                                      f"or [::1]:2055)")
-        port = default_port
+        raw_port = default_port
     try:
-        port = int(port)
+        port = int(raw_port)
     except ValueError:
-        raise NetflowTargetError(f"collector {text!r}: port {port!r} is not a number") from None
+        raise NetflowTargetError(f"collector {text!r}: port {raw_port!r} is not a number") from None
     if not 0 < port < 65536:
         raise NetflowTargetError(f"collector {text!r}: port {port} is not in 1..65535")
     if not host:
@@ -114,7 +114,7 @@ class UdpSender:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, int(sndbuf))
         self._connected = False
         self._connect()
-        self._t0 = None
+        self._t0: float | None = None
         self._paced = 0
 
     def _connect(self) -> None:

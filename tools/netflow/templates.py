@@ -13,6 +13,8 @@ header and the set encodings.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from tools.netflow.clock import ExportClock
@@ -25,7 +27,7 @@ _NUMPY = {1: "u1", 2: ">u2", 4: ">u4", 8: ">u8"}
 def record_dtype(fields: list[tuple[int, int, str]]) -> np.dtype:
     """The packed big-endian structured dtype of a template's data record."""
     parts = []
-    for ie, length, key in fields:
+    for _ie, length, key in fields:
         if length == 16:  # an IPv6 address: high then low 64 bits, each big-endian
             parts += [(key + "_hi", ">u8"), (key + "_lo", ">u8")]
         else:
@@ -36,7 +38,7 @@ def record_dtype(fields: list[tuple[int, int, str]]) -> np.dtype:
 def record_array(fields, rec: FlowRecords, clock: ExportClock) -> np.ndarray:
     """Every record of `rec` as one structured array in the template's layout."""
     arr = np.zeros(len(rec), record_dtype(fields))
-    for ie, length, key in fields:
+    for _ie, length, key in fields:
         if key in ("src6", "dst6"):
             side = key[:3]
             arr[key + "_hi"] = getattr(rec, side + "_hi")
@@ -128,7 +130,7 @@ class TemplateEncoder:
             return []
         self.clock.start(rec.first_ms, rec.last_ms)
         v6 = rec.is_v6
-        fam = []
+        fam: list[list[Any]] = []   # per family: [records, last ms, size, template id, next row]
         for mask, fields, size, tid in ((~v6, self.fields_v4, self.size4, TEMPLATE_V4),
                                         (v6, self.fields_v6, self.size6, TEMPLATE_V6)):
             part = rec.take(mask) if not mask.all() else rec
@@ -168,6 +170,7 @@ class TemplateEncoder:
                 self._since_templates = 0
                 self._templates_ms = export_ms
                 self.stats["template_sends"] += 1
+            assert self._since_templates is not None   # templates went out in the first message
             self._since_templates += 1
             self.stats["records_out"] += data
         self.stats["datagrams"] += len(out)

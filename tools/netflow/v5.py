@@ -2,7 +2,7 @@
 
 Layout (big-endian): a 24-byte header (version 5, count, sys_uptime, unix_secs, unix_nsecs,
 flow_sequence = flows exported before this datagram, engine type/id, sampling interval with
-the mode in its top 2 bits) and 48-byte records (see ../shared/design/NETFLOW.md).
+the mode in its top 2 bits) and 48-byte records (docs/netflow.md "Wire formats").
 
 Limits of the format, handled and counted:
 - IPv6 records cannot be written: skipped, counted in `stats["skipped_ipv6"]`;

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from common.units import NS_PER_S as NS
 from tools.errors import RunConfigError, RunLinkError
 from tools.run.outputs import output_format as _format_of
+
+if TYPE_CHECKING:
+    from queries.plan import QueryPlan
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +171,7 @@ def load_plan(config: RunConfig):
     return plan_file(tree, names, dict(config.params), dict(config.overrides), source=text)
 
 
-def choose_queries(plan, config: RunConfig) -> list[tuple[object, str]]:
+def choose_queries(plan, config: RunConfig) -> list[tuple[QueryPlan, str]]:
     """(query plan, output) pairs to run: `--output` ones, else every query nobody reads."""
     if config.outputs:
         chosen = []

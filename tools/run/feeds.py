@@ -26,9 +26,9 @@ SPOOL_FLUSH_ROWS = 1 << 20
 class SpoolQueue:
     """Writes a run's spool files on a thread of its own, in the order they are put.
 
-    Encoding a spool file (Parquet, Arrow C++: the GIL is released) took ~1 s of the 10 s the
-    main thread of a 50M-packet netflow replay spends on the low level; here it runs beside
-    it. At most `depth` writes wait (then `put` blocks: the low level cannot run ahead of the
+    Encoding a spool file (Parquet, Arrow C++: the GIL is released) is a real share of what
+    the main thread of a large replay spends beside the low level; here it runs beside it,
+    on a thread of its own. At most `depth` writes wait (then `put` blocks: the low level cannot run ahead of the
     disk without bound). A write that fails is raised by the next `put` or by `flush`, which
     waits until every file put so far is written; no later file is written (a stage applies
     a link's punctuation only once every earlier file of it is read)."""
@@ -83,7 +83,7 @@ class OperatorFeed:
         from lowlevel.operator import HOLD_ROWS, LowLevelOperator
 
         self.op = LowLevelOperator(plan, hold_rows=HOLD_ROWS)
-        # flow records are closed on the driver of this process (highlevel.driverrows),
+        # flow records are closed on the driver of this process (highlevel.flowrecords),
         # which takes their rows from memory
         flows = (plan.extras or {}).get("flow") is not None
         self.writer = SpoolWriter(spool_root, plan.query, plan.link, fsync=False,

@@ -19,7 +19,9 @@ import json
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
+from highlevel.sinks import Sink
 from tools.errors import RunConfigError, RunError
 
 FORMATS = ("table", "csv", "jsonl", "parquet")
@@ -85,7 +87,7 @@ def _write_csv_rows(table, fh) -> None:
     quoting (3.4M flow records: 1.5 s -> 0.5 s), else by `pyarrow.csv.write_csv`."""
     import pyarrow.csv as pacsv
 
-    from tools.commands.run import csvwrite
+    from tools.run import csvwrite
 
     quoting = _csv_quoting(table)
     if quoting == "none" and csvwrite.writes(table.schema):
@@ -122,7 +124,7 @@ def _needs_quoting(chunk) -> bool:
     return any(c in text for c in (b",", b'"', b"\r", b"\n"))
 
 
-class QueryOutput:
+class QueryOutput(Sink):
     """One query's output (a `highlevel.sinks.Sink`): rows appended as micro-batches close.
 
     `buffered`: keep the rows and write them all at `close()` (an aligned table fitted to
@@ -140,9 +142,9 @@ class QueryOutput:
         self.title = title
         self.rows = 0
         self.batches = 0
-        self._tables = []
+        self._tables: list = []        # pyarrow Tables (imported when a batch comes)
         self._fh = None
-        self._parquet = None
+        self._parquet: Any = None      # a pyarrow.parquet.ParquetWriter once opened
         self._started = False
         self._closed = False
         self._lock = threading.Lock()   # stages of several queries share stdout

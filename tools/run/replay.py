@@ -24,10 +24,14 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from capture.errors import CaptureError
+
+if TYPE_CHECKING:
+    from capture.batch import PacketBatch
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +57,8 @@ class FileLink:
         self.reader = open_capture(path, link=name, batch_size=batch_size, columns=columns,
                                    prefetch=prefetch)
         self._batches = iter(self.reader)
-        self._batch = None
-        self._cummax = None      # running max of capture time through the pending batch
+        self._batch: PacketBatch | None = None
+        self._cummax: np.ndarray | None = None   # running max of capture time through the pending batch
         self._pos = 0
         self.max_seen: int | None = None
         self.exhausted = False
@@ -99,6 +103,7 @@ class FileLink:
         """Capture time of the next unread packet (running max: monotone), None at the end."""
         if not self._pending():
             return None
+        assert self._cummax is not None   # `_pending` made a batch pending
         return int(self._cummax[self._pos])
 
     def take_until(self, bound: int):
@@ -106,6 +111,7 @@ class FileLink:
         batch of views (valid until the next call), or None when the next one is not."""
         if not self._pending():
             return None
+        assert self._batch is not None and self._cummax is not None   # `_pending` made one pending
         stop = int(np.searchsorted(self._cummax, bound, side="left"))
         if stop <= self._pos:
             return None

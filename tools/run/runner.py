@@ -124,10 +124,6 @@ def run(config: RunConfig) -> RunSummary:
             shutil.rmtree(d, ignore_errors=True)
 
 
-#: the former name of `run` (offline runs are runs at --speed max)
-run_offline = run
-
-
 def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
     # the JVM takes seconds to start: it starts first, while the stages are planned and the
     # sources opened (the query and the capture paths were checked already; a source that
@@ -153,7 +149,7 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
                                     title=qp.name if several and out == "-" else None,
                                     keep=config.keep_results)
                for qp, out in chosen}
-    sinks = {name: [o] for name, o in outputs.items()}
+    sinks: dict[str, list] = {name: [o] for name, o in outputs.items()}   # highlevel Sinks
     for name, sink in config.extra_sinks:
         sinks[name].append(sink)
     try:
@@ -202,7 +198,7 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
         if continuous is not None:
             continuous.finish()
             summary.highlevel_seconds = time.perf_counter() - low_done
-        elif overlap.low_level_done():
+        elif overlap is not None and overlap.low_level_done():   # not None: not streaming
             if overlap.late:
                 graph.speculate(nice=settings.background_nice())
             overlap.finish()
@@ -227,7 +223,7 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
             progress.stop()
         for o in outputs.values():
             o.close(complete=completed)
-        for name, sink in config.extra_sinks:
+        for _name, sink in config.extra_sinks:
             sink.close()
     _collect(summary, config, sources, feeds, graph, outputs)
     summary.total_seconds = time.perf_counter() - started

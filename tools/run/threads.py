@@ -15,11 +15,11 @@ log = logging.getLogger(__name__)
 
 #: Full-speed replays: the low level (the main thread and the read-ahead) is the run's
 #: critical path while it reads, and Spark's work then only has to keep up. With both cores
-#: busy, Linux shares them evenly among runnable threads: the main thread of a 50M-packet run
-#: waited 8 s for a core. So the Python thread that processes the stages' batches beside the
-#: low level runs at a lower priority (niceness BACKGROUND_NICE). The driver JVM keeps
-#: niceness 0 (JVM_NICE): at 5 the 50M-packet run's stages fell behind and were left with
-#: more to do at the end (11.1-12.0 s against 9.9-10.4 s); at 2, 10.1-10.6 s. Once the low
+#: busy, Linux shares them evenly among runnable threads, and the main thread waits for a
+#: core. So the Python thread that processes the stages' batches beside the low level runs at
+#: a lower priority (niceness BACKGROUND_NICE). The driver JVM keeps niceness 0 (JVM_NICE):
+#: niced, the stages of a large run fall behind and are left with more to do at the end, so
+#: the run ends later. Once the low
 #: level is done, nothing else competes and priorities do not matter. Paced and live runs
 #: keep normal priorities. OOPSCOPE_JVM_NICE and OOPSCOPE_BACKGROUND_NICE set other values
 #: (`common.settings`).
@@ -30,13 +30,14 @@ class SessionStarter(threading.Thread):
 
     def __init__(self, master: str | None, quick_jvm: bool = True, nice: int = 0):
         super().__init__(name="oopscope-spark-start", daemon=True)
-        self.master, self.session, self.error = master, None, None
+        self.master, self.session = master, None
+        self.error: BaseException | None = None
         self.quick_jvm, self.nice = quick_jvm, nice
 
     def start(self) -> None:
         """Launch the JVM here (milliseconds), then connect and make the session on the
-        thread: started from the thread, the launch waited ~0.15 s for the GIL behind the
-        main thread's imports."""
+        thread: started from the thread, the launch waited for the GIL behind the main
+        thread's imports."""
         try:
             from highlevel.session import launch_jvm
 
@@ -97,14 +98,13 @@ class OverlappedStages(threading.Thread):
     capture), the stages start running continuously on the spool, so Spark combines and
     writes the windows closed so far on the other core, and at the end only the last spool
     files are left. When the low level ends first (a small capture: the JVM takes seconds to
-    start), nothing starts here and the stages run once over the whole spool, as before."""
+    start), nothing starts here and the stages run once over the whole spool at the end."""
 
     #: past this share of the input read, the low level is nearly done: the stages run
     #: once at the end (a continuous start would cut the rest into more micro-batches, each
     #: writing and re-reading the open state, for little overlap). Below it, even a late
-    #: start pays: Structured Streaming's own start (~1 s: checkpoint, listing, planning)
-    #: overlaps the rest of the read (the 5M-packet anchor capture, Spark up at ~75% read:
-    #: 6.1-6.2 s against 6.4-7.0 s with 50%)
+    #: start pays: Structured Streaming's own start (checkpoint, listing, planning)
+    #: overlaps the rest of the read
     LATE_SHARE = 0.95
     #: smaller inputs are read in about a second: nothing to overlap (and a run over them
     #: keeps one micro-batch per stage, whatever the JVM's speed)

@@ -1,4 +1,4 @@
-"""Result rows between stages: the raw column layout, and row expressions evaluated in Spark.
+"""The raw layout of result rows between stages, and row expressions evaluated on them in Spark.
 
 A query's result rows travel to the queries reading it (query-on-query, join sides, MERGE
 inputs) as spool files in the *raw* layout: `window` holds the row's time in ns (the end of an
@@ -17,13 +17,14 @@ expression language in Spark SQL to drift from the oracle).
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
 from pyspark.sql import types as T
 
 from common.spool import LINK, PUNCT, SEQ
+from common.units import INT64_MAX
 from lowlevel import evaluate as V
 
 UNSIGNED = ("uint", "ullong", "ipv4", "mac", "uint64")
@@ -63,6 +64,15 @@ def raw_schema(columns, prefix: str = "", markers=()) -> T.StructType:
     the further marker columns `markers` (int64, e.g. `JOINT_MARKERS`)."""
     return T.StructType(meta_fields() + raw_fields(columns, prefix)
                         + [T.StructField(c, T.LongType()) for c in markers])
+
+
+def form_value(form, p: int | None) -> int | None:
+    """The temporal value (of a column with `queries.types.TimeForm` `form`) at time p ns:
+    every row with time >= p has a value >= this."""
+    if p is None:
+        return None
+    v = ((p + form.offset_ns) // form.pane_ns) * form.scale + form.shift
+    return max(min(v, INT64_MAX), -INT64_MAX)
 
 
 # --- Arrow <-> evaluated values ---------------------------------------------------------------

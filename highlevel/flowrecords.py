@@ -1,21 +1,21 @@
-"""Closed rows of a unique-row stage read on the driver with Arrow, with no Spark job over them.
+"""Flow records closed on the driver with Arrow: the rows of a unique-row stage, with no Spark job.
 
 A flow query's partial rows are whole flow records: unique per (window, keys), so combining is
-the identity (`StageSpec.extras["unique_rows"]`). Closing windows then only selects rows: those
+the identity (`StageSpec.extras.unique_rows`). Closing windows then only selects rows: those
 whose pane ended in (P_before, P] leave, the others stay open. Spark's job for that reads each
 spool file, turns its columns into rows, filters them and turns them back into Arrow columns
-for the driver: about a million rows a second on this machine (3.4M flow records took 6-9 s),
-for a selection that Arrow does on the driver in a fraction of that.
+for the driver, slowly for a selection that Arrow does on the driver in a fraction of the time
+(docs/performance.md has the figures).
 
 So when a micro-batch's markers came from the spool footers (`highlevel.batchfiles`: no row
 can be late) and the query's outputs are plain names (keys, states, finals naming a state, the
-window column), `DriverRows` reads the batch's files and the open state with pyarrow, splits
-closed from open rows, and builds the closed rows in the very layout `Stage._close` collects
-from Spark (`_outputs` then `_hidden`). Structured Streaming still drives the batches: which
-files each batch holds, its commit, its replay after a crash; Meld, the punctuation and the
-state versions are the stage's as before. Anything else (late rows, a combine, HAVING, an
-expression, sliding windows, a prepared frame) goes through Spark.
-`OOPSCOPE_DRIVER_ROWS=0` sends every batch through Spark (for comparison).
+window column), `FlowRecords` reads the batch's files and the open state with pyarrow, splits
+closed from open rows, and builds the closed rows in the very layout `AggregateStage.close`
+collects from Spark (`outputs` then `hidden`); `highlevel.microbatch` runs that batch.
+Structured Streaming still drives the batches: which files each batch holds, its commit, its
+replay after a crash; Meld, the punctuation and the state versions are the stage's as before.
+Anything else (late rows, a combine, HAVING, an expression, sliding windows, a prepared frame)
+goes through Spark. `OOPSCOPE_DRIVER_ROWS=0` sends every batch through Spark (for comparison).
 """
 
 from __future__ import annotations
@@ -31,6 +31,10 @@ import pyarrow.parquet as pq
 
 from common import settings
 from common.spool import cached_rows
+from highlevel.finalize import unwrap_ip_str
+from highlevel.output import order_plan
+from highlevel.spec import StageSpec
+from highlevel.windows import WindowLogic
 from queries import expressions as E
 
 #: Spark's type of an output column, as `finalize.output_columns` casts it, in Arrow
@@ -47,8 +51,8 @@ def enabled() -> bool:
     return settings.driver_rows()
 
 
-class DriverRows:
-    """The driver-side close of one unique-row stage (build with `for_stage`)."""
+class FlowRecords:
+    """The driver-side close of one unique-row stage (built by `of`)."""
 
     def __init__(self, schema: pa.Schema, layout: list[tuple[str, str, object]], window,
                  scale: int = 1, shift: int = 0):
@@ -59,15 +63,11 @@ class DriverRows:
         self.scale, self.shift = scale, shift     # window column value = id * scale + shift
 
     @classmethod
-    def for_stage(cls, stage) -> "DriverRows | None":
-        """The driver path of `stage`, or None when its batches need Spark's job."""
-        from highlevel.stage import Stage, order_plan
-
-        spec = stage.spec
-        if not (enabled() and type(stage)._process is Stage._process and stage.unique_rows
-                and stage.window.tumbling and stage.prepare is None and spec.having is None
-                and not stage._correct and spec.window2 is None and not stage.marker_columns
-                and not stage.late_reads):
+    def of(cls, spec: StageSpec, window: WindowLogic) -> FlowRecords | None:
+        """The driver path of the aggregation `spec` with windows `window`, or None when its
+        batches need Spark's job."""
+        if not (enabled() and spec.extras.unique_rows and window.tumbling
+                and spec.having is None and spec.late != "correct" and spec.window2 is None):
             return None
         schema = pa.schema([(f.name, _SPARK_ARROW[f.dataType.simpleString()])
                             for f in spec.partial_schema().fields])
@@ -76,14 +76,14 @@ class DriverRows:
             return None
         _, hidden = order_plan(spec)
         layout += [(name, c, schema.field(c).type) for name, c in hidden]
-        return cls(schema, layout, stage.window, spec.window.scale, spec.window.shift)
+        return cls(schema, layout, window, spec.window.scale, spec.window.shift)
 
     # --- rows --------------------------------------------------------------------------------
     def read(self, files: list[tuple[Path, int]], open_dir: Path | None,
              keep: bool = False) -> pa.Table:
         """The partial rows of the batch's spool files ((path, data rows) each: the rows
         come first, the marker row last) and of the open state, one chunk per column. Every
-        copy of a column costs here: fresh memory is page-faulted in at about 1 s per GB.
+        copy of a column costs here: fresh memory is page-faulted in as it is first written.
         `keep`: rows kept in memory stay there (`cached_rows`)."""
         tables = []
         for path, rows in files:
@@ -118,7 +118,7 @@ class DriverRows:
         return table.filter(pa.array(closing)), table.filter(pa.array(still_open))
 
     def result(self, closed: pa.Table) -> pa.Table:
-        """The closed rows in the layout of Spark's `select(*_outputs, *_hidden).toArrow()`."""
+        """The closed rows in the layout of Spark's `select(*outputs, *hidden).toArrow()`."""
         arrays, names = [], []
         for name, source, arrow_type in self.layout:
             if source == WINDOW_VALUE:
@@ -147,7 +147,7 @@ WINDOW_VALUE = "window*"
 
 
 def _read_open(directory: Path, schema: pa.Schema) -> pa.Table:
-    """An open-state directory (written by Spark or by `DriverRows.write_open`)."""
+    """An open-state directory (written by Spark or by `FlowRecords.write_open`)."""
     files = sorted(p for p in Path(directory).glob("*.parquet")
                    if not p.name.startswith((".", "_")))
     tables = [pq.read_table(p, columns=schema.names) for p in files]
@@ -159,10 +159,8 @@ def _read_open(directory: Path, schema: pa.Schema) -> pa.Table:
 def _resolve(spec, node, depth: int = 0) -> tuple[str, ...] | None:
     """The partial column(s) a plain-name output reads: (WINDOW_VALUE,) for the window
     column, a key's columns, a state column; None for anything that needs an expression."""
-    from highlevel.finalize import unwrap_ip_str
-
     node = unwrap_ip_str(node)
-    if not isinstance(node, (E.Column, getattr(E, "Field", E.Column))) or depth > 8:
+    if not isinstance(node, (E.Column, E.Field)) or depth > 8:
         return None
     name, w = node.name, spec.window
     if w.column is not None and name == w.column:

@@ -1,6 +1,6 @@
 """Tuple-count windows `[ROWS n]`, `[PARTITION BY a, b ROWS n]`: n consecutive packets per window.
 
-Semantics (README "Windows"): the query's packets, after WHERE, in order of (timestamp, link
+Semantics (docs/semantics.md, "Windows"): the query's packets, after WHERE, in order of (timestamp, link
 position, then the values of the PARTITION BY columns, GROUP BY items and aggregate arguments)
 are numbered per partition from 0; packet k belongs to window k // n (`row_window`). This is
 CQL's `[ROWS n]` in its tumbling form: CQL re-evaluates "the last n rows" at every arrival,
@@ -31,9 +31,12 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from common.spool import LINK, PUNCT, SEQ
-from highlevel import rows as R
+from common.units import INT64_MAX
+from highlevel import rowlayout as R
+from highlevel.aggregate import AggregateStage
+from highlevel.batchfiles import SpoolFileMarker
 from highlevel.rowplans import state_arrays
-from highlevel.stage import INT64_MAX, Stage, StageState, Ticker
+from highlevel.state import StageState
 from queries.plan import ROW_WINDOW_INDEX
 
 log = logging.getLogger(__name__)
@@ -76,7 +79,7 @@ def partial_rows(row_plan, input_columns, spec):
     return fn
 
 
-class RowsStage(Stage):
+class CountWindowStage(AggregateStage):
     """The Spark stage of a `[PARTITION BY ... ROWS n]` aggregation (module docstring).
 
     spec: the aggregation's StageSpec (keys = partition keys then group keys, `window` the
@@ -84,12 +87,15 @@ class RowsStage(Stage):
     selected rows in the spool (the low plans' projections); row_plan: the plan turning
     them into partial rows (`HighLevelPlan.row_plans[0]`)."""
 
-    def __init__(self, spec, rows, input_columns, row_plan, spool, checkpoint, sinks, **kw):
+    may_close_on_driver = False
+
+    def __init__(self, spec, rows, input_columns, row_plan, spool, checkpoint, sinks,
+                 **options):
+        super().__init__(spec, spool, checkpoint, sinks,
+                         input_schema=R.raw_schema(list(input_columns)), **options)
         self.rows = rows
         self.input_columns = list(input_columns)
         self.row_plan = row_plan
-        super().__init__(spec, spool, checkpoint, sinks,
-                         input_schema=R.raw_schema(self.input_columns), **kw)
         types = dict(self.input_columns)
         self.part_cols = [ALL] + [c for k in rows.partition for c in R.raw_names(
             k.name, types[k.name])]
@@ -115,24 +121,24 @@ class RowsStage(Stage):
 
     def _process(self, df: DataFrame, batch_id: int) -> None:
         spec, prev = self.spec, self.state
-        self._tick = Ticker(self.clock)
         is_row = F.col("window").isNotNull()
         late = is_row & (F.col("window") < F.lit(prev.punctuation)) \
             if prev.punctuation is not None else F.lit(False)
         keep = is_row & ~late
         df = df.persist()
         try:
-            files = (df.groupBy(LINK, SEQ)
+            files = [SpoolFileMarker.from_row(r) for r in
+                     df.groupBy(LINK, SEQ)
                      .agg(F.max(PUNCT).alias("p"), F.sum(keep.cast("long")).alias("kept"),
-                          F.sum(late.cast("long")).alias("late")).collect())
+                          F.sum(late.cast("long")).alias("late")).collect()]
             state = prev.for_batch(batch_id)
             punctuation = self._meld(state, files)
-            late_rows = sum(int(f["late"] or 0) for f in files)
+            late_rows = sum(f.late for f in files)
             if late_rows:
                 log.warning("query %s: %d packets arrived behind the punctuation (P=%s): "
                             "dropped and counted", spec.query, late_rows, prev.punctuation)
             state.late_rows += late_rows
-            kept = sum(int(f["kept"] or 0) for f in files)
+            kept = sum(f.kept for f in files)
             advanced = punctuation is not None and (prev.punctuation is None
                                                     or punctuation > prev.punctuation)
             if advanced:
@@ -146,16 +152,17 @@ class RowsStage(Stage):
                 self._commit(state)
                 return
             if prev.open_dir is not None:
-                base = self.state_root / prev.open_dir
+                base = self.store.path(prev.open_dir)
                 old = self.spark.read.schema(self.buffer_schema).parquet(str(base / "buffer"))
                 rows = old if rows is None else rows.unionByName(old)
                 counts = self.spark.read.schema(self.counts_schema).parquet(str(base / "counts"))
+            assert rows is not None
             self._step(state, rows, counts, batch_id)
         finally:
             df.unpersist()
 
     def _step(self, state: StageState, rows: DataFrame, counts, batch_id: int) -> None:
-        spec, n = self.spec, self.rows.rows
+        n = self.rows.rows
         p = state.punctuation
         at_end = p is not None and p >= INT64_MAX
         if counts is None:
@@ -190,7 +197,7 @@ class RowsStage(Stage):
                 state.open_dir = None
             else:
                 open_dir = f"open-{batch_id:010d}"
-                base = self.state_root / open_dir
+                base = self.store.path(open_dir)
                 waiting.select(*[f.name for f in self.buffer_schema.fields]) \
                     .write.mode("overwrite").parquet(str(base / "buffer"))
                 counts.select(*[f.name for f in self.counts_schema.fields]) \
@@ -206,10 +213,10 @@ class RowsStage(Stage):
         cols = ["window", ROW_WINDOW_INDEX] + self.data_cols
         partials = out.select(*cols).mapInArrow(
             partial_rows(self.row_plan, self.input_columns, spec), spec.partial_schema())
-        closed = self._combine(partials, ["window"] + spec.key_columns())
-        if self._having is not None:
-            closed = closed.where(self._having)
-        result = closed.select(*self._outputs, *self._hidden).toArrow()
+        closed = self.combine(partials, ["window"] + spec.key_columns())
+        if self.having is not None:
+            closed = closed.where(self.having)
+        result = closed.select(*self.outputs, *self.hidden).toArrow()
         self._tick("count windows")
         if result.num_rows:
-            state.closed_rows += self._emit(result, batch_id, state.punctuation)
+            state.closed_rows += self.emit(result, batch_id, state.punctuation)

@@ -1,0 +1,52 @@
+"""What the benchmark scripts share: generated captures kept between runs, a warm page cache,
+the `oopscope` command as a fresh process."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+#: the repository (bench/ is not installed: the scripts run from a checkout)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str) -> list[str]:
+    """The `oopscope` command line for a subprocess (this checkout's code, this Python)."""
+    return [sys.executable, "-m", "tools.cli", *args]
+
+
+def kept_capture(path: Path, params: str, make: Callable[[Path], object]) -> Path:
+    """The capture at `path`, made by `make(path)` once and reused while `params` (a text
+    naming everything that shapes it) is the one it was made with."""
+    stamp = path.with_name(path.name + ".params")
+    if path.exists() and stamp.exists() and stamp.read_text() == params:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    log.info("generating %s (%s)", path, params)
+    make(path)
+    stamp.write_text(params)
+    return path
+
+
+def generated_capture(path: Path, config) -> Path:
+    """A `tools.gen.traffic.TrafficConfig` capture at `path` (one link), kept while the
+    configuration is the same."""
+    from tools.gen.traffic import generate
+
+    def make(target: Path) -> None:
+        made = generate(config, target)["l0"]
+        if made != target:
+            made.rename(target)
+
+    return kept_capture(path, repr(config), make)
+
+
+def warm_file(path: Path) -> None:
+    """Read a file once so its pages are cached: every tool then reads it from memory."""
+    with open(path, "rb", buffering=0) as f:
+        while f.read(16 << 20):
+            pass

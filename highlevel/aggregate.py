@@ -1,0 +1,263 @@
+"""Window aggregation: partial rows combined per (window, keys), windows closed by punctuation.
+
+The logic of an aggregation's micro-batch (`highlevel.microbatch` runs it):
+
+1. the markers of the batch's files (link, seq, punctuation, late rows) from their footers or
+   one small Spark job;
+2. each link's punctuation through Meld in sequence order (a file whose predecessor has not
+   been read yet waits), giving the combined punctuation P;
+3. the batch's partial rows and the open state of the previous batch combined (one groupBy;
+   none when rows are unique per (window, keys), as flow records are);
+4. windows with end(w) <= P that were open finalised (HAVING, SELECT list), written to the
+   sinks once, sorted (`highlevel.output`), and dropped from the state;
+5. the remaining open state written as a Parquet directory and the batch committed
+   (`highlevel.state`).
+
+The union of links is a Meld of their punctuation (`spec.union = "merge"` closes windows at the
+same points: Merge only orders rows, which combining into windows does not need; its buffer is
+modelled by `highlevel.union.Merge` for the IOP memory experiment). Late rows (a partial row of
+a window already closed) are dropped and counted, or under late 'correct' give correction rows
+(docs/semantics.md, "Late data: drop or correct").
+
+`AggregateStage` is also the base of the other aggregate kinds, which share its Spark
+expressions and its output: landmark windows (`highlevel.landmark`), the reader of a join's
+joint punctuation (`highlevel.joint`) and tuple-count windows (`highlevel.countwindow`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from functools import cached_property
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from common.spool import not_kept
+from highlevel.batchfiles import SpoolFileMarker, batch_markers
+from highlevel.combine import Combiner
+from highlevel.errors import HighLevelError
+from highlevel.finalize import having_column, output_columns
+from highlevel.flowrecords import FlowRecords
+from highlevel.microbatch import BatchAhead, MicroBatch, start_interpreted
+from highlevel.output import order_columns, order_plan, output_table, raw_output_table, to_output_table
+from highlevel.sorting import sort_indices
+from highlevel.spec import OutputColumn, StageSpec
+from highlevel.stage import Stage
+from highlevel.state import StageState
+from highlevel.windows import window_config
+from queries import expressions as E
+
+log = logging.getLogger(__name__)
+
+
+class AggregateStage(Stage):
+    """The Spark stage of a windowed aggregation over links or over another query's rows
+    (module docstring)."""
+
+    #: marker columns besides the punctuation that the markers job reads, and further
+    #: columns its late condition reads (highlevel.joint)
+    marker_columns: tuple[str, ...] = ()
+    late_reads: tuple[str, ...] = ()
+    #: the kind's batches are the micro-batches of `highlevel.microbatch`, which close flow
+    #: records on the driver (the kinds with a batch of their own do not)
+    may_close_on_driver = True
+
+    def __init__(self, spec: StageSpec, spool, checkpoint, sinks, **options):
+        super().__init__(spec, spool, checkpoint, sinks, **options)
+        self.spec: StageSpec = spec
+        self.window = window_config(spec.window).build()
+        self.correct = spec.late == "correct"
+        self.order = order_plan(spec)[0]
+        # rows unique per (window, keys), e.g. flow records keyed by their flow id: combining
+        # is the identity, so no groupBy (and no shuffle) at all
+        self.unique_rows = spec.extras.unique_rows
+        # flow records whose batches can close on the driver (highlevel.flowrecords)
+        self.flow_records = FlowRecords.of(spec, self.window) \
+            if self.may_close_on_driver and self.prepare is None else None
+        if self.flow_records is None:
+            not_kept(spec.query)          # no driver here to take the rows from memory
+            # Spark's expressions now: building them checks the outputs and HAVING (a
+            # driver path's layout resolved every output already, and it has no HAVING)
+            _ = (self.spark, self.outputs, self.having, self.correction_outputs,
+                 self.combine, self.hidden)
+        self.ahead = BatchAhead()
+        self.ahead_batches = 0          # driver batches that found the batch computed ahead
+
+    # --- Spark expressions ---------------------------------------------------------------------
+    # built once, on first use: each py4j call building an expression costs driver time, and a
+    # stage that closes its batches on the driver never needs them
+    @cached_property
+    def outputs(self) -> list[Column]:
+        return output_columns(self.spec)
+
+    @cached_property
+    def having(self) -> Column | None:
+        return having_column(self.spec)
+
+    @cached_property
+    def correction_outputs(self) -> list[Column]:
+        return correction_columns(self.spec) if self.correct else []
+
+    @cached_property
+    def combine(self) -> Combiner:
+        return Combiner(self.spec.states, self.spec.distinct_registers)
+
+    @cached_property
+    def hidden(self) -> list[Column]:
+        return order_columns(self.spec)[1]
+
+    # --- the micro-batch -----------------------------------------------------------------------
+    @property
+    def closes_on_driver(self) -> bool:
+        return self.flow_records is not None
+
+    def _start(self, writer):
+        if self.flow_records is None:
+            return writer.start()
+        return start_interpreted(self.spark, writer)
+
+    def _process(self, df: DataFrame, batch_id: int) -> None:
+        MicroBatch(self, df, batch_id).run()
+
+    def speculate(self) -> bool:
+        """Compute what the next micro-batch will write (`highlevel.microbatch.BatchAhead`)."""
+        return self.ahead.compute(self)
+
+    def footer_markers(self, batch_id: int, before: int | None) -> list[SpoolFileMarker] | None:
+        """The markers job's answer read from the batch's spool file footers when no row can
+        be late (highlevel.batchfiles); None: run the job. Only for partial rows spooled by
+        the low level (not a prepared frame) and the stage's own late rule."""
+        if self.prepare is not None or self.marker_columns or self.late_reads:
+            return None
+        return batch_markers(self.checkpoint / "stream", batch_id, self.earliest_end, before)
+
+    # --- which rows close, stay open, or are late ----------------------------------------------
+    def earliest_end(self, pane: int) -> int:
+        """The end of the first window a pane counts in."""
+        win = self.window
+        return win.window_end(win.windows_of_pane(pane)[0]) if self.correct \
+            else win.pane_end(pane)
+
+    def advanced(self, prev: StageState, state: StageState, punctuation) -> bool:
+        """Whether this batch's punctuation closes more than the last one did."""
+        return punctuation is not None and (prev.punctuation is None
+                                            or punctuation > prev.punctuation)
+
+    def retained(self, punctuation: int) -> Column:
+        """The rows (panes) that stay open after closing through `punctuation`."""
+        return self.window.retained_col(F.col("window"), punctuation)
+
+    def closing(self, before: int | None, upto: int) -> Column:
+        """The tumbling windows that close now: end in (before, upto]."""
+        end = self.window.pane_end_col(F.col("window"))
+        closed = end <= F.lit(upto)
+        return closed if before is None else closed & (end > F.lit(before))
+
+    def late_columns(self, is_row: Column, before: int | None) -> tuple[Column, Column]:
+        """(late, keep) row conditions against the punctuation the windows were closed
+        through. `drop`: a row whose pane ended by then is late and not kept. `correct`: a row
+        with a closed window is late (it goes to the correction rows), and a row that an open
+        window still needs is kept too (a sliding window's pane can be in both)."""
+        win = self.window
+        if before is None:
+            return F.lit(False), is_row
+        pane = F.col("window")
+        if not self.correct:
+            late = is_row & (win.pane_end_col(pane) <= F.lit(before))
+            return late, is_row & ~late
+        late = is_row & (win.window_end_col(win.first_window_col(pane)) <= F.lit(before))
+        return late, is_row & win.retained_col(pane, before)
+
+    # --- closed rows ---------------------------------------------------------------------------
+    def corrections(self, late: DataFrame, before: int | None) -> pa.Table:
+        """The correction rows of late partial rows: per closed window and group, the final
+        values over the late rows only (the delta), with the correction column 1. HAVING is
+        not applied (it is a condition on totals, not on deltas). Spark's Arrow result, in the
+        layout `close` collects."""
+        spec, win = self.spec, self.window
+        combined = self.combine(late, ["window"] + spec.key_columns())
+        if win.tumbling:
+            closed = combined
+        else:
+            exploded = combined.withColumn("window", F.explode(win.windows_col(F.col("window"))))
+            exploded = exploded.where(win.window_end_col(F.col("window")) <= F.lit(before))
+            closed = self.combine(exploded, ["window"] + spec.key_columns())
+        return closed.select(*self.correction_outputs, *self.hidden).toArrow()
+
+    def write_corrections(self, state: StageState, batch_id: int,
+                          corrections: pa.Table | None) -> None:
+        """Write correction rows in a batch that closes no window."""
+        if corrections is not None and corrections.num_rows:
+            state.corrected_rows += self.emit(corrections, batch_id, state.punctuation)
+
+    def close(self, combined: DataFrame, batch_id: int, before: int | None, upto: int,
+              corrections: pa.Table | None = None) -> int:
+        """Finalise and write every window with before < end(w) <= upto (and the batch's
+        correction rows, in the same sink write); rows written."""
+        spec, win = self.spec, self.window
+        if win.tumbling:
+            closed = combined.where(self.closing(before, upto))
+        else:
+            exploded = combined.withColumn("window", F.explode(win.windows_col(F.col("window"))))
+            end = win.window_end_col(F.col("window"))
+            exploded = exploded.where(end <= F.lit(upto))
+            if before is not None:
+                exploded = exploded.where(end > F.lit(before))
+            # unique pane rows stay unique per window: a row's keys include its pane's identity
+            closed = exploded if self.unique_rows else \
+                self.combine(exploded, ["window"] + spec.key_columns())
+        if self.having is not None:
+            closed = closed.where(self.having)
+        # sort on the driver: results are small, and a Spark orderBy costs a sampling job
+        result = closed.select(*self.outputs, *self.hidden).toArrow()
+        self._tick("combine+collect")
+        extra = 0
+        if corrections is not None and corrections.num_rows:
+            extra = corrections.num_rows
+            result = pa.concat_tables([corrections, result.cast(corrections.schema)])
+        return self.emit(result, batch_id, upto) - extra
+
+    def output_table(self, result: pa.Table) -> pa.Table:
+        """Spark's Arrow result sorted, in the output schema."""
+        return output_table(result, self.spec, self.order)
+
+    def emit(self, result: pa.Table | None, batch_id: int, upto: int | None,
+             table: pa.Table | None = None) -> int:
+        """Sort Spark's Arrow result, write it to the sinks once; rows written. `table`:
+        the result's `output_table` already (no raw sinks; `result` then None)."""
+        spec = self.spec
+        if table is None:
+            assert result is not None
+            if any(sink.raw for sink in self.sinks):
+                if result.num_rows > 1:
+                    result = result.combine_chunks()
+                    result = result.take(sort_indices(result, self.order))
+                table = to_output_table(result, spec)
+            else:
+                table = self.output_table(result)
+        self._tick("sort+format")
+        self._write_sinks(batch_id, table, lambda: self._raw_table(result))
+        self._tick("sinks")
+        log.info("query %s: batch %d closed windows up to P=%s: %d rows", spec.query, batch_id,
+                 upto, table.num_rows)
+        return table.num_rows
+
+    def _raw_table(self, result: pa.Table | None) -> pa.Table:
+        """The sorted result in the raw layout, each row's time its window's end."""
+        assert result is not None
+        win = self.window
+        window = np.asarray(result.column("__window").combine_chunks().fill_null(0))
+        ends = win.pane_end(window) if win.tumbling else win.window_end(window)
+        return raw_output_table(result.append_column("__time", pa.array(ends)), self.spec)
+
+def correction_columns(spec: StageSpec) -> list:
+    """The SELECT list of correction rows: the outputs with the correction column = 1."""
+    if spec.correction is None:
+        raise HighLevelError(f"query {spec.query!r}: late 'correct' needs a correction "
+                             f"output column (the planner adds one)")
+    outputs = tuple(OutputColumn(o.name, E.Literal(value=1, kind="int"), o.type)
+                    if o.name == spec.correction else o for o in spec.outputs)
+    return output_columns(replace(spec, outputs=outputs))
