@@ -187,8 +187,8 @@ def unique_rows(plan, low_plans) -> bool:
     flow table whose flow-id key (unique per flow across links: link tag << 40 | serial,
     `lowlevel.flowtable`) is one of the high level's keys."""
     keys = {k.name for k in plan.keys}
-    flows = [(lp.extras or {}).get("flow") for lp in low_plans]
-    return bool(flows) and all(f is not None and f.get("key") in keys for f in flows)
+    flows = [lp.flow for lp in low_plans]
+    return bool(flows) and all(f is not None and f.key in keys for f in flows)
 
 
 def output_type(gsql: str) -> str:

@@ -23,7 +23,7 @@ by design, and the high level turns those into correction rows (`highlevel.aggre
 A plan without a window (a selection query) passes its `projections` of the accepted rows
 through, one output row per packet, and forwards the input punctuation.
 
-A plan with `extras["flow"]` (a flow query: DEFINE idle_timeout / flow_end) runs the flow
+A plan with `flow` settings (a flow query: DEFINE idle_timeout / flow_end) runs the flow
 table of `flowtable.py` instead: its last key is the hidden flow id the kernel writes, the
 other keys are hashed; TCP packets with FIN or RST end their flow when `fin_rst` is set.
 """
@@ -130,18 +130,18 @@ class LowLevelOperator:
                                     pane_ns=w.pane_ns if w else 0,
                                     offset_ns=w.offset_ns if w else 0, flush=plan.flush)
         self.engine: HashAggregator | None = None
-        self._flow = plan.extras.get("flow") if plan.extras else None
+        self._flow = plan.flow
         self._hashed = len(self._keys)
         if self._flow is not None:
-            if w is None or not self._keys or self._keys[-1].name != self._flow["key"]:
+            if w is None or not self._keys or self._keys[-1].name != self._flow.key:
                 raise LowLevelError(f"{where}: a flow plan needs a window and the flow id "
-                                    f"{self._flow['key']!r} as its last key")
+                                    f"{self._flow.key!r} as its last key")
             self._hashed = len(self._keys) - 1
             try:
                 self.engine = FlowAggregator(
                     self.layout, self.schema.nkeys - 1, plan.slots, pane_ns=w.pane_ns,
-                    offset_ns=w.offset_ns, idle_ns=self._flow.get("idle_ns"),
-                    reason_state=self._flow.get("reason"), link=plan.link, probes=probes)
+                    offset_ns=w.offset_ns, idle_ns=self._flow.idle_ns,
+                    reason_state=self._flow.reason, link=plan.link, probes=probes)
             except ValueError as exc:
                 raise LowLevelError(f"{where}: {exc}") from None
         elif w is not None:
@@ -181,7 +181,7 @@ class LowLevelOperator:
 
         fields = {f.name: f for p in PROTOCOLS.values() for f in p.fields}
         names = {"timestamp", "layers", "reason"}
-        if self._flow is not None and self._flow.get("fin_rst"):
+        if self._flow is not None and self._flow.fin_rst:
             names.add("flags")
         exprs = [self.plan.predicate] + [k.expr for k in (*self.plan.keys,
                                                            *self.plan.projections)]
@@ -359,7 +359,7 @@ class LowLevelOperator:
         if self._flow is not None:
             assert isinstance(self.engine, FlowAggregator)   # a flow plan runs a flow table
             ends = np.zeros(nproto, bool)
-            if self._flow.get("fin_rst"):
+            if self._flow.fin_rst:
                 # FIN (0x01) or RST (0x04) of a TCP packet ends its flow
                 ends = ((batch["layers"] & L_TCP) != 0) & ((batch["flags"] & 0x05) != 0)
             chunks = self.engine.append(batch["timestamp"], self._stack_keys(batch),

@@ -108,6 +108,16 @@ class SubAggregate:
 
 
 @dataclass(frozen=True)
+class FlowSettings:
+    """How a flow query (DEFINE idle_timeout / flow_end) ends its flows in the low level."""
+
+    idle_ns: int | None          # idle timeout (None: flows end only with their window)
+    fin_rst: bool                # a TCP packet with FIN or RST ends its flow
+    key: str                     # the hidden flow-id key column, the plan's last key
+    reason: str | None           # the END_REASON state, if the query selects it
+
+
+@dataclass(frozen=True)
 class LowLevelPlan:
     """What one link's low-level operator runs for one query."""
 
@@ -124,7 +134,8 @@ class LowLevelPlan:
     slow_flush: int = 160               # i: one old group every i packets (oop_slow, iop_slow)
     max_disorder: int = 2               # m: windows an old group may linger (oop_*)
     distinct_registers: int = 64        # HLL registers per group for COUNT_DISTINCT
-    extras: dict = field(default_factory=dict, hash=False, compare=False)
+    #: a flow query's settings (DEFINE idle_timeout / flow_end); None: windowed aggregation
+    flow: FlowSettings | None = field(default=None, hash=False, compare=False)
     #: joins and MERGE: the FROM alias whose rows this plan produces (None otherwise)
     side: str | None = None
     #: "link": run by the low level over packets of `link`; "query": run by the high level

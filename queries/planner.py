@@ -25,6 +25,7 @@ from queries.plan import (
     SUPERAGG_OF,
     FilePlan,
     FinalAggregate,
+    FlowSettings,
     HighLevelPlan,
     JoinPlan,
     JoinSide,
@@ -177,9 +178,9 @@ def end_reason_state(split: AggregateSplit, taken: set[str]) -> SubAggregate:
     return split.by_key[key]
 
 
-def flow_settings(aq: AnalysedQuery, split: AggregateSplit, taken: set[str]) -> dict | None:
-    """`LowLevelPlan.extras["flow"]` of a flow query (DEFINE idle_timeout / flow_end): idle_ns
-    (None: no idle timeout), fin_rst, the hidden flow-id key and the END_REASON state."""
+def flow_settings(aq: AnalysedQuery, split: AggregateSplit, taken: set[str]) -> FlowSettings | None:
+    """`LowLevelPlan.flow` of a flow query (DEFINE idle_timeout / flow_end): the idle timeout,
+    whether FIN/RST end a flow, the hidden flow-id key and the END_REASON state."""
     if not any(k in aq.defines for k in FLOW_KEYS):
         return None
     key, k = "_flow", 2
@@ -187,9 +188,9 @@ def flow_settings(aq: AnalysedQuery, split: AggregateSplit, taken: set[str]) -> 
         key, k = f"_flow{k}", k + 1
     taken.add(key)
     reason = split.by_key.get(("end_reason", None))
-    return {"idle_ns": aq.defines.get("idle_timeout"),
-            "fin_rst": aq.defines.get("flow_end", "fin_rst") == "fin_rst",
-            "key": key, "reason": reason.name if reason is not None else None}
+    return FlowSettings(idle_ns=aq.defines.get("idle_timeout"),
+                        fin_rst=aq.defines.get("flow_end", "fin_rst") == "fin_rst",
+                        key=key, reason=reason.name if reason is not None else None)
 
 
 def format_agg(agg: E.Aggregate) -> str:
@@ -310,11 +311,9 @@ def _plan_aggregate(aq: AnalysedQuery, links: list[str]):
     window = window_plan(aq)
     settings = _flush_settings(aq.defines)
     flow = flow_settings(aq, split, taken)
-    extras = {}
     if flow is not None:
         # the hidden flow id: written by the kernel, keeps the flows of one bucket apart
-        keys += (KeyColumn(flow["key"], E.Literal(value=0, kind="int"), "ullong"),)
-        extras["flow"] = flow
+        keys += (KeyColumn(flow.key, E.Literal(value=0, kind="int"), "ullong"),)
     union = None
     inputs: tuple[str, ...]
     if source.kind == "link":
@@ -323,7 +322,7 @@ def _plan_aggregate(aq: AnalysedQuery, links: list[str]):
         union = ("merge" if settings["flush"] == "iop_slow" else "meld") if len(inputs) > 1 else None
         low = [LowLevelPlan(aq.name, link, source.protocol, aq.where, window, keys,
                             tuple(split.subaggs), late=aq.defines.get("late", "drop"),
-                            extras=dict(extras), **settings)
+                            flow=flow, **settings)
                for link in inputs]
         row_plans: tuple = ()
     else:
@@ -606,7 +605,7 @@ def bind_params(qp: QueryPlan, values: dict, types: dict[str, str]) -> QueryPlan
             return sub(obj)
         if is_dataclass(obj) and not isinstance(obj, type):
             changes = {f.name: walk(getattr(obj, f.name)) for f in fields(obj)
-                       if f.name not in ("extras", "defines", "params")}
+                       if f.name not in ("flow", "defines", "params")}
             return replace(obj, **changes)
         if isinstance(obj, tuple):
             return tuple(walk(o) for o in obj)

@@ -242,7 +242,7 @@ def _aggregate(qp, aq, batches, tables) -> Table:
                 aggs.append(a)
     times = rows.eval(E.Field(name="timestamp", type="llong", columns=("timestamp",))) \
         if rows.batches is not None else np.zeros(n, np.int64)
-    flow = qp.low[0].extras.get("flow") if qp.low else None
+    flow = qp.low[0].flow if qp.low else None
     reason = None
     if flow is not None:
         link_max = [int(batches[lp.link]["timestamp"].max()) if batches[lp.link].n else 0
@@ -354,8 +354,8 @@ def flow_assignment(rows: Rows, keys: list, times: np.ndarray, window, flow: dic
     codes, _ = group_codes(list(keys) + [link], n)
     layers = np.concatenate([b["layers"] for b in rows.batches]) if n else np.zeros(0, np.uint16)
     flags = np.concatenate([b["flags"] for b in rows.batches]) if n else np.zeros(0, np.uint8)
-    ends = ((layers & L_TCP) != 0) & ((flags & 0x05) != 0) & bool(flow["fin_rst"])
-    idle = flow["idle_ns"]
+    ends = ((layers & L_TCP) != 0) & ((flags & 0x05) != 0) & flow.fin_rst
+    idle = flow.idle_ns
     pane = (times + window.offset_ns) // window.pane_ns
     fid = np.empty(n, np.int64)
     open_flow: dict[int, int] = {}

@@ -85,7 +85,7 @@ class OperatorFeed:
         self.op = LowLevelOperator(plan, hold_rows=HOLD_ROWS)
         # flow records are closed on the driver of this process (highlevel.flowrecords),
         # which takes their rows from memory
-        flows = (plan.extras or {}).get("flow") is not None
+        flows = plan.flow is not None
         self.writer = SpoolWriter(spool_root, plan.query, plan.link, fsync=False,
                                   compression=compression, keep_in_memory=flows)
         self.summary = summary          # the query's summary: partial rows, spool files
