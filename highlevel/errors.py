@@ -15,3 +15,7 @@ class StageConfigError(HighLevelError, ConfigError):
 
 class SinkError(HighLevelError):
     """A result sink cannot be written (names the sink and the path)."""
+
+
+class CacheError(HighLevelError):
+    """The cache directory of the JVM's start-up cannot be used (names it and says why)."""

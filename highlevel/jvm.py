@@ -5,12 +5,13 @@ launcher (a JVM of its own) prints the real `java ...` command, which `spark-cla
 For the same arguments, environment and Spark installation that command is always the same,
 so it is remembered: the first launch reads it back from the running JVM
 (`/proc/<pid>/cmdline` and `environ`), and later launches exec `java` directly: a 5M-packet
-netflow run on 2 busy cores took ~0.2 s less (4.43 -> 4.21 s, the mean of three each). The
+netflow run starts measurably sooner (docs/performance.md). The
 key covers the spark-submit arguments, the environment variables the scripts and
 the launcher read, the Spark scripts and jars, the conf directory and the java binary; with
 a `spark-env.sh` (a script that may read anything) nothing is remembered. A remembered
-command that fails to start the JVM is forgotten and spark-submit runs instead.
-OOPSCOPE_SPARK_LAUNCH_CACHE=0 always runs spark-submit.
+command that fails to start the JVM is forgotten and spark-submit runs instead. The entries
+live in the private cache directory (`highlevel.jvmcache`): one that others could write to is
+neither read nor written. OOPSCOPE_SPARK_LAUNCH_CACHE=0 always runs spark-submit.
 
 The JVM is started here rather than by `pyspark.java_gateway.launch_gateway`, whose own
 `preexec_fn` (ignoring SIGINT) replaces one given in its `popen_kwargs`: the niceness we
@@ -33,6 +34,8 @@ import threading
 import time
 from pathlib import Path
 
+from common import settings
+
 log = logging.getLogger(__name__)
 
 #: environment variables the spark-submit scripts and Spark's launcher read (by prefix)
@@ -40,6 +43,10 @@ _ENV_PREFIXES = ("SPARK_", "PYSPARK_", "JAVA", "_JAVA", "JDK_", "HADOOP_", "YARN
                  "CLASSPATH", "PATH")
 #: entries kept in the cache directory (a new key per Spark option set)
 _KEEP = 32
+
+#: how this process's driver JVM was launched ("remembered" or "spark-submit") and the key of
+#: its launch (`oopscope warmup` reports them)
+last_launch: tuple[str, str | None] | None = None
 
 #: lines the JVM writes on stderr that say nothing to a user: Spark 4's launcher always adds
 #: the incubating vector module, and the JVM warns about it at every start
@@ -64,8 +71,11 @@ def _forward_jvm_stderr(fd: int) -> None:
                 pass          # our stderr is gone (exit): keep draining so the JVM never blocks
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "oopscope"
+def cache_dir(create: bool = True) -> Path | None:
+    """The private cache directory (None: not to be used; `highlevel.jvmcache`)."""
+    from highlevel.jvmcache import cache_dir as private_cache_dir
+
+    return private_cache_dir(create)
 
 
 def spark_home() -> str:
@@ -116,12 +126,12 @@ def _stamp(path: Path) -> list:
 
 def launch_key(command: list[str], env: dict[str, str], home: str) -> str | None:
     """The key of a remembered launch, or None when it must not be remembered."""
-    if os.environ.get("OOPSCOPE_SPARK_LAUNCH_CACHE", "1") in ("0", "false", "no", ""):
+    if not settings.spark_launch_cache():
         return None
     if any("ArchiveClassesAtExit" in arg for arg in command):
         return None                   # names this process's own dump: never seen again
-    home = Path(home)
-    conf_dir = Path(env.get("SPARK_CONF_DIR") or home / "conf")
+    spark = Path(home)
+    conf_dir = Path(env.get("SPARK_CONF_DIR") or spark / "conf")
     if (conf_dir / "spark-env.sh").exists():
         return None
     java = (Path(env["JAVA_HOME"]) / "bin" / "java") if env.get("JAVA_HOME") else \
@@ -129,24 +139,26 @@ def launch_key(command: list[str], env: dict[str, str], home: str) -> str | None
     material = {
         "command": command,
         "env": sorted((k, v) for k, v in env.items() if k.startswith(_ENV_PREFIXES)),
-        "scripts": [_stamp(home / "bin" / n) for n in
+        "scripts": [_stamp(spark / "bin" / n) for n in
                     ("spark-submit", "spark-class", "load-spark-env.sh", "find-spark-home")],
-        "jars": _stamp(home / "jars"),
+        "jars": _stamp(spark / "jars"),
         "conf": sorted(_stamp(p) for p in conf_dir.iterdir()) if conf_dir.is_dir() else [],
         "java": _stamp(Path(os.path.realpath(java))) if java else None,
     }
     return hashlib.sha1(json.dumps(material, default=str).encode()).hexdigest()[:16]
 
 
-def _entry(key: str) -> Path:
-    return cache_dir() / f"jvm-launch-{key}.json"
+def _entry(key: str) -> Path | None:
+    folder = cache_dir(create=False)            # a look-up makes no directory
+    return None if folder is None else folder / f"jvm-launch-{key}.json"
 
 
 def remembered(key: str | None) -> dict | None:
-    if key is None:
+    path = None if key is None else _entry(key)
+    if path is None:
         return None
     try:
-        entry = json.loads(_entry(key).read_text())
+        entry = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(entry, dict) or not entry.get("argv"):
@@ -155,8 +167,9 @@ def remembered(key: str | None) -> dict | None:
 
 
 def forget(key: str | None) -> None:
-    if key is not None:
-        _entry(key).unlink(missing_ok=True)
+    path = None if key is None else _entry(key)
+    if path is not None:
+        path.unlink(missing_ok=True)
 
 
 def remember(key: str | None, pid: int, env: dict[str, str]) -> None:
@@ -164,12 +177,12 @@ def remember(key: str | None, pid: int, env: dict[str, str]) -> None:
     if key is None:
         return
     try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+        raw_argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
         raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")[:-1]
     except OSError as exc:                     # not Linux, or the JVM is gone already
         log.debug("launch not remembered: %s", exc)
         return
-    argv = [a.decode() for a in argv]
+    argv = [a.decode() for a in raw_argv]
     if not argv or os.path.basename(argv[0]) != "java" or \
             "org.apache.spark.deploy.SparkSubmit" not in argv:
         log.debug("launch not remembered: pid %d runs %s", pid, argv[:1])
@@ -177,12 +190,14 @@ def remember(key: str | None, pid: int, env: dict[str, str]) -> None:
     jvm_env = dict(item.decode().split("=", 1) for item in raw if b"=" in item)
     added = {k: v for k, v in jvm_env.items() if env.get(k) != v}
     removed = sorted(k for k in env if k not in jvm_env)
+    from highlevel.jvmcache import write_private
+
     folder = cache_dir()
+    if folder is None:
+        return
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".jvm-launch-{key}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps({"argv": argv, "env": added, "unset": removed}))
-        os.replace(tmp, _entry(key))
+        write_private(folder / f"jvm-launch-{key}.json",
+                      json.dumps({"argv": argv, "env": added, "unset": removed}))
         entries = sorted(folder.glob("jvm-launch-*.json"), key=lambda p: p.stat().st_mtime)
         for old in entries[:-_KEEP]:
             old.unlink(missing_ok=True)
@@ -190,7 +205,8 @@ def remember(key: str | None, pid: int, env: dict[str, str]) -> None:
         log.debug("launch not remembered: %s", exc)
 
 
-def _start(argv: list[str], env: dict[str, str], stderr_fd: int, nice: int):
+def _start(argv: list[str], env: dict[str, str], stderr_fd: int, nice: int,
+           keep_fds: tuple[int, ...] = ()):
     def child() -> None:                 # in the child, before exec
         signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is ours to handle
         if nice > 0:
@@ -201,7 +217,7 @@ def _start(argv: list[str], env: dict[str, str], stderr_fd: int, nice: int):
     # when it writes a class-data archive), and holding our stdout it kept a reader of it
     # (`oopscope run ... | cmd`, a caller's capture) waiting for that exit
     return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=stderr_fd, stderr=stderr_fd,
-                            env=env, preexec_fn=child)
+                            env=env, preexec_fn=child, pass_fds=keep_fds)
 
 
 def _await_conn_info(proc, path: str) -> tuple[int, str] | None:
@@ -222,10 +238,12 @@ class Launch:
     gateway of the next SparkContext. `conf`: the Spark settings; `nice`: the JVM's
     niceness (every thread of it inherits it from the launch). Its stdout and stderr go
     through a pipe of ours (`_forward_jvm_stderr`), read from before the JVM starts, so
-    start-up errors (no Java, a bad option) still show."""
+    start-up errors (no Java, a bad option) still show. `keep_fds`: descriptors the JVM
+    inherits (the class-data archive's lock, held until the JVM is gone)."""
 
-    def __init__(self, conf: list[tuple[str, str]], nice: int = 0):
-        self.nice = nice
+    def __init__(self, conf: list[tuple[str, str]], nice: int = 0,
+                 keep_fds: tuple[int, ...] = ()):
+        self.nice, self.keep_fds = nice, keep_fds
         home = spark_home()
         self.command = submit_command(home, conf)
         self.base = dict(os.environ, SPARK_CONNECT_MODE="0")
@@ -237,7 +255,7 @@ class Launch:
         self.forward = threading.Thread(target=_forward_jvm_stderr, args=(read_fd,),
                                         name="oopscope-jvm-stderr", daemon=True)
         self.forward.start()
-        self.proc = None
+        self.proc: subprocess.Popen | None = None
         try:
             self._next()
         except BaseException:
@@ -262,7 +280,7 @@ class Launch:
                 argv = entry["argv"]
             self.env = env
             try:
-                self.proc = _start(argv, env, self.write_fd, self.nice)
+                self.proc = _start(argv, env, self.write_fd, self.nice, self.keep_fds)
                 return
             except OSError as exc:
                 if entry is None:
@@ -274,9 +292,12 @@ class Launch:
     def _gateway_address(self) -> tuple[int, str] | None:
         """Wait for the gateway's port and secret (the next attempt when the remembered
         command's JVM exits first); None when spark-submit's exits too."""
+        global last_launch
         while True:
+            assert self.proc is not None          # `_next` started a JVM
             got = _await_conn_info(self.proc, self.conn_info)
             if got is not None:
+                last_launch = (self.attempt, self.key)
                 if self.attempt == "spark-submit":
                     remember(self.key, self.proc.pid, self.env)
                 log.debug("driver JVM pid %d up (%s)", self.proc.pid, self.attempt)

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 import threading
-import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+from common.settings import spark_master, spark_quick_jvm
+
+# the class-data archive's options live with the cache directory that holds it
+from highlevel.jvmcache import class_data_options, config_file
 
 log = logging.getLogger(__name__)
 
 _LOCK = threading.Lock()
-_SESSION = None
+_SESSION: Any = None
 _MASTER: str | None = None
 _PENDING = None         # ((settings, nice), highlevel.jvm.Launch) started by launch_jvm
+_LOG4J2_PATH: Path | None = None
 
 # Spark's default log4j2 profile prints INFO lines (and a banner about the default level) on
 # the console before any setLogLevel call can run; a config file given to the driver JVM at
@@ -74,76 +78,14 @@ DEFAULTS = {
 
 
 def log4j2_config() -> Path:
-    """Path of the quiet log4j2 profile (written once to the temp dir)."""
-    path = Path(tempfile.gettempdir()) / f"oopscope-log4j2-{os.getuid()}.properties"
-    if not path.exists() or path.read_text() != _LOG4J2:
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(_LOG4J2)
-        os.replace(tmp, path)
-    return path
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def class_data_options() -> str:
-    """JVM options for a class-data sharing archive of Spark's classes (JVM start-up ~1/3
-    faster: the classes come mapped and verified from the archive instead of parsed from
-    the jars). Java 17 makes a dynamic archive with -XX:ArchiveClassesAtExit when the JVM
-    exits, so the first run writes `spark-<key>.<pid>.jsa.tmp` under ~/.cache/oopscope (the
-    key names the JVM and the Spark jars: another version never maps a stale archive); a
-    later run renames a finished one (its JVM is gone) into place and uses it. JVM logging is
-    off: the archive's dump and a mismatch print warnings on stdout, which carries data.
-    OOPSCOPE_SPARK_CDS=0 turns this off."""
-    if os.environ.get("OOPSCOPE_SPARK_CDS", "1") in ("0", "false", "no", ""):
-        return ""
-    try:
-        import hashlib
-
-        from highlevel.jvm import spark_home
-
-        jars = Path(spark_home()) / "jars"
-        java_home = os.environ.get("JAVA_HOME", "")
-        ident = f"{jars} {jars.stat().st_mtime_ns} {java_home}"
-        java = shutil.which("java")
-        if java:
-            ident += f" {os.path.realpath(java)} {os.stat(os.path.realpath(java)).st_mtime_ns}"
-        key = hashlib.sha1(ident.encode()).hexdigest()[:12]
-        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "oopscope"
-        cache.mkdir(parents=True, exist_ok=True)
-        archive = cache / f"spark-{key}.jsa"
-        if not archive.exists():
-            for tmp in cache.glob(f"spark-{key}.*.jsa.tmp"):
-                pid = int(tmp.name.split(".")[1])
-                # its process is gone and the JVM (which outlives it by the dump's seconds)
-                # has not written to it for a while
-                done = time.time() - tmp.stat().st_mtime > 30
-                if not _alive(pid) and done and tmp.stat().st_size > 0:
-                    os.replace(tmp, archive)      # a finished dump (its JVM has exited)
-                    break
-                if not _alive(pid) and done:
-                    tmp.unlink(missing_ok=True)
-        if archive.exists():
-            for tmp in cache.glob(f"spark-{key}.*.jsa.tmp"):     # dumps no longer needed
-                if not _alive(int(tmp.name.split(".")[1])) and \
-                        time.time() - tmp.stat().st_mtime > 30:
-                    tmp.unlink(missing_ok=True)
-            return f"-XX:SharedArchiveFile={archive} -Xlog:disable -Xlog:all=error:stderr"
-        if any(_alive(int(t.name.split(".")[1])) for t in cache.glob(f"spark-{key}.*.jsa.tmp")):
-            return ""      # another run is writing it
-        # the JVM's pid is unknown yet: our own pid names the dump (one JVM per process)
-        return (f"-XX:ArchiveClassesAtExit={cache}/spark-{key}.{os.getpid()}.jsa.tmp "
-                f"-Xlog:disable -Xlog:all=error:stderr")
-    except (OSError, ValueError) as exc:
-        log.debug("no class-data sharing archive: %s", exc)
-        return ""
+    """Path of the quiet log4j2 profile: in the private cache directory (the same path every
+    run, so the JVM's launch stays remembered), else a file of this process's own
+    (`highlevel.jvmcache.config_file`). One path per process: the launch and the session
+    compare their settings."""
+    global _LOG4J2_PATH
+    if _LOG4J2_PATH is None:
+        _LOG4J2_PATH = config_file("log4j2", ".properties", _LOG4J2)
+    return _LOG4J2_PATH
 
 
 def quick_jvm_options(master: str) -> str:
@@ -158,7 +100,7 @@ def quick_jvm_options(master: str) -> str:
     netflow run took 4.65 s instead of 4.8 s. Paced and live runs, which last, keep the
     defaults (C2 compiles the hot paths of a steady state); so does
     OOPSCOPE_SPARK_QUICK_JVM=0."""
-    if os.environ.get("OOPSCOPE_SPARK_QUICK_JVM", "1") in ("0", "false", "no", ""):
+    if not spark_quick_jvm():
         return ""
     if not master.startswith("local"):
         return ""
@@ -202,11 +144,22 @@ def _settings(master: str, app_name: str, driver_memory: str, shuffle_partitions
 
 
 def _master(master: str | None) -> str:
-    master = master or os.environ.get("OOPSCOPE_SPARK_MASTER") or "local[*]"
+    master = master or spark_master() or "local[*]"
     if master.startswith("local") or "127.0.0.1" in master or "localhost" in master:
         # otherwise Spark warns that the host name resolves to loopback and picks eth0
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     return master
+
+
+def _launch(settings: dict[str, str], nice: int):
+    """Start the driver JVM; one that writes the class-data archive holds its lock until it
+    has exited (`highlevel.jvmcache`)."""
+    from highlevel import jvmcache
+    from highlevel.jvm import Launch
+
+    launch = Launch(list(settings.items()), nice, keep_fds=jvmcache.dump_fds())
+    jvmcache.dump_launched(launch)
+    return launch
 
 
 def launch_jvm(master: str | None = None, *, app_name: str = "oopscope",
@@ -217,7 +170,7 @@ def launch_jvm(master: str | None = None, *, app_name: str = "oopscope",
     calling thread, and return at once (a few milliseconds: `tools.run.runner` calls it before
     the run's heavy imports, which would otherwise delay a starting thread). Nothing when a
     session or a JVM is up already."""
-    from highlevel.jvm import Launch, gateway_running
+    from highlevel.jvm import gateway_running
 
     global _PENDING
     with _LOCK:
@@ -227,7 +180,7 @@ def launch_jvm(master: str | None = None, *, app_name: str = "oopscope",
         settings = _settings(master, app_name, driver_memory, shuffle_partitions, conf,
                              quick_jvm)
         nice = nice if master.startswith("local") else 0
-        _PENDING = ((settings, nice), Launch(list(settings.items()), nice))
+        _PENDING = ((settings, nice), _launch(settings, nice))
 
 
 def get_session(master: str | None = None, *, app_name: str = "oopscope",
@@ -243,7 +196,7 @@ def get_session(master: str | None = None, *, app_name: str = "oopscope",
     where the low level's threads come first while both run).
     """
     global _SESSION, _MASTER, _PENDING
-    from highlevel.jvm import Launch, gateway_running
+    from highlevel.jvm import gateway_running
 
     master = _master(master)
     with _LOCK:
@@ -263,8 +216,7 @@ def get_session(master: str | None = None, *, app_name: str = "oopscope",
         if not gateway_running():
             # the JVM reads its options at launch: the builder's settings, as getOrCreate
             # would pass them; it starts before pyspark is imported
-            launch = pending[1] if pending is not None else Launch(list(settings.items()),
-                                                                    nice)
+            launch = pending[1] if pending is not None else _launch(settings, nice)
             launch.connect()
         from pyspark import SparkConf, SparkContext
         from pyspark.sql import SparkSession

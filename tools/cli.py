@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("tools.commands.run", "run"),
     "bench": ("tools.commands.bench", "bench"),
     "export": ("tools.commands.export", "export"),
+    "warmup": ("tools.commands.warmup", "warmup"),
+    "cache": ("tools.commands.cache", "cache"),
 }
 
 

@@ -31,7 +31,8 @@ def _help(argv: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.parametrize("argv", [[], *([name] for name in sorted(COMMANDS))],
+@pytest.mark.parametrize("argv", [[], *([name] for name in sorted(COMMANDS)),
+                                  ["cache", "info"], ["cache", "clear"]],
                          ids=lambda a: " ".join(a) or "root")
 def test_help_is_light(argv):
     proc = _help([*argv, "--help"])
