@@ -19,8 +19,9 @@ import pyarrow as pa
 from common.spool import END_OF_INPUT
 from highlevel.sinks import Sink
 from highlevel.spec import KeySpec, OutputColumn, StageSpec
+from highlevel.warmup import EVERY_KIND
 from queries import expressions as E
-from queries.plan import SubAggregate, WindowPlan
+from queries.plan import WindowPlan
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +72,7 @@ def demo_spec(query: str = "demo", links=("a", "b"), pane_s: int = 1, range_s: i
     pane = np.gcd(pane_s, range_s) * 10**9
     window = WindowPlan(pane_ns=int(pane), range_ns=range_s * 10**9, slide_ns=pane_s * 10**9,
                         column="tb")
-    states = (SubAggregate("cnt", "count", None, "int64"),
-              SubAggregate("bytes", "sum", None, "int64"),
-              SubAggregate("lo", "min", None, "int64"),
-              SubAggregate("hi", "max", None, "uint64"),
-              SubAggregate("flags", "or", None, "int64"),
-              SubAggregate("ttl_first", "first", None, "int64"),
-              SubAggregate("ttl_last", "last", None, "int64"),
-              SubAggregate("dests", "distinct", None, "binary"))
+    states = EVERY_KIND
     outputs = (OutputColumn("tb", col("tb"), "int64"),
                OutputColumn("srcIP", col("srcIP"), "ip"),
                OutputColumn("port", col("port"), "int64"),

@@ -26,6 +26,17 @@ QUERY, LINK, REGISTERS, ROWS = "warmup", "a", 4, 64
 SECOND = 10**9
 
 
+#: one state of every sub-aggregate kind (the `highlevel.testing` demo query has them too)
+EVERY_KIND = (SubAggregate("cnt", "count", None, "int64"),
+              SubAggregate("bytes", "sum", None, "int64"),
+              SubAggregate("lo", "min", None, "int64"),
+              SubAggregate("hi", "max", None, "uint64"),
+              SubAggregate("flags", "or", None, "int64"),
+              SubAggregate("ttl_first", "first", None, "int64"),
+              SubAggregate("ttl_last", "last", None, "int64"),
+              SubAggregate("dests", "distinct", None, "binary"))
+
+
 class _Discard(Sink):
     def write(self, batch_id: int, table: pa.Table) -> bool:
         return True
@@ -48,14 +59,7 @@ def _spec() -> StageSpec:
     """One-second windows keyed by an IP and a port, with a state of every sub-aggregate
     kind and outputs that read each (an expression and a COUNT_DISTINCT estimate too)."""
     col = lambda name: E.Column(name=name)
-    states = (SubAggregate("cnt", "count", None, "int64"),
-              SubAggregate("bytes", "sum", None, "int64"),
-              SubAggregate("lo", "min", None, "int64"),
-              SubAggregate("hi", "max", None, "uint64"),
-              SubAggregate("flags", "or", None, "int64"),
-              SubAggregate("ttl_first", "first", None, "int64"),
-              SubAggregate("ttl_last", "last", None, "int64"),
-              SubAggregate("dests", "distinct", None, "binary"))
+    states = EVERY_KIND
     outputs = (OutputColumn("tb", col("tb"), "int64"), OutputColumn("srcIP", col("srcIP"), "ip"),
                OutputColumn("port", col("port"), "int64"),
                *(OutputColumn(s.name, col(s.name), "uint64" if s.dtype == "uint64" else "int64")

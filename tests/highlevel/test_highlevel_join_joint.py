@@ -1,4 +1,4 @@
-"""OA-Join joint punctuation (SEMANTICS.md 7, thesis 7.2): never violated by a later result, and
+"""OA-Join joint punctuation (docs/semantics.md, "Joins"; thesis 7.2): never violated by a later result, and
 it closes a downstream aggregate's group (one window on each timestamp) no later, and in the
 thesis' Q7-1 situation earlier, than individual punctuation.
 

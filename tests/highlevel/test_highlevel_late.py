@@ -1,4 +1,4 @@
-"""`late 'correct'` through the Spark stage (SEMANTICS.md 8): late partial rows of closed windows
+"""`late 'correct'` through the Spark stage (docs/semantics.md, "Late data"): late partial rows of closed windows
 become correction rows (the delta, `correction` = 1), and regular + correction rows merged by
 the aggregates' own super-aggregates equal the reference evaluator over every packet.
 

@@ -3,7 +3,7 @@
 - Sliding windows (s not dividing r) over disordered packets: the stage's rows equal the
   reference evaluator's and the WID model's, whatever the punctuation frequency (every 10 ms,
   every second, only at the end), with the windows closing over several micro-batches.
-- The patent's worked example (SEMANTICS.md 8, p[49]-p[52]) under `late 'drop'`: 10 of the 16
+- The patent's worked example (p[49]-p[52]; docs/semantics.md, "Late data") under `late 'drop'`: 10 of the 16
   packets reach the 15-minute rollup of the 5-minute counts; the 6 late ones are counted, by
   the low level (`counters['late']`) when it sees the punctuation, by the stage
   (`state.late_rows`) when late partial rows reach it.

@@ -1,4 +1,4 @@
-"""Meld and Merge (SEMANTICS.md section 5) as pure state machines, no Spark."""
+"""Meld and Merge (docs/semantics.md, "Combining links: Meld and Merge") as pure state machines, no Spark."""
 
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ def warmup(queries: tuple[str, ...]) -> None:
         raise CacheError(f"cache directory {cache} {why}: nothing was warmed up (runs go "
                          f"without the caches; `chmod 700 {cache}` or remove it)")
     with tempfile.TemporaryDirectory(prefix="oopscope-warmup-") as work:
-        from tools.traffic import TrafficConfig, generate
+        from tools.gen.traffic import TrafficConfig, generate
 
         pcap = Path(work) / "tiny.pcap"
         generate(TrafficConfig(packets=TINY_PACKETS, duration_ns=150 * 10**9, groups=64),
