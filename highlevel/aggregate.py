@@ -229,6 +229,8 @@ class AggregateStage(Stage):
         """Sort Spark's Arrow result, write it to the sinks once; rows written. `table`:
         the result's `output_table` already (no raw sinks; `result` then None)."""
         spec = self.spec
+        if result is not None and self.suppress:
+            result = self._without_suppressed(result)
         if table is None:
             assert result is not None
             if any(sink.raw for sink in self.sinks):
@@ -244,6 +246,25 @@ class AggregateStage(Stage):
         log.info("query %s: batch %d closed windows up to P=%s: %d rows", spec.query, batch_id,
                  upto, table.num_rows)
         return table.num_rows
+
+    def _without_suppressed(self, result: pa.Table) -> pa.Table:
+        """`result` without the rows of windows that overlap a `suppress` interval."""
+        win = self.window
+        if not result.num_rows:
+            return result
+        window = np.asarray(result.column("__window").combine_chunks().fill_null(0))
+        ends = win.pane_end(window) if win.tumbling else win.window_end(window)
+        starts = ends - self.spec.window.range_ns
+        keep = np.ones(len(ends), bool)
+        for lo, hi in self.suppress:
+            keep &= ~((starts < hi) & (ends > lo))
+        dropped = int(len(keep) - keep.sum())
+        if not dropped:
+            return result
+        self.suppressed_rows += dropped
+        log.info("query %s: %d rows of windows overlapping %s not written", self.spec.query,
+                 dropped, self.suppress)
+        return result.filter(pa.array(keep))
 
     def _raw_table(self, result: pa.Table | None) -> pa.Table:
         """The sorted result in the raw layout, each row's time its window's end."""

@@ -138,15 +138,18 @@ class FileSink(Sink):
 
     ext = ""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, prefix: str = ""):
         self.dir = Path(path)
+        #: before the batch id in file names: a writer whose batch ids start again (the
+        #: appliance's next generation of a query) writes beside the older files
+        self.prefix = prefix
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise SinkError(f"{self.ext} sink: cannot create directory {self.dir}: {exc}") from exc
 
     def path_of(self, batch_id: int) -> Path:
-        return self.dir / f"part-{batch_id:010d}.{self.ext}"
+        return self.dir / f"part-{self.prefix}{batch_id:010d}.{self.ext}"
 
     def write(self, batch_id: int, table: pa.Table) -> bool:
         path = self.path_of(batch_id)

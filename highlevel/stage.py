@@ -88,6 +88,14 @@ class Stage:
     #: columns it needs (Parquet column pruning): cheaper than caching every column of it. A
     #: prepared frame (a row plan over another query's rows) is computed once and cached.
     persist_input = False
+    #: the streaming query's name is `oopscope_<label><query>`: the appliance runs queries of
+    #: the same name in one session for different submissions, and Spark wants names unique
+    label = ""
+    #: windows overlapping one of these [from, to) ns intervals are not written (the
+    #: appliance: before a query's first full window, and a gap after a crash); aggregations
+    #: apply it (`highlevel.aggregate`), and count what they left out in `suppressed_rows`
+    suppress: tuple[tuple[int, int], ...] = ()
+    suppressed_rows = 0
 
     def __init__(self, spec, spool: str | os.PathLike, checkpoint: str | os.PathLike,
                  sinks: Sequence[Sink], *, spark=None, master: str | None = None,
@@ -154,7 +162,7 @@ class Stage:
 
     def _writer(self):
         return (self.stream().writeStream.foreachBatch(self.process_batch)
-                .queryName(f"oopscope_{self.spec.query}")
+                .queryName(f"oopscope_{self.label}{self.spec.query}")
                 .option("checkpointLocation", str(self.checkpoint / "stream")))
 
     def start(self):

@@ -23,6 +23,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("tools.commands.export", "export"),
     "warmup": ("tools.commands.warmup", "warmup"),
     "cache": ("tools.commands.cache", "cache"),
+    "serve": ("tools.commands.serve", "serve"),
+    "submit": ("tools.commands.control", "submit"),
+    "queries": ("tools.commands.control", "queries"),
+    "tail": ("tools.commands.control", "tail"),
+    "cancel": ("tools.commands.control", "cancel"),
+    "status": ("tools.commands.control", "status"),
+    "shutdown": ("tools.commands.control", "shutdown"),
 }
 
 

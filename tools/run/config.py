@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from common.units import NS_PER_S as NS
@@ -143,9 +144,7 @@ class RunSummary:
 def load_plan(config: RunConfig):
     """Parse and plan the query file over the configured links (one clear error otherwise)."""
     from queries.errors import QueryError
-    from queries.explain import find_query_file, mentioned_links
-    from queries.parser import parse
-    from queries.planner import plan_file
+    from queries.explain import find_query_file
 
     path = find_query_file(config.query_file)
     try:
@@ -155,20 +154,41 @@ def load_plan(config: RunConfig):
                          path=str(config.query_file)) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise QueryError(f"cannot read the query file: {exc}", path=str(path)) from None
-    tree = parse(text, path=str(path))
     names = config.link_names
     option = {n: "--interface" if i >= len(config.links) else "--link"
               for i, n in enumerate(names)}
+    return plan_text(text, str(path), names, dict(config.params), dict(config.overrides),
+                     option=option)
+
+
+def plan_text(text: str, path: str, links: list[str], params: dict, overrides: dict, *,
+              option: dict | None = None, subset: bool = False):
+    """Parse and plan query text over `links`. The links the file's FROM clauses name must
+    be among them; with `subset` (a server's links, of which a query reads some) the file is
+    planned over the links it names only, else every given link must be one of the file's.
+    `option`: the command-line option that gave each link (for the message)."""
+    from queries.explain import mentioned_links
+    from queries.parser import parse
+    from queries.planner import plan_file
+
+    tree = parse(text, path=path)
     wanted = mentioned_links(tree)
-    unknown = [n for n in names if wanted and n not in wanted]
-    missing = [n for n in wanted if n not in names]
+    name = Path(path).name
+    missing = [n for n in wanted if n not in links]
+    unknown = [] if subset else [n for n in links if wanted and n not in wanted]
+    if wanted and missing and subset:
+        raise RunLinkError(f"{name}: no link {', '.join(missing)} on this server; its links "
+                           f"are {', '.join(links)}")
     if wanted and (unknown or missing):
-        what = (f"{option[unknown[0]]} {', '.join(unknown)} is not a link of the query file"
+        opt = (option or {}).get(unknown[0] if unknown else "", "--link")
+        what = (f"{opt} {', '.join(unknown)} is not a link of the query file"
                 if unknown else f"no source given for link {', '.join(missing)}")
-        raise RunLinkError(f"{path.name}: {what}; its links are {', '.join(wanted)} "
+        raise RunLinkError(f"{name}: {what}; its links are {', '.join(wanted)} "
                            f"(write --link {wanted[0]}=PCAP or --interface "
                            f"{wanted[0]}=IFACE)")
-    return plan_file(tree, names, dict(config.params), dict(config.overrides), source=text)
+    if subset and wanted:
+        links = [n for n in links if n in wanted]
+    return plan_file(tree, links, params, overrides, source=text)
 
 
 def choose_queries(plan, config: RunConfig) -> list[tuple[QueryPlan, str]]:

@@ -1,0 +1,182 @@
+"""The commands that talk to a running `oopscope serve`: submit, queries, tail, cancel, status,
+shutdown. Each names the server with `--server URL` (default `$OOPSCOPE_SERVER`, else
+http://127.0.0.1:7405/; `unix:PATH` for a Unix socket) and `--token-file` when it needs one."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+
+import click
+
+
+def _client_options(fn):
+    @click.option("--server", default=None, metavar="URL",
+                  help="The server (default $OOPSCOPE_SERVER, else http://127.0.0.1:7405/; "
+                       "unix:PATH for a Unix socket).")
+    @click.option("--token-file", default=None, type=click.Path(dir_okay=False),
+                  help="A file holding the server's token.")
+    @functools.wraps(fn)
+    def wrapper(*args, server, token_file, **kwargs):
+        from tools.serve.client import Client
+        from tools.serve.server import read_token
+
+        return fn(*args, client=Client(server, read_token(token_file)), **kwargs)
+
+    return wrapper
+
+
+def _when(ns) -> str:
+    if ns is None:
+        return "-"
+    return time.strftime("%H:%M:%S", time.gmtime(ns / 1e9))
+
+
+@click.command()
+@click.argument("query_file")
+@click.option("--name", default=None, help="The query's name on the server (default: the "
+                                           "file's query name).")
+@click.option("--param", "params", multiple=True, metavar="NAME=VALUE", help="A PARAM value.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="A DEFINE override.")
+@click.option("--output", "outputs", multiple=True, metavar="QUERY=DIR",
+              help="Write QUERY's windows into DIR (below the server's output root).")
+@click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "parquet"]), default=None,
+              help="Output files' format (default csv).")
+@_client_options
+def submit(query_file, name, params, sets, outputs, fmt, client) -> None:
+    """Submit QUERY_FILE (a path or a shipped query name) to the server."""
+    from queries.errors import QueryError
+    from queries.explain import find_query_file
+    from tools.commands.run import _pairs
+
+    path = find_query_file(query_file)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise QueryError("no such query file (nor a shipped query of that name)",
+                         path=query_file) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise QueryError(f"cannot read the query file: {exc}", path=str(path)) from None
+    reply = client.submit(text=text, file=str(path), name=name,
+                          params=dict(_pairs(params, "--param")),
+                          sets=dict(_pairs(sets, "--set")),
+                          outputs=dict(_pairs(outputs, "--output")), format=fmt)
+    click.echo(reply["message"])
+    for q, out in reply["outputs"].items():
+        click.echo(f"  {q} -> {out}")
+
+
+@click.command()
+@_client_options
+def queries(client) -> None:
+    """Every query on the server: state, links, rows out, late packets, evictions, latency."""
+    rows = [("NAME", "STATE", "LINKS", "ROWS", "PARTIALS", "LATE", "EVICTIONS", "P50 LAT",
+             "FIRST WINDOW")]
+    for q in client.queries():
+        lat = q.get("latency_p50_s")
+        rows.append((q["name"], q["state"], ",".join(q["links"]) or "-", str(q["rows_out"]),
+                     str(q["partial_rows"]), str(q["late_packets"]), str(q["evictions"]),
+                     "-" if lat is None else f"{lat:.2f}s", _when(q.get("first_window_ns"))))
+    _table(rows)
+    for q in client.queries():
+        if q.get("error"):
+            click.echo(f"{q['name']}: {q['error']}")
+
+
+def _table(rows) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+
+
+@click.command()
+@click.argument("name")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "jsonl"]), default="table",
+              show_default=True)
+@_client_options
+def tail(name, fmt, client) -> None:
+    """Print NAME's rows as its windows close, until it ends or Ctrl-C."""
+    import csv
+    import json
+
+    writer = csv.writer(sys.stdout, lineterminator="\n")
+    header_done = False
+    for event in client.tail(name):
+        kind = event.get("event")
+        if kind == "missed":
+            click.echo(f"oopscope: tail fell behind: {event['rows']} rows not shown",
+                       err=True)
+        elif kind == "end":
+            click.echo(f"oopscope: query {event.get('query')} ended ({event.get('why')})",
+                       err=True)
+            return
+        elif kind == "rows":
+            cols, rows = event["columns"], event["rows"]
+            if fmt == "jsonl":
+                for r in rows:
+                    click.echo(json.dumps(dict(zip(cols, r)), separators=(",", ":")))
+            elif fmt == "csv":
+                if not header_done:
+                    writer.writerow(cols)
+                writer.writerows(rows)
+            else:
+                text = [[("" if v is None else str(v)) for v in r] for r in rows]
+                widths = [max([len(c)] + [len(r[i]) for r in text]) for i, c in enumerate(cols)]
+                if not header_done:
+                    click.echo("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
+                for r in text:
+                    click.echo("  ".join(v.rjust(w) for v, w in zip(r, widths)))
+            header_done = True
+            sys.stdout.flush()
+
+
+@click.command()
+@click.argument("name")
+@_client_options
+def cancel(name, client) -> None:
+    """Cancel NAME: its open windows are closed and written, its outputs kept."""
+    click.echo(client.cancel(name)["message"])
+
+
+@click.command()
+@_client_options
+def status(client) -> None:
+    """The server's links (rates, drops), Spark state and gaps."""
+    st = client.status()
+    spark = st["spark"]
+    click.echo(f"up {st['uptime_s']:.0f} s; Spark {spark['state']} ({spark['master']})"
+               + (f": {spark['error']}" if spark.get("error") else "")
+               + f"; {st['queries']} queries running")
+    rows = [("LINK", "SOURCE", "PKT/S", "PACKETS", "BYTES", "MALFORMED", "RING DROPS",
+             "KERNEL DROPS", "PUNCTUATION")]
+    for link in st["links"]:
+        rows.append((link["name"], link["source"], f"{link['pps']:.0f}", str(link["packets"]),
+                     str(link["bytes"]), str(link["malformed"]), str(link["ring_drops"]),
+                     str(link["kernel_drops"]), _when(link["punctuation_ns"])))
+    _table(rows)
+    for gap in st["gaps"]:
+        click.echo(f"gap: no capture from {_when(gap['from_ns'])} to {_when(gap['to_ns'])} "
+                   f"UTC ({gap['reason']})")
+
+
+@click.command()
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="Wait until the server has written every window and exited.")
+@_client_options
+def shutdown(wait, client) -> None:
+    """Stop the server as SIGTERM does: every window closed and written."""
+    from tools.serve.client import ControlError
+
+    click.echo(client.shutdown()["message"])
+    if not wait:
+        return
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        try:
+            client.status()
+        except ControlError:
+            click.echo("server stopped")
+            return
+        time.sleep(0.5)
+    raise ControlError("the server is still up after 10 minutes")

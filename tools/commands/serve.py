@@ -1,0 +1,78 @@
+"""`oopscope serve`: the appliance, running until stopped; queries come and go while it runs."""
+
+from __future__ import annotations
+
+import click
+
+from tools.commands.params import Duration
+
+
+@click.command()
+@click.option("--interface", "interfaces", multiple=True, metavar="NAME=IFACE",
+              help="Capture live on IFACE as link NAME (repeatable). Needs root or "
+                   "CAP_NET_RAW.")
+@click.option("--link", "links", multiple=True, metavar="NAME=PCAP",
+              help="Replay a capture file as link NAME, paced and stamped with the wall "
+                   "clock (repeatable; for demos and tests).")
+@click.option("--speed", type=click.FloatRange(min=0.001), default=1.0, show_default=True,
+              help="Replay --link files at this many times real time.")
+@click.option("--loop", is_flag=True, help="Replay --link files over and over.")
+@click.option("--state", "state", required=True, type=click.Path(file_okay=False),
+              help="Directory of everything the server remembers: queries, spools, "
+                   "checkpoints (a restart with the same --state resumes them).")
+@click.option("--output-root", default=None, type=click.Path(file_okay=False),
+              help="Queries write only below this directory (default: --state).")
+@click.option("--listen", default="127.0.0.1:7405", show_default=True,
+              metavar="HOST:PORT|unix[:PATH]",
+              help="Where the control API and the page listen. A non-loopback address "
+                   "needs --token-file.")
+@click.option("--token-file", default=None, type=click.Path(dir_okay=False),
+              help="A file holding the token every request must carry.")
+@click.option("--master", default=None, metavar="URL", help="Spark master (default local[*]).")
+@click.option("--punctuate-every", "punctuate_every", type=Duration(), default="1s",
+              show_default=True, help="Timer punctuation period of every link.")
+@click.option("--lull-slack", "lull_slack", type=Duration(), default="1s", show_default=True,
+              help="During a lull a link punctuates the wall clock minus this.")
+@click.option("--promiscuous", is_flag=True, help="Live capture in promiscuous mode.")
+@click.option("--snaplen", type=click.IntRange(64, 262144), default=262144, show_default=True,
+              help="Live capture: bytes kept of each frame.")
+@click.option("--ring-blocks", "ring_blocks", type=click.IntRange(2, 1 << 16), default=64,
+              show_default=True, help="Live capture: blocks of the kernel ring.")
+@click.option("--ring-block-size", "ring_block_size", type=click.IntRange(4096, 1 << 30),
+              default=1 << 22, show_default=True, help="Live capture: bytes per ring block.")
+@click.option("--ready-file", default=None, hidden=True,
+              help="Write the server's URL here once it listens (for scripts and tests).")
+def serve(interfaces, links, speed, loop, state, output_root, listen, token_file, master,
+          punctuate_every, lull_slack, promiscuous, snaplen, ring_blocks, ring_block_size,
+          ready_file) -> None:
+    """Run the appliance: capture on the links, run the queries submitted to it.
+
+    Queries are submitted (`oopscope submit`), listed (`queries`), tailed (`tail`) and
+    cancelled (`cancel`) while capture goes on; `status` shows the links and `shutdown` (or
+    SIGTERM) stops it with every window closed and written. The live page is at the
+    server's URL, the Prometheus metrics at /metrics. After a crash, the same command
+    resumes every query that was running; the time it was down is reported as a gap.
+
+    \b
+    Examples:
+      sudo oopscope serve --interface main=eth0 --state /var/lib/oopscope
+      oopscope serve --link main=trace.pcap --loop --state /tmp/oops
+    """
+    from pathlib import Path
+
+    from tools.commands.run import _interfaces, _links
+    from tools.serve.appliance import ServeConfig
+    from tools.serve.server import parse_listen, read_token
+    from tools.serve.server import serve as run_server
+
+    if not links and not interfaces:
+        raise click.UsageError("give --interface NAME=IFACE (live) or --link NAME=PCAP")
+    capture_options = (("promiscuous", promiscuous), ("snaplen", snaplen),
+                       ("block_count", ring_blocks), ("block_size", ring_block_size),
+                       ("frame_timeout_ms", 100))
+    config = ServeConfig(state=state, links=_links(links), interfaces=_interfaces(interfaces),
+                         speed=speed, loop=loop, master=master, output_root=output_root,
+                         punctuate_every_ns=punctuate_every, lull_slack_ns=lull_slack,
+                         capture_options=capture_options)
+    run_server(config, parse_listen(listen, Path(state).resolve()), read_token(token_file),
+               ready_file)

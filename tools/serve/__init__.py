@@ -1,0 +1,1 @@
+"""The appliance: `oopscope serve` and the client commands that talk to it."""

@@ -1,0 +1,471 @@
+"""The appliance: links, one Spark session and the submitted queries, for the server's life.
+
+`Appliance(config).start()` opens the links (live interfaces, or capture files replayed
+paced and re-timed to the wall clock: `tools.serve.links`), starts the router that runs the
+attached queries' low-level operators, starts the Spark session in the background, and
+resumes every query its state directory says was running. Queries are then submitted,
+listed and cancelled while capture goes on (`tools.serve.api` is the HTTP face of these
+methods). `shutdown()` closes every window of every query and writes it, as SIGTERM does.
+
+A heartbeat in the state directory (`server.json`, rewritten every second) tells a restart
+when the previous server was last alive: the time between is reported as a gap.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from common.units import INT64_MAX, NS_PER_S
+from tools.errors import RunConfigError, RunError
+from tools.serve.submission import NAME_RE, Record, Submission, first_window_start, when
+from tools.serve.tail import Hub
+
+if TYPE_CHECKING:
+    from tools.run.threads import SessionStarter
+    from tools.serve.links import LinkRouter, ServedLink
+    from tools.serve.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+INT64_MIN = -INT64_MAX - 1
+
+
+class ServeError(RunError):
+    """A request the appliance refuses (the reply says why); `status` is the HTTP status."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    state: str
+    links: tuple[tuple[str, str], ...] = ()          # (name, capture file) replayed
+    interfaces: tuple[tuple[str, str], ...] = ()     # (name, interface) live
+    speed: float = 1.0
+    loop: bool = False
+    master: str | None = None
+    output_root: str | None = None                   # None: the state directory
+    punctuate_every_ns: int = NS_PER_S
+    lull_slack_ns: int = NS_PER_S
+    capture_options: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def link_names(self) -> list[str]:
+        return [n for n, _ in self.links] + [n for n, _ in self.interfaces]
+
+
+class Appliance:
+    def __init__(self, config: ServeConfig):
+        self.config = config
+        self.state_dir = Path(config.state).resolve()
+        self.output_root = Path(config.output_root or self.state_dir).resolve()
+        self.hub = Hub()
+        self.links: dict[str, ServedLink] = {}
+        self.router: LinkRouter | None = None
+        self.starter: SessionStarter | None = None
+        self.submissions: dict[str, Submission] = {}
+        self.records: dict[str, Record] = {}
+        self.gaps: list[dict] = []
+        self.started_ns = time.time_ns()
+        self.metrics: Metrics | None = None      # set by the server
+        self._lock = threading.RLock()
+        self._stopping = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+
+    # --- start -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._check_config()
+        for d in (self.state_dir, self.output_root):
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise RunConfigError(f"{d}: cannot create it: {exc}") from None
+        self._note_downtime()
+        self._open_links()
+        from tools.run.threads import SessionStarter
+        from tools.serve.links import LinkRouter
+
+        self.router = LinkRouter(self.links)
+        self.router.on_feed_error = self._feed_failed
+        self.router.start()
+        self.starter = SessionStarter(self.config.master, quick_jvm=False, nice=0)
+        self.starter.start()
+        self._heartbeat = threading.Thread(target=self._beat, name="oopscope-heartbeat",
+                                           daemon=True)
+        self._heartbeat.start()
+        for record in Record.load_all(self.state_dir):
+            self.records[record.name] = record
+            if record.state == "running":
+                try:
+                    self._resume(record)
+                except Exception as exc:  # noqa: BLE001 - the other queries go on
+                    record.state, record.error = "failed", str(exc)
+                    record.save(self.state_dir)
+                    log.error("query %s: cannot resume: %s", record.name, exc)
+        threading.Thread(target=self._start_stages_when_up, name="oopscope-stages",
+                         daemon=True).start()
+
+    def _check_config(self) -> None:
+        names = self.config.link_names
+        if not names:
+            raise RunConfigError("give at least one link: --interface NAME=IFACE or "
+                                 "--link NAME=PCAP")
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise RunConfigError(f"link {', '.join(dup)} is given twice")
+        for name, path in self.config.links:
+            if not Path(path).is_file():
+                raise RunConfigError(f"--link {name}={path}: no such capture file")
+        if self.config.speed <= 0:
+            raise RunConfigError("--speed must be positive")
+
+    def _open_links(self) -> None:
+        from capture.punctuation import LinkTimer
+        from tools.run.livelinks import LiveLink
+        from tools.serve.links import ReplayLink, ServedLink
+
+        cfg = self.config
+        try:
+            for name, iface in cfg.interfaces:
+                timer = LinkTimer(0, cfg.lull_slack_ns)
+                holder = type("Timer", (), {"timer": timer})
+                live = LiveLink(name, iface, holder, period_ns=cfg.punctuate_every_ns,
+                                options=dict(cfg.capture_options))
+                self.links[name] = ServedLink(name, f"interface {iface}", live, timer)
+            for name, path in cfg.links:
+                timer = LinkTimer(0, cfg.lull_slack_ns)
+                replay = ReplayLink(name, path, timer, period_ns=cfg.punctuate_every_ns,
+                                    speed=cfg.speed, loop=cfg.loop)
+                self.links[name] = ServedLink(name, str(Path(path).resolve()), replay, timer)
+        except BaseException:
+            for link in self.links.values():
+                link.producer.close()
+            raise
+        for link in self.links.values():
+            link.producer.start()
+
+    def _note_downtime(self) -> None:
+        beat = self.state_dir / "server.json"
+        gaps = self.state_dir / "gaps.json"
+        try:
+            self.gaps = json.loads(gaps.read_text()) if gaps.exists() else []
+        except (OSError, ValueError):
+            self.gaps = []
+        try:
+            last = json.loads(beat.read_text())
+        except (OSError, ValueError):
+            return
+        reason = "server stopped" if last.get("clean") else "server crashed"
+        gap: dict[str, Any] = {"from_ns": int(last["heartbeat_ns"]), "to_ns": self.started_ns,
+                               "reason": reason}
+        self.gaps.append(gap)
+        _write_json(gaps, self.gaps)
+        log.warning("%s: no capture from %s to %s", reason, when(gap["from_ns"]),
+                    when(gap["to_ns"]))
+
+    def _beat(self) -> None:
+        while not self._stopping.wait(1.0):
+            self._write_beat(clean=False)
+
+    def _write_beat(self, clean: bool) -> None:
+        try:
+            _write_json(self.state_dir / "server.json",
+                        {"pid": os.getpid(), "started_ns": self.started_ns,
+                         "heartbeat_ns": time.time_ns(), "clean": clean})
+        except OSError as exc:
+            log.error("state %s: cannot write the heartbeat: %s", self.state_dir, exc)
+
+    # --- queries -------------------------------------------------------------------------------
+    def _now(self) -> int:
+        seen = [link.timer.max_seen for link in self.links.values()
+                if link.timer.max_seen is not None]
+        return max([time.time_ns(), *seen])
+
+    def submit(self, *, text: str, file: str, name: str | None = None, params=None, sets=None,
+               outputs=None, fmt: str | None = None) -> dict:
+        from queries.errors import QueryError
+
+        fmt = fmt or "csv"
+        if fmt not in ("csv", "jsonl", "parquet"):
+            raise ServeError(f"--format {fmt}: allowed csv, jsonl, parquet")
+        stem = Path(file).stem
+        with self._lock:
+            probe = Record(name=name or "probe", file=file, text=text, params=dict(params or {}),
+                           sets=dict(sets or {}), format=fmt)
+            try:
+                sub = Submission(probe, self.state_dir, self.config.link_names)
+            except (QueryError, RunError) as exc:
+                raise ServeError(str(exc)) from None
+            except Exception as exc:  # noqa: BLE001 - the planner's other errors are the user's too
+                from common.errors import OopscopeError
+
+                if isinstance(exc, OopscopeError):
+                    raise ServeError(str(exc)) from None
+                raise
+            if name is None:
+                name = sub.chosen[0].name if len(sub.chosen) == 1 else stem
+            if not NAME_RE.match(name):
+                raise ServeError(f"query name {name!r}: use letters, digits and _ . : - "
+                                 f"(at most 64, not starting with . or -)")
+            if name in self.submissions:
+                raise ServeError(f"a query named {name!r} is running; cancel it first or "
+                                 f"submit with --name", status=409)
+            old = self.records.get(name)
+            chosen = {qp.name for qp in sub.chosen}
+            out_dirs = {}
+            for q, path in (outputs or {}).items():
+                if q not in chosen and q not in sub.plan.names:
+                    raise ServeError(f"--output {q}=...: no query {q!r} in {file}; its "
+                                     f"queries are {', '.join(sub.plan.names)}")
+                out_dirs[q] = str(self._output_path(path))
+            record = Record(name=name, file=file, text=text, params=dict(params or {}),
+                            sets=dict(sets or {}), format=fmt,
+                            generation=(old.generation + 1) if old else 1)
+            if out_dirs:
+                record.outputs = out_dirs
+                sub = Submission(record, self.state_dir, self.config.link_names)
+            else:
+                sub.record = record
+            for qp in sub.chosen:
+                default = self.output_root / sub.stream_name(qp.name)
+                record.outputs.setdefault(qp.name, str(self._output_path(str(default))))
+            now = self._now()
+            start = first_window_start(sub.chosen, now + NS_PER_S // 5)
+            record.submitted_ns, record.first_window_ns = now, start
+            record.suppress = [[INT64_MIN, start]]
+            sub.record = record
+            self._launch(sub)
+            self.records[name] = record
+            log.info("query %s submitted: first window starts at %s", name, when(start))
+            return {"name": name, "streams": list(sub.streams), "links": sub.links,
+                    "first_window_ns": start,
+                    "outputs": {q: p for q, p in record.outputs.items()},
+                    "message": f"query {name} runs on {', '.join(sub.links)}; its first "
+                               f"window starts at {when(start)} (in "
+                               f"{max(0.0, (start - time.time_ns()) / 1e9):.1f} s): "
+                               f"packets before it are not counted"}
+
+    def _output_path(self, path: str) -> Path:
+        p = Path(path)
+        if not p.is_absolute():
+            p = self.output_root / p
+        p = Path(os.path.normpath(p))
+        real = p.resolve()
+        if not (real == self.output_root or self.output_root in real.parents):
+            raise ServeError(f"output {path}: outside the output root {self.output_root} "
+                             f"(the server writes only below it; start it with "
+                             f"--output-root to choose another)", status=403)
+        return real
+
+    def _launch(self, sub: Submission, built: bool = False) -> None:
+        """Build, persist, attach to the links, and start the stages when Spark is up."""
+        if not built:
+            sub.build(self.hub, self._punctuated_at)
+        sub.record.save(self.state_dir)
+        if self.metrics is not None:
+            self.metrics.watch(sub)
+
+        def attach():
+            for link, feed in sub.feeds.items():
+                self.links[link].feeds[sub.name] = feed
+
+        assert self.router is not None
+        self.router.call(attach)
+        self.submissions[sub.name] = sub
+        if self.starter is not None and self.starter.ready():
+            threading.Thread(target=self._start_stages, args=(sub,),
+                             name=f"oopscope-start-{sub.name}", daemon=True).start()
+
+    def _resume(self, record: Record) -> None:
+        if record.stopped_cleanly:
+            from tools.serve.submission import remove_generation
+
+            remove_generation(self.state_dir, record.name, record.generation)
+            record.generation += 1
+            record.stopped_cleanly = False
+        sub = Submission(record, self.state_dir, self.config.link_names)
+        sub.build(self.hub, self._punctuated_at)     # to find its spools
+        gap_from = sub.last_punctuation()
+        start = first_window_start(sub.chosen, self._now() + NS_PER_S // 5)
+        record.suppress.append([INT64_MIN if gap_from is None else gap_from, start])
+        down = self.gaps[-1]["from_ns"] if self.gaps else None
+        record.gaps.append({"from_ns": gap_from if gap_from is not None else down,
+                            "to_ns": start, "reason": "restart"})
+        record.first_window_ns = start
+        log.warning("query %s resumed (generation %d): windows from %s to %s are a gap "
+                    "and are not written", record.name, record.generation,
+                    "the start" if gap_from is None else when(gap_from), when(start))
+        for feed in sub.feeds.values():      # packets held back until the new start
+            feed.start_ns = start
+        self._launch(sub, built=True)
+
+    def _start_stages_when_up(self) -> None:
+        assert self.starter is not None
+        try:
+            self.starter.result()
+        except BaseException as exc:  # noqa: BLE001 - reported by status
+            log.error("Spark did not start: %s; queries keep their spools until it does", exc)
+            return
+        for sub in list(self.submissions.values()):
+            if not sub.stages_started:
+                self._start_stages(sub)
+
+    def _start_stages(self, sub: Submission) -> None:
+        with self._lock:
+            if sub.stages_started or sub.name not in self.submissions:
+                return
+            try:
+                assert self.starter is not None
+                sub.start_stages(self.starter.result())
+            except Exception as exc:  # noqa: BLE001 - that query fails, the others go on
+                self._fail(sub, f"its Spark stage did not start: {exc}")
+
+    def _feed_failed(self, name: str, exc: BaseException) -> None:
+        sub = self.submissions.get(name)
+        if sub is not None:
+            threading.Thread(target=self._fail, args=(sub, f"low level failed: {exc}"),
+                             daemon=True).start()
+
+    def _fail(self, sub: Submission, why: str) -> None:
+        log.error("query %s failed: %s", sub.name, why)
+        with self._lock:
+            self._detach(sub)
+            sub.abandon_stages()
+            sub.error = why
+            sub.record.state, sub.record.error = "failed", why
+            sub.record.save(self.state_dir)
+            self.submissions.pop(sub.name, None)
+            self.hub.publish("queries", None, {})
+
+    def _detach(self, sub: Submission) -> None:
+        def detach():
+            for link in sub.feeds:
+                self.links[link].feeds.pop(sub.name, None)
+
+        assert self.router is not None
+        self.router.call(detach)
+
+    def cancel(self, name: str) -> dict:
+        with self._lock:
+            sub = self.submissions.get(name)
+            if sub is None:
+                known = ", ".join(sorted(self.submissions)) or "none"
+                raise ServeError(f"no running query {name!r} (running: {known})", status=404)
+            self._stop(sub)
+            sub.record.state = "cancelled"
+            sub.record.save(self.state_dir)
+            self.submissions.pop(name)
+            from tools.serve.submission import remove_generation
+
+            remove_generation(self.state_dir, name, sub.record.generation)
+            info = sub.info()
+        self.hub.publish("queries", None, {})
+        return {"name": name, "rows_out": info["rows_out"], "outputs": info["outputs"],
+                "message": f"query {name} cancelled: its open windows were closed and "
+                           f"written ({info['rows_out']} rows in all); outputs kept"}
+
+    def _stop(self, sub: Submission) -> None:
+        """Detach, close every window, write it, stop the stages (cancel and shutdown)."""
+        self._detach(sub)
+        sub.finish_low()
+        spark = None
+        if self.starter is not None and self.starter.ready() and self.starter.error is None:
+            spark = self.starter.result()
+        sub.stop_stages(spark)
+        sub.close_outputs()
+        sub.record.stopped_cleanly = spark is not None
+
+    def shutdown(self) -> None:
+        """Every window of every query closed and written; the links and Spark stopped."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        log.warning("stopping: closing every window and writing the results")
+        for link in self.links.values():
+            link.producer.stop()
+        if self.router is not None:
+            self.router.stop()
+            self.router.join(timeout=10)
+            self.router.drain_all()
+        with self._lock:
+            for sub in list(self.submissions.values()):
+                try:
+                    self._stop(sub)
+                    sub.record.save(self.state_dir)
+                except Exception as exc:  # noqa: BLE001 - the other queries still stop
+                    log.error("query %s: %s", sub.name, exc)
+        for link in self.links.values():
+            link.producer.join(timeout=5)
+            link.producer.close()
+        self._write_beat(clean=True)
+
+    # --- reading -------------------------------------------------------------------------------
+    def _punctuated_at(self, links: list[str], p: int) -> int | None:
+        times = [self.links[n].punctuated_at(p) for n in links if n in self.links]
+        if not times or any(t is None for t in times):
+            return None
+        return max(t for t in times if t is not None)
+
+    def spark_state(self) -> dict:
+        st = self.starter
+        if st is None or not st.ready():
+            state, error = "starting", None
+        elif st.error is not None:
+            state, error = "failed", str(st.error).splitlines()[0][:300]
+        else:
+            state, error = "up", None
+        return {"state": state, "master": self.config.master or "local[*]", "error": error}
+
+    def status(self) -> dict:
+        return {"started": self.started_ns / 1e9,
+                "uptime_s": (time.time_ns() - self.started_ns) / 1e9,
+                "links": [link.stats() for link in self.links.values()],
+                "spark": self.spark_state(), "gaps": self.gaps,
+                "queries": len(self.submissions), "state_dir": str(self.state_dir),
+                "output_root": str(self.output_root)}
+
+    def queries(self) -> list[dict]:
+        with self._lock:
+            running = [s.info() for s in self.submissions.values()]
+            names = set(self.submissions)
+            others = [{"name": r.name, "file": r.file, "state": r.state, "error": r.error,
+                       "links": [], "streams": [], "columns": [], "numeric": [],
+                       "rows_out": 0, "partial_rows": 0, "evictions": 0, "flushes": 0,
+                       "late_packets": 0, "latency_p50_s": None,
+                       "first_window_ns": r.first_window_ns, "gaps": r.gaps,
+                       "outputs": r.outputs}
+                      for r in self.records.values() if r.name not in names]
+        return running + others
+
+    def stream_of(self, name: str) -> str:
+        """The stream `name` names: a stream, or a submission with one stream."""
+        for sub in self.submissions.values():
+            if name in sub.streams:
+                return name
+            if sub.name == name:
+                if len(sub.streams) == 1:
+                    return next(iter(sub.streams))
+                raise ServeError(f"query {name} has several outputs; tail one of "
+                                 f"{', '.join(sub.streams)}")
+        raise ServeError(f"no running query {name!r} (running: "
+                         f"{', '.join(sorted(self.submissions)) or 'none'})", status=404)
+
+    def rows(self, name: str, limit: int) -> dict:
+        stream = self.stream_of(name)
+        recent = list(self.hub.recent.get(stream, ()))[-max(0, limit):]
+        return {"name": stream, "columns": self.hub.columns.get(stream, []), "rows": recent}
+
+
+def _write_json(path: Path, value) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)

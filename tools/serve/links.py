@@ -1,0 +1,269 @@
+"""The links of the appliance: capture threads that run for the server's whole life, and the
+thread that hands their packets to whichever queries run at the moment.
+
+Each link has a producer thread pushing packets and timer punctuation into its fixed-size
+packet ring (`capture.ring.PacketRing`, which never blocks and counts what it drops):
+
+- a live interface: `tools.run.livelinks.LiveLink`, as in `oopscope run`;
+- a capture file (`ReplayLink`): replayed paced at `speed` x real time and, optionally, looped.
+  Its packets are stamped with the wall-clock time at which they are replayed (capture time
+  offset and scaled), so a replayed link is a live link made from a file: its clock is the
+  wall clock like an interface's, a looped file keeps time increasing, and a restart after a
+  crash continues in time instead of replaying old timestamps.
+
+The router thread (`LinkRouter`) takes from every ring and runs the low-level operators of
+the queries attached to each link. Queries are attached and detached by commands the router
+runs between two batches, so a submission or a cancellation never pauses capture: the
+producers keep filling the rings meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import numpy as np
+
+from capture.punctuation import LinkTimer
+from common.units import NS_PER_S as NS
+
+log = logging.getLogger(__name__)
+
+RING_ROWS = 1 << 20
+#: (punctuation, wall ns) pairs kept per link for the output latency
+PUNCT_LOG = 4096
+
+
+class ReplayLink(threading.Thread):
+    """The producer of a capture-file link (module docstring): paced, re-timed, looped."""
+
+    def __init__(self, name: str, path: str, timer: LinkTimer, *, period_ns: int,
+                 speed: float = 1.0, loop: bool = False, ring_rows: int = RING_ROWS,
+                 batch_size: int = 8192):
+        super().__init__(name=f"oopscope-replay-{name}", daemon=True)
+        from capture.reader import open_capture
+        from capture.ring import PacketRing
+
+        self.link, self.path = name, str(path)
+        self.timer, self.period_ns = timer, period_ns
+        self.speed, self.loop = float(speed), loop
+        self.batch_size = batch_size
+        # opened here, in the caller's thread: an unreadable file fails the server's start
+        open_capture(self.path, link=name, batch_size=batch_size).close()
+        self.ring = PacketRing.create(ring_rows, link=name, shared=False)
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+        self.loops = 0
+        self.stats = _Totals()
+
+    def run(self) -> None:
+        next_tick = time.time_ns() + self.period_ns
+        try:
+            while not self.stopping.is_set():
+                next_tick = self._play_once(next_tick)
+                self.loops += 1
+                if not self.loop:
+                    break
+            while not self.stopping.is_set():        # silent: the timer still punctuates
+                next_tick = self._tick(next_tick)
+                self.stopping.wait(0.05)
+        except BaseException as exc:   # reported by status and the router
+            self.error = exc
+            log.error("link %s: replay of %s failed: %s", self.link, self.path, exc)
+        finally:
+            self.ring.finish()
+
+    def _tick(self, next_tick: int) -> int:
+        now = time.time_ns()
+        if now < next_tick:
+            return next_tick
+        p = self.timer.fire(now)
+        if p is not None:
+            self.ring.punctuate(p)
+        return now + self.period_ns
+
+    def _play_once(self, next_tick: int) -> int:
+        from tools.run.replay import FileLink
+
+        link = FileLink(self.link, self.path, self.batch_size, prefetch=0)
+        try:
+            t0 = link.head()
+            if t0 is None:
+                return next_tick
+            w0 = time.time_ns()
+            if self.timer.max_seen is not None:
+                w0 = max(w0, self.timer.max_seen + 1)    # a new loop never goes back in time
+            while not self.stopping.is_set():
+                now = time.time_ns()
+                due = t0 + int((now - w0) * self.speed)       # capture time due by now
+                batch = link.take_until(due + 1)
+                if batch is not None and len(batch):
+                    ts = batch["timestamp"]
+                    cols = dict(batch.columns)
+                    cols["timestamp"] = w0 + ((ts - t0) / self.speed).astype(np.int64)
+                    from capture.batch import PacketBatch
+
+                    retimed = PacketBatch(self.link, cols)
+                    self.ring.push(retimed)
+                    self.timer.observe(int(cols["timestamp"].max()))
+                    continue
+                next_tick = self._tick(next_tick)
+                head = link.head()
+                if head is None:
+                    return next_tick
+                wake = w0 + (head - t0) / self.speed
+                self.stopping.wait(max(0.0, min((wake - time.time_ns()) / NS,
+                                                (next_tick - time.time_ns()) / NS, 0.05)))
+            return next_tick
+        finally:
+            self.stats.add(link.stats)
+            link.close()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def close(self) -> None:
+        pass
+
+
+class _Totals:
+    """A replayed file's reader counters summed over its loops."""
+
+    def __init__(self):
+        self.reasons: dict[str, int] = {}
+        self.malformed = 0
+        self.problems: list[str] = []
+        self.kernel_drops = 0
+
+    def add(self, stats) -> None:
+        self.malformed += int(stats.malformed)
+        for k, v in stats.reasons.items():
+            self.reasons[k] = self.reasons.get(k, 0) + int(v)
+        self.problems += [p for p in stats.problems if p not in self.problems]
+
+
+class ServedLink:
+    """One link of the appliance: its producer, ring, timer, counters and attached feeds."""
+
+    def __init__(self, name: str, source: str, producer, timer: LinkTimer):
+        self.name, self.source = name, source
+        self.producer, self.timer = producer, timer
+        self.feeds: dict[str, object] = {}        # submission name -> SubmissionFeed
+        self.packets = 0
+        self.bytes = 0
+        self.punctuation: int | None = None
+        self.punct_log: deque = deque(maxlen=PUNCT_LOG)   # (punctuation, wall ns)
+        self._rates: deque = deque(maxlen=16)            # (wall s, packets, bytes)
+
+    @property
+    def ring(self):
+        return self.producer.ring
+
+    def stats(self) -> dict:
+        """Counters of the link (the status and the metrics read them)."""
+        p = self.producer
+        capture = getattr(p, "capture", None)
+        st = capture.stats if capture is not None else p.stats
+        ring = self.ring.stats()
+        now = time.time()
+        # the rate over the last few seconds of samples (status and metrics take them)
+        if not self._rates or now - self._rates[-1][0] >= 0.5:
+            self._rates.append((now, self.packets, self.bytes))
+        old = next((r for r in self._rates if now - r[0] <= 10.0), self._rates[0])
+        if old is self._rates[-1] and len(self._rates) > 1:
+            old = self._rates[-2]
+        span = now - old[0]
+        return {"name": self.name, "source": self.source, "packets": self.packets,
+                "bytes": self.bytes,
+                "pps": (self.packets - old[1]) / span if span > 0 else 0.0,
+                "bps": 8 * (self.bytes - old[2]) / span if span > 0 else 0.0,
+                "malformed": int(st.malformed), "reasons": dict(st.reasons),
+                "ring_drops": int(ring.dropped),
+                "kernel_drops": int(getattr(st, "kernel_drops", 0) or 0),
+                "punctuation_ns": self.punctuation,
+                "error": None if p.error is None else str(p.error)}
+
+    def punctuated_at(self, p: int) -> int | None:
+        """Wall ns at which this link's punctuation first reached `p` (None: not yet, or
+        before the remembered history)."""
+        for value, wall in self.punct_log:
+            if value >= p:
+                return wall
+        return None
+
+
+class LinkRouter(threading.Thread):
+    """Takes from every link's ring and runs the attached feeds; runs commands in between."""
+
+    def __init__(self, links: dict[str, ServedLink], batch_rows: int = 65536):
+        super().__init__(name="oopscope-router", daemon=True)
+        self.links = links
+        self.batch_rows = batch_rows
+        self.commands: queue.SimpleQueue = queue.SimpleQueue()
+        self.stopping = threading.Event()
+        self.on_feed_error: Callable[[str, BaseException], None] = lambda name, exc: None
+
+    def call(self, fn: Callable[[], object]) -> object:
+        """Run `fn` on the router's thread between two batches; its result (or error)."""
+        fut: Future = Future()
+        if not self.is_alive():
+            fn_result = fn()
+            return fn_result
+        self.commands.put((fn, fut))
+        return fut.result()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            self._commands()
+            if not self._drain():
+                time.sleep(0.005)
+        self._commands()
+
+    def _commands(self) -> None:
+        while True:
+            try:
+                fn, fut = self.commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:   # handed to the caller
+                fut.set_exception(exc)
+
+    def drain_all(self) -> None:
+        """Whatever the producers pushed (after they stopped) goes through."""
+        while self._drain():
+            pass
+
+    def _drain(self) -> bool:
+        took = False
+        for link in self.links.values():
+            batch, p = link.ring.take(self.batch_rows)
+            if batch is not None and len(batch):
+                link.packets += len(batch)
+                link.bytes += int(batch["len"].sum(dtype="int64"))
+                self._each(link, lambda f, b=batch: f.process(b))
+                took = True
+            if p is not None:
+                link.punctuation = p
+                link.punct_log.append((p, time.time_ns()))
+                self._each(link, lambda f, p=p: f.punctuate(p))
+                took = True
+            link.ring.release()
+        return took
+
+    def _each(self, link: ServedLink, step) -> None:
+        for name, feed in list(link.feeds.items()):
+            try:
+                step(feed)
+            except Exception as exc:  # noqa: BLE001 - one query's fault stops that query only
+                link.feeds.pop(name, None)
+                self.on_feed_error(name, exc)
+
+    def stop(self) -> None:
+        self.stopping.set()

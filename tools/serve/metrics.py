@@ -1,0 +1,115 @@
+"""`GET /metrics`: the appliance's counters in Prometheus' text format (`prometheus_client`).
+
+Counters are read from the appliance when Prometheus scrapes (a custom collector), so the
+packet path never touches a metric; the same numbers `status` and `queries` report. The one
+metric observed as it happens is each stream's window output latency, a histogram.
+
+Names (Prometheus conventions: `_total` counters, base units, `link` / `query` labels):
+`oopscope_link_packets_total`, `oopscope_link_bytes_total`,
+`oopscope_link_malformed_total{reason}`, `oopscope_link_ring_drops_total`,
+`oopscope_link_kernel_drops_total`, `oopscope_link_punctuation_seconds`;
+`oopscope_query_rows_total`, `oopscope_query_partial_rows_total`,
+`oopscope_query_evictions_total`, `oopscope_query_flushes_total`,
+`oopscope_query_late_packets_total`, `oopscope_query_running`,
+`oopscope_query_output_latency_seconds` (histogram); `oopscope_spark_up`,
+`oopscope_uptime_seconds`.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from capture.schema import BENIGN_REASONS, REASONS
+
+#: window close to output, seconds: a window's rows usually go out within a second
+LATENCY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
+_BENIGN = {REASONS[c] for c in BENIGN_REASONS}
+
+
+class Metrics:
+    """The appliance's registry: the collector and the latency histograms."""
+
+    def __init__(self, appliance):
+        self.appliance = appliance
+        self.registry = CollectorRegistry()
+        self.registry.register(_Collector(appliance))
+        self.latency = Histogram("oopscope_query_output_latency_seconds",
+                                 "Seconds from the punctuation that closed a window to its "
+                                 "rows written", ["query"], registry=self.registry,
+                                 buckets=LATENCY_BUCKETS)
+
+    def watch(self, submission) -> None:
+        for stream, out in submission.outputs.items():
+            out.on_latency = self.latency.labels(stream).observe
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Collector:
+    def __init__(self, appliance):
+        self.appliance = appliance
+
+    def collect(self):
+        app = self.appliance
+        status = app.status()
+        links = status["links"]
+
+        def per_link(name, doc, key, kind=CounterMetricFamily):
+            fam = kind(name, doc, labels=["link"])
+            for s in links:
+                if s[key] is not None:
+                    fam.add_metric([s["name"]], float(s[key]))
+            return fam
+
+        yield per_link("oopscope_link_packets", "Packets handed to the low level", "packets")
+        yield per_link("oopscope_link_bytes", "Bytes (wire length) handed to the low level",
+                       "bytes")
+        yield per_link("oopscope_link_ring_drops", "Packets the link's packet ring dropped",
+                       "ring_drops")
+        yield per_link("oopscope_link_kernel_drops", "Packets the kernel dropped (ring full)",
+                       "kernel_drops")
+        malformed = CounterMetricFamily("oopscope_link_malformed",
+                                        "Packets that could not be decoded, by reason",
+                                        labels=["link", "reason"])
+        for s in links:
+            for reason, n in sorted(s["reasons"].items()):
+                if reason not in _BENIGN:
+                    malformed.add_metric([s["name"], reason], float(n))
+        yield malformed
+        punct = GaugeMetricFamily("oopscope_link_punctuation_seconds",
+                                  "The link's punctuation (low-watermark), epoch seconds",
+                                  labels=["link"])
+        for s in links:
+            if s["punctuation_ns"] is not None:
+                punct.add_metric([s["name"]], s["punctuation_ns"] / 1e9)
+        yield punct
+        queries = app.queries()
+
+        def per_query(name, doc, key, kind=CounterMetricFamily):
+            fam = kind(name, doc, labels=["query"])
+            for q in queries:
+                if q.get(key) is not None:
+                    fam.add_metric([q["name"]], float(q[key]))
+            return fam
+
+        yield per_query("oopscope_query_rows", "Result rows written", "rows_out")
+        yield per_query("oopscope_query_partial_rows", "Partial rows the low level wrote",
+                        "partial_rows")
+        yield per_query("oopscope_query_evictions", "Low-level hash table evictions",
+                        "evictions")
+        yield per_query("oopscope_query_flushes", "Low-level table entries flushed", "flushes")
+        yield per_query("oopscope_query_late_packets", "Packets dropped as late",
+                        "late_packets")
+        running = GaugeMetricFamily("oopscope_query_running", "1 while the query runs",
+                                    labels=["query"])
+        for q in queries:
+            running.add_metric([q["name"]], 1.0 if q["state"] == "running" else 0.0)
+        yield running
+        up = GaugeMetricFamily("oopscope_spark_up", "1 when the Spark session is up")
+        up.add_metric([], 1.0 if status["spark"]["state"] == "up" else 0.0)
+        yield up
+        uptime = GaugeMetricFamily("oopscope_uptime_seconds", "Seconds since the server started")
+        uptime.add_metric([], status["uptime_s"])
+        yield uptime

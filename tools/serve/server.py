@@ -1,0 +1,173 @@
+"""`oopscope serve` as a process: the appliance, its HTTP server, signals and shutdown.
+
+The control API listens on loopback (`127.0.0.1:7405`) or a Unix socket (`unix:PATH`, made
+mode 0600) unless told otherwise; any other address needs a token (`--token-file`). The
+socket is bound before anything starts, so a port in use is an error at once.
+
+The HTTP server runs on a thread of its own; the main thread waits for SIGTERM, SIGINT or an
+`oopscope shutdown` and then closes every window of every query before the process ends.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import signal
+import socket
+import stat
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.errors import RunConfigError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LISTEN = "127.0.0.1:7405"
+
+
+@dataclass(frozen=True)
+class Listen:
+    host: str | None = None
+    port: int | None = None
+    path: str | None = None           # a Unix socket
+
+    @property
+    def url(self) -> str:
+        if self.path is not None:
+            return f"unix:{self.path}"
+        host = f"[{self.host}]" if self.host and ":" in self.host else self.host
+        return f"http://{host}:{self.port}/"
+
+    @property
+    def loopback(self) -> bool:
+        if self.path is not None:
+            return True
+        try:
+            return ipaddress.ip_address(self.host or "").is_loopback
+        except ValueError:
+            return self.host == "localhost"
+
+
+def parse_listen(text: str, state_dir: Path) -> Listen:
+    """`HOST:PORT`, `[V6]:PORT`, `:PORT` (loopback), `unix:PATH` or `unix` (in the state
+    directory)."""
+    if text == "unix":
+        return Listen(path=str(state_dir / "oopscope.sock"))
+    if text.startswith("unix:"):
+        return Listen(path=str(Path(text[5:]).resolve()))
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise RunConfigError(f"--listen {text}: give HOST:PORT, :PORT or unix:PATH")
+    host = host.strip("[]") or "127.0.0.1"
+    return Listen(host=host, port=int(port))
+
+
+def read_token(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise RunConfigError(f"--token-file {path}: {exc.strerror or exc}") from None
+    if len(token) < 16:
+        raise RunConfigError(f"--token-file {path}: the token is shorter than 16 characters")
+    mode = Path(path).stat().st_mode
+    if mode & (stat.S_IRGRP | stat.S_IROTH):
+        log.warning("--token-file %s: readable by others (chmod 600 it)", path)
+    return token
+
+
+def bind(listen: Listen) -> socket.socket:
+    if listen.path is not None:
+        path = Path(listen.path)
+        if path.is_socket():
+            path.unlink()         # a killed server's socket; a live one holds no file lock
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            sock.bind(str(path))
+        except OSError as exc:
+            raise RunConfigError(f"--listen unix:{path}: {exc.strerror or exc}") from None
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+    else:
+        family = socket.AF_INET6 if listen.host and ":" in listen.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((listen.host, listen.port))
+        except OSError as exc:
+            raise RunConfigError(f"--listen {listen.host}:{listen.port}: "
+                                 f"{exc.strerror or exc}") from None
+    sock.listen(128)
+    sock.set_inheritable(False)
+    return sock
+
+
+def serve(config, listen: Listen, token: str | None, ready_file: str | None = None) -> int:
+    """Run the appliance until a stop; 0 when every window was written."""
+    import uvicorn
+
+    from tools.serve.api import make_app
+    from tools.serve.appliance import Appliance
+    from tools.serve.metrics import Metrics
+
+    if not listen.loopback and token is None:
+        raise RunConfigError(f"--listen {listen.host}:{listen.port} is not a loopback "
+                             f"address: give --token-file (clients then send the token)")
+    sock = bind(listen)
+    stop = threading.Event()
+    signals: list[int] = []
+
+    def on_signal(signum, frame):
+        signals.append(signum)
+        if len(signals) > 1 and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        stop.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    appliance = Appliance(config)
+    try:
+        appliance.start()
+    except BaseException:
+        for s, h in old.items():
+            signal.signal(s, h)
+        sock.close()
+        raise
+    try:
+        metrics = Metrics(appliance)
+        appliance.metrics = metrics
+        for sub in appliance.submissions.values():
+            metrics.watch(sub)
+        app = make_app(appliance, metrics, stop.set, token)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                               access_log=False, timeout_graceful_shutdown=2))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
+                                  name="oopscope-http", daemon=True)
+        thread.start()
+        log.warning("serving on %s (state %s; links %s)", listen.url, appliance.state_dir,
+                    ", ".join(f"{link.name}={link.source}" for link in
+                              appliance.links.values()))
+        if ready_file:
+            Path(ready_file).write_text(listen.url)
+        while not stop.wait(0.5):
+            if not thread.is_alive():
+                log.error("the HTTP server stopped; shutting down")
+                break
+        appliance.shutdown()
+        server.should_exit = True
+        thread.join(timeout=5)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if not stop.is_set():
+            appliance.shutdown()
+        sock.close()
+        if listen.path is not None:
+            Path(listen.path).unlink(missing_ok=True)
+    for q in appliance.queries():
+        log.warning("query %s: %s, %s rows written", q["name"], q["state"], q["rows_out"])
+    return 0

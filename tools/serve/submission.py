@@ -1,0 +1,342 @@
+"""One submitted query file of the appliance: its record on disk, its low-level feeds on the
+links, its Spark stages, and its outputs.
+
+A submission is planned once when it is submitted (a bad query changes nothing) and again,
+from the text kept in its record, when the server restarts. It runs the file's chosen
+queries (`--output` ones, else every query no other query reads); each chosen query is a
+*stream* that can be tailed, named after the submission (`NAME`, or `NAME.QUERY` when the
+file has several).
+
+Its first output window is the first one that starts after the submission: packets older
+than that start are held back from its operators, and windows that begin before it are not
+written. After a crash the same holds for the *gap*: the windows between the last
+punctuation that reached the spool before the crash and the restart's first full window are
+not written (they would hold part of their packets), and the gap is reported.
+
+State directory layout (the server's `--state DIR`):
+
+    queries/NAME.json        the record: text, parameters, outputs, generation, gaps, state
+    run/NAME/gN/spool        the spool of generation N (partial rows, punctuation)
+    run/NAME/gN/checkpoint   Spark's checkpoint and the stages' state of generation N
+
+A generation lasts until the query is stopped cleanly (cancel, shutdown): its windows are then
+all closed and written, and the next start begins generation N+1 with an empty spool and
+checkpoint. A crash keeps the generation: the restart resumes its spool and checkpoint, so
+every window that had closed is written once (output files are named by generation and
+batch id, written atomically, and a replayed batch finds its file).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.units import NS_PER_S as NS
+from tools.errors import RunConfigError
+from tools.serve.tail import StreamOutput
+
+log = logging.getLogger(__name__)
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}$")
+FORMATS = ("csv", "jsonl", "parquet")
+
+
+@dataclass
+class Record:
+    """What the server remembers of a submission (`queries/NAME.json`)."""
+
+    name: str
+    file: str                                   # the file's name as submitted (for messages)
+    text: str
+    params: dict = field(default_factory=dict)
+    sets: dict = field(default_factory=dict)
+    outputs: dict = field(default_factory=dict)  # query -> output directory (absolute)
+    format: str = "csv"
+    submitted_ns: int = 0
+    first_window_ns: int = 0
+    generation: int = 1
+    #: [from, to) ns: windows overlapping one are not written (before the first window, gaps)
+    suppress: list = field(default_factory=list)
+    gaps: list = field(default_factory=list)    # {"from_ns", "to_ns", "reason"}
+    state: str = "running"                      # running | cancelled | failed
+    error: str | None = None
+    stopped_cleanly: bool = False               # the generation's windows were all written
+
+    def save(self, state_dir: Path) -> None:
+        d = state_dir / "queries"
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".{self.name}.json.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        os.replace(tmp, d / f"{self.name}.json")
+
+    @classmethod
+    def load_all(cls, state_dir: Path) -> list[Record]:
+        out = []
+        for path in sorted((state_dir / "queries").glob("*.json")):
+            try:
+                out.append(cls(**json.loads(path.read_text())))
+            except (OSError, ValueError, TypeError) as exc:
+                log.error("%s: not a query record (%s); skipped", path, exc)
+        return out
+
+
+def first_window_start(plan, after_ns: int) -> int:
+    """The start of the first window of the file's chosen queries that begins after
+    `after_ns` (windows begin at multiples of the slide, shifted by the offset); queries
+    without a window begin right after it."""
+    starts = []
+    for qp in plan:
+        w = qp.high.window
+        if w is None or not w.slide_ns:
+            continue
+        step, off = w.slide_ns, w.offset_ns
+        starts.append(((after_ns + off) // step + 1) * step - off)
+    return max(starts) if starts else after_ns + 1
+
+
+class SubmissionFeed:
+    """A submission's operators on one link: packets before its start are held back."""
+
+    def __init__(self, feeds: list, start_ns: int):
+        self.feeds = feeds
+        self.start_ns: int | None = start_ns
+        self.before_start = 0
+
+    def process(self, batch) -> None:
+        if self.start_ns is not None:
+            ts = batch["timestamp"]
+            if int(ts.min()) < self.start_ns:
+                keep = ts >= self.start_ns
+                kept = int(keep.sum())
+                self.before_start += len(ts) - kept
+                if not kept:
+                    return
+                batch = batch.take(keep)
+        for f in self.feeds:
+            f.process(batch)
+
+    def punctuate(self, p: int) -> None:
+        if self.start_ns is not None and p >= self.start_ns:
+            self.start_ns = None    # from here on an older packet is late, as for any query
+        for f in self.feeds:
+            f.punctuate(p)
+
+    def finish(self) -> None:
+        for f in self.feeds:
+            f.finish()
+
+
+class Submission:
+    """A running submission (module docstring). Made by the appliance, which owns its life."""
+
+    def __init__(self, record: Record, state_dir: Path, link_names: list[str]):
+        from tools.run.config import QuerySummary, plan_text
+
+        self.record = record
+        self.state_dir = state_dir
+        self.plan = plan_text(record.text, record.file, list(link_names), dict(record.params),
+                              dict(record.sets), subset=True)
+        names = list(record.outputs) or [qp.name for qp in self.plan.queries
+                                          if not qp.read_by]
+        for q in names:
+            try:
+                self.plan.query(q)
+            except KeyError:
+                raise RunConfigError(f"--output {q}=...: no query {q!r} in {record.file}; its "
+                                     f"queries are {', '.join(self.plan.names)}") from None
+        self.chosen = [self.plan.query(q) for q in names]
+        self.links = list(self.plan.links)
+        self.summaries = {q: QuerySummary(q, "", record.format) for q in self.plan.names}
+        self.outputs: dict[str, StreamOutput] = {}
+        self.feeds: dict[str, SubmissionFeed] = {}
+        self.graph: Any = None                  # highlevel.graph.StageGraph once built
+        self.spool_queue: Any = None            # tools.run.feeds.SpoolQueue once built
+        self.stages_started = False
+        self.error: str | None = record.error
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    @property
+    def streams(self) -> dict[str, str]:
+        """Stream name -> query name of each chosen query."""
+        return {self.stream_name(q.name): q.name for q in self.chosen}
+
+    def stream_name(self, query: str) -> str:
+        return self.name if len(self.chosen) == 1 else f"{self.name}.{query}"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.state_dir / "run" / self.name / f"g{self.record.generation}"
+
+    # --- building ------------------------------------------------------------------------------
+    def build(self, hub, clock) -> None:
+        """Make the stage graph, the outputs and the low-level feeds (no Spark needed yet)."""
+        from highlevel.errors import StageConfigError
+        from highlevel.graph import StageGraph
+        from tools.errors import UnsupportedQueryError
+        from tools.run.feeds import OperatorFeed, SpoolQueue
+        from tools.run.outputs import arrow_schema
+
+        spool, checkpoint = self.run_dir / "spool", self.run_dir / "checkpoint"
+        spool.mkdir(parents=True, exist_ok=True)
+        checkpoint.mkdir(parents=True, exist_ok=True)
+        for d in (spool, checkpoint, *map(Path, self.record.outputs.values())):
+            _remove_temporaries(d)
+        sinks: dict[str, list] = {}
+        for qp in self.chosen:
+            stream = self.stream_name(qp.name)
+            out = Path(self.record.outputs[qp.name])
+            self.outputs[stream] = StreamOutput(
+                stream, qp.high.outputs, arrow_schema(qp.name, qp.high.outputs), out,
+                self.record.format, f"g{self.record.generation:04d}-", hub, clock, self.links)
+            sinks[qp.name] = [self.outputs[stream]]
+        try:
+            self.graph = StageGraph(self.plan, [qp.name for qp in self.chosen], spool,
+                                    checkpoint, sinks=sinks)
+        except StageConfigError as exc:
+            raise UnsupportedQueryError(str(exc)) from None
+        self.spool_queue = SpoolQueue()
+        per_link: dict[str, list] = {n: [] for n in self.links}
+        for lp in self.graph.low_plans():
+            summary = self.summaries[self.graph.query_of(lp)]
+            feed = OperatorFeed(lp, spool, summary, "snappy")
+            feed.spool_queue = self.spool_queue
+            per_link[lp.link].append(feed)
+        start = self.record.suppress[-1][1] if self.record.suppress else None
+        self.feeds = {n: SubmissionFeed(fs, start if start is not None else 0)
+                      for n, fs in per_link.items() if fs}
+
+    def last_punctuation(self) -> int | None:
+        """The smallest over this submission's spools of the last punctuation each link wrote
+        (None: some link wrote none): every window ending by then is complete in the spool."""
+        import pyarrow.parquet as pq
+
+        from common.spool import list_spool
+
+        spool = self.run_dir / "spool"
+        if not spool.is_dir():
+            return None
+        lows: list[int] = []
+        assert self.graph is not None
+        for lp in self.graph.low_plans():
+            files = [f for f in list_spool(spool, lp.query) if f[0] == lp.link]
+            last = None
+            for _, _, path in sorted(files, key=lambda f: f[1], reverse=True):
+                meta = pq.read_schema(path).metadata or {}
+                value = meta.get(b"oopscope.punct", b"")
+                if value:
+                    last = int(value)
+                    break
+            if last is None:
+                return None
+            lows.append(last)
+        return min(lows) if lows else None
+
+    def start_stages(self, spark) -> None:
+        assert self.graph is not None
+        self.graph.bind(spark)
+        for _, stage in self.graph.stages:
+            stage.label = f"{self.name}__"
+            stage.suppress = tuple((int(a), int(b)) for a, b in self.record.suppress)
+        self.graph.start()
+        self.stages_started = True
+
+    # --- stopping ------------------------------------------------------------------------------
+    def finish_low(self) -> None:
+        """The links' end for this submission: every operator flushes and punctuates end of
+        input, so every open window closes."""
+        for feed in self.feeds.values():
+            feed.finish()
+        if self.spool_queue is not None:
+            self.spool_queue.flush()
+            self.spool_queue.close()
+
+    def stop_stages(self, spark) -> None:
+        """Let the stages write everything in their spools, then stop them."""
+        if self.graph is None:
+            return
+        if not self.stages_started:
+            if spark is None:
+                return
+            self.graph.bind(spark)
+            for _, stage in self.graph.stages:
+                stage.label = f"{self.name}__"
+                stage.suppress = tuple((int(a), int(b)) for a, b in self.record.suppress)
+            self.graph.run_available()
+            return
+        self.graph.stop()
+        self.stages_started = False
+
+    def abandon_stages(self) -> None:
+        if self.graph is not None and self.stages_started:
+            for _, stage in self.graph.stages:
+                try:
+                    stage.stop()
+                except Exception as exc:  # noqa: BLE001 - stopping anyway
+                    log.debug("query %s: stop: %s", self.name, exc)
+            self.stages_started = False
+
+    def close_outputs(self) -> None:
+        for out in self.outputs.values():
+            out.close()
+
+    # --- reporting -----------------------------------------------------------------------------
+    def info(self) -> dict:
+        rec = self.record
+        low = {"evictions": 0, "flushed": 0, "late": 0}
+        for feed in self.feeds.values():
+            for f in feed.feeds:
+                c = f.op.counters
+                for k in low:
+                    low[k] += int(c.get(k, 0))
+        partial = sum(s.partial_rows for s in self.summaries.values())
+        streams = [out.info() for out in self.outputs.values()]
+        suppressed = 0
+        if self.graph is not None and self.stages_started:
+            suppressed = sum(st.suppressed_rows for _, st in self.graph.stages)
+        first = streams[0] if streams else {}
+        return {"name": rec.name, "file": rec.file, "state": rec.state,
+                "error": self.error, "links": self.links,
+                "queries": [q.name for q in self.chosen],
+                "streams": streams,
+                "columns": first.get("columns", []), "numeric": first.get("numeric", []),
+                "rows_out": sum(s["rows"] for s in streams),
+                "partial_rows": partial, "evictions": low["evictions"],
+                "flushes": low["flushed"], "late_packets": low["late"],
+                "before_start_packets": sum(f.before_start for f in self.feeds.values()),
+                "suppressed_rows": suppressed,
+                "latency_p50_s": first.get("latency_p50_s"),
+                "latency_p99_s": first.get("latency_p99_s"),
+                "first_window_ns": rec.first_window_ns, "submitted_ns": rec.submitted_ns,
+                "generation": rec.generation, "gaps": rec.gaps,
+                "outputs": {q: str(p) for q, p in rec.outputs.items()},
+                "format": rec.format}
+
+
+def _remove_temporaries(d: Path) -> None:
+    """Temporaries a killed writer left (`.NAME.PID.tmp`, never read by anyone)."""
+    if not d.is_dir():
+        return
+    for path in d.rglob(".*.tmp"):
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
+def remove_generation(state_dir: Path, name: str, generation: int) -> None:
+    shutil.rmtree(state_dir / "run" / name / f"g{generation}", ignore_errors=True)
+
+
+def when(ns: int) -> str:
+    """A ns timestamp as UTC text (for replies and logs)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ns / NS)) + " UTC"

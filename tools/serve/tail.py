@@ -1,0 +1,183 @@
+"""A stream's rows on their way out of the appliance: the output files, the tails and the page.
+
+`StreamOutput` is the `highlevel.sinks.Sink` of one chosen query of a submission. Per
+micro-batch it writes the closed windows' rows to one output file (`part-gNNNN-<batch>.<ext>`
+in the stream's output directory: written under a temporary name and renamed, so a reader
+never sees half a window, and a batch replayed after a crash finds its file and is not
+written twice), then hands the rows to the `Hub`, which passes them to every tail and page
+that subscribed, and remembers the latest rows for a page that opens later.
+
+A subscriber's buffer is bounded: a slow tail never slows the query. When it falls behind by
+more than `TAIL_ROWS` rows, its oldest rows are dropped and it is told how many it missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from highlevel.sinks import CsvSink, JsonLinesSink, ParquetSink, Sink
+
+log = logging.getLogger(__name__)
+
+#: rows a subscriber may have waiting before its oldest are dropped
+TAIL_ROWS = 100_000
+#: rows remembered per stream for pages that open later
+RECENT_ROWS = 2000
+#: output latencies remembered per stream (quantiles in `queries`)
+LATENCIES = 1000
+
+_FILE_SINKS = {"csv": CsvSink, "jsonl": JsonLinesSink, "parquet": ParquetSink}
+
+
+class Subscriber:
+    """One tail or page: a bounded queue of events, read by an asyncio task."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, streams: set[str] | None,
+                 limit: int = TAIL_ROWS):
+        self.loop, self.streams, self.limit = loop, streams, limit
+        self.events: deque = deque()
+        self.rows = 0
+        self.missed = 0
+        self.ended: set[str] = set()
+        self.wakeup = asyncio.Event()
+        self._lock = threading.Lock()
+
+    def wants(self, stream: str) -> bool:
+        return self.streams is None or stream in self.streams
+
+    def put(self, event: dict, rows: int) -> None:
+        with self._lock:
+            self.events.append((event, rows))
+            self.rows += rows
+            while self.rows > self.limit and len(self.events) > 1:
+                _, n = self.events.popleft()
+                self.rows -= n
+                self.missed += n
+        self.loop.call_soon_threadsafe(self.wakeup.set)
+
+    def take(self) -> tuple[list[dict], int]:
+        """The waiting events and the rows missed since the last take."""
+        with self._lock:
+            events = [e for e, _ in self.events]
+            self.events.clear()
+            self.rows = 0
+            missed, self.missed = self.missed, 0
+        self.wakeup.clear()
+        return events, missed
+
+
+class Hub:
+    """Fans each stream's rows out to its subscribers; remembers the latest rows."""
+
+    def __init__(self):
+        self._subs: list[Subscriber] = []
+        self._lock = threading.Lock()
+        self.recent: dict[str, deque] = {}
+        self.columns: dict[str, list[str]] = {}
+
+    def subscribe(self, sub: Subscriber) -> Subscriber:
+        with self._lock:
+            self._subs.append(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        with self._lock:
+            if sub in self._subs:
+                self._subs.remove(sub)
+
+    def publish(self, kind: str, stream: str | None, data: dict, rows: int = 0) -> None:
+        event = {"event": kind, **data}
+        with self._lock:
+            subs = [s for s in self._subs if stream is None or s.wants(stream)]
+        for s in subs:
+            s.put(event, rows)
+
+    def rows(self, stream: str, columns: list[str], rows: list[list], batch: int) -> None:
+        keep = self.recent.setdefault(stream, deque(maxlen=RECENT_ROWS))
+        keep.extend(rows)
+        self.columns[stream] = columns
+        self.publish("rows", stream, {"query": stream, "batch": batch, "columns": columns,
+                                      "rows": rows, "time": time.time()}, len(rows))
+
+    def end(self, stream: str, why: str) -> None:
+        self.publish("end", stream, {"query": stream, "why": why})
+
+
+class StreamOutput(Sink):
+    """One stream's sink (module docstring)."""
+
+    def __init__(self, stream: str, outputs, schema, directory: Path, fmt: str, prefix: str,
+                 hub: Hub, clock, links: list[str]):
+        from tools.run.outputs import display_table
+
+        self.stream, self.outputs, self.schema = stream, outputs, schema
+        self.file = _FILE_SINKS[fmt](directory, prefix=prefix)
+        self.hub, self.clock, self.links = hub, clock, links
+        self._display = display_table
+        self.rows = 0
+        self.batches = 0
+        self.last_write: float | None = None
+        self.latencies: deque = deque(maxlen=LATENCIES)
+        self.on_latency = lambda seconds: None      # the metrics' histogram
+        self._written: dict[int, int] = {}
+        names = [f.name for f in schema]
+        self.columns = names
+        self.numeric = [f.name for f in schema if _numeric(f.type)
+                        and f.name not in _ipv4_names(outputs)]
+        hub.columns[stream] = names
+
+    def write(self, batch_id: int, table) -> bool:
+        table = self._display(table, self.outputs)
+        written = self.file.write(batch_id, table)
+        if not written:
+            return False            # a batch replayed after a crash: written before
+        self._written[batch_id] = table.num_rows
+        if table.num_rows:
+            self.rows += table.num_rows
+            self.batches += 1
+            self.last_write = time.time()
+            rows = [list(r.values()) for r in table.to_pylist()]
+            self.hub.rows(self.stream, table.column_names, rows, batch_id)
+        return True
+
+    def end_batch(self, batch_id: int, punctuation) -> None:
+        n = self._written.pop(batch_id, 0)
+        if not n or not isinstance(punctuation, int):
+            return
+        # the window closed when every link's punctuation had passed its end; the batch's
+        # output punctuation is the first that did, for a stage that keeps up
+        at = self.clock(self.links, punctuation)
+        if at is not None:
+            seconds = max(0.0, (time.time_ns() - at) / 1e9)
+            self.latencies.append(seconds)
+            self.on_latency(seconds)
+
+    def quantile(self, q: float) -> float | None:
+        if not self.latencies:
+            return None
+        values = sorted(self.latencies)
+        return values[min(len(values) - 1, int(q * len(values)))]
+
+    def info(self) -> dict:
+        return {"stream": self.stream, "rows": self.rows, "batches": self.batches,
+                "columns": self.columns, "numeric": self.numeric,
+                "output": str(self.file.dir), "last_write": self.last_write,
+                "latency_p50_s": self.quantile(0.5), "latency_p99_s": self.quantile(0.99)}
+
+    def close(self) -> None:
+        self.hub.end(self.stream, "stopped")
+
+
+def _numeric(t) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+
+def _ipv4_names(outputs) -> set[str]:
+    return {o.name for o in outputs if o.type.lower() == "ipv4"}
