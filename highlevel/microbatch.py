@@ -170,7 +170,16 @@ class MicroBatch:
                 state.open_dir = None
             else:
                 open_dir = f"open-{batch_id:010d}"
-                combined_open.write.mode("overwrite").parquet(str(stage.store.path(open_dir)))
+                if stage.open_on_driver:
+                    # one collect and an Arrow write: a Spark write job's commit protocol
+                    # costs more than its rows when the open state is small
+                    from highlevel.flowrecords import FlowRecords
+
+                    FlowRecords.write_open(combined_open.toArrow(),
+                                           stage.store.path(open_dir))
+                else:
+                    combined_open.write.mode("overwrite").parquet(
+                        str(stage.store.path(open_dir)))
                 tick("write state")
                 state.open_dir = open_dir
             stage._commit(state)

@@ -96,6 +96,9 @@ class Stage:
     #: apply it (`highlevel.aggregate`), and count what they left out in `suppressed_rows`
     suppress: tuple[tuple[int, int], ...] = ()
     suppressed_rows = 0
+    #: an aggregation's open state is collected and written with Arrow on the driver rather
+    #: than by a Spark write job (the appliance: small states, where latency counts)
+    open_on_driver = False
 
     def __init__(self, spec, spool: str | os.PathLike, checkpoint: str | os.PathLike,
                  sinks: Sequence[Sink], *, spark=None, master: str | None = None,

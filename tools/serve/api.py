@@ -13,8 +13,9 @@
 | `GET /metrics` | Prometheus text format |
 | `GET /` | the live page (`static/`) |
 
-With a token (`--token-file`), every request must carry it: `Authorization: Bearer TOKEN`,
-or `?token=TOKEN` (the page's event stream cannot set headers); others get 401.
+With a token (`--token-file`), every request but the page and its static files must carry
+it: `Authorization: Bearer TOKEN`, or `?token=TOKEN` (the page's event stream cannot set
+headers); others get 401.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class TokenGuard:
         self.app, self.token = app, token
 
     async def __call__(self, scope, receive, send):
-        if self.token is None or scope["type"] != "http":
+        if self.token is None or scope["type"] != "http" or _public(scope.get("path", "")):
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or [])
         given = ""
@@ -66,6 +67,12 @@ class TokenGuard:
                                               "TOKEN)"}, status_code=401)
             return await response(scope, receive, send)
         return await self.app(scope, receive, send)
+
+
+def _public(path: str) -> bool:
+    """The page and its static files need no token: they hold no data, and a browser cannot
+    add one to the page's script and style requests (the page adds it to its API calls)."""
+    return path == "/" or path.startswith("/static/")
 
 
 def _error(exc: ServeError) -> JSONResponse:

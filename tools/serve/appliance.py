@@ -342,6 +342,7 @@ class Appliance:
             sub.abandon_stages()
             sub.error = why
             sub.record.state, sub.record.error = "failed", why
+            sub.record.final = {**sub.info(), "state": "failed", "error": why}
             sub.record.save(self.state_dir)
             self.submissions.pop(sub.name, None)
             self.hub.publish("queries", None, {})
@@ -362,12 +363,13 @@ class Appliance:
                 raise ServeError(f"no running query {name!r} (running: {known})", status=404)
             self._stop(sub)
             sub.record.state = "cancelled"
+            info = sub.info()
+            sub.record.final = {**info, "state": "cancelled"}
             sub.record.save(self.state_dir)
             self.submissions.pop(name)
             from tools.serve.submission import remove_generation
 
             remove_generation(self.state_dir, name, sub.record.generation)
-            info = sub.info()
         self.hub.publish("queries", None, {})
         return {"name": name, "rows_out": info["rows_out"], "outputs": info["outputs"],
                 "message": f"query {name} cancelled: its open windows were closed and "
@@ -437,12 +439,12 @@ class Appliance:
         with self._lock:
             running = [s.info() for s in self.submissions.values()]
             names = set(self.submissions)
-            others = [{"name": r.name, "file": r.file, "state": r.state, "error": r.error,
-                       "links": [], "streams": [], "columns": [], "numeric": [],
-                       "rows_out": 0, "partial_rows": 0, "evictions": 0, "flushes": 0,
-                       "late_packets": 0, "latency_p50_s": None,
-                       "first_window_ns": r.first_window_ns, "gaps": r.gaps,
-                       "outputs": r.outputs}
+            blank = {"links": [], "streams": [], "columns": [], "numeric": [], "rows_out": 0,
+                     "partial_rows": 0, "evictions": 0, "flushes": 0, "late_packets": 0,
+                     "latency_p50_s": None, "generation": 0}
+            others = [{**blank, **r.final, "name": r.name, "file": r.file, "state": r.state,
+                       "error": r.error, "first_window_ns": r.first_window_ns,
+                       "gaps": r.gaps, "outputs": r.outputs}
                       for r in self.records.values() if r.name not in names]
         return running + others
 

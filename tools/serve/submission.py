@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}$")
 FORMATS = ("csv", "jsonl", "parquet")
+#: how often a stage looks for new spool files: a window's rows wait for the next look
+TRIGGER = "100 milliseconds"
 
 
 @dataclass
@@ -68,6 +70,8 @@ class Record:
     state: str = "running"                      # running | cancelled | failed
     error: str | None = None
     stopped_cleanly: bool = False               # the generation's windows were all written
+    #: the counters when it stopped running (cancelled or failed), for `queries`
+    final: dict = field(default_factory=dict)
 
     def save(self, state_dir: Path) -> None:
         d = state_dir / "queries"
@@ -247,6 +251,8 @@ class Submission:
         for _, stage in self.graph.stages:
             stage.label = f"{self.name}__"
             stage.suppress = tuple((int(a), int(b)) for a, b in self.record.suppress)
+            stage.open_on_driver = True
+            stage.trigger = TRIGGER
         self.graph.start()
         self.stages_started = True
 

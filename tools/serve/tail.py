@@ -4,7 +4,7 @@
 micro-batch it writes the closed windows' rows to one output file (`part-gNNNN-<batch>.<ext>`
 in the stream's output directory: written under a temporary name and renamed, so a reader
 never sees half a window, and a batch replayed after a crash finds its file and is not
-written twice), then hands the rows to the `Hub`, which passes them to every tail and page
+written twice), then, once the batch is complete, hands the rows to the `Hub`, which passes them to every tail and page
 that subscribed, and remembers the latest rows for a page that opens later.
 
 A subscriber's buffer is bounded: a slow tail never slows the query. When it falls behind by
@@ -97,12 +97,16 @@ class Hub:
         for s in subs:
             s.put(event, rows)
 
-    def rows(self, stream: str, columns: list[str], rows: list[list], batch: int) -> None:
+    def rows(self, stream: str, columns: list[str], rows: list[list], batch: int,
+             closed_ns: int | None = None) -> None:
+        """A batch of closed windows' rows; `closed_ns`: when the punctuation that closed
+        them reached the server (wall ns), if known."""
         keep = self.recent.setdefault(stream, deque(maxlen=RECENT_ROWS))
         keep.extend(rows)
         self.columns[stream] = columns
         self.publish("rows", stream, {"query": stream, "batch": batch, "columns": columns,
-                                      "rows": rows, "time": time.time()}, len(rows))
+                                      "rows": rows, "time": time.time(),
+                                      "closed_ns": closed_ns}, len(rows))
 
     def end(self, stream: str, why: str) -> None:
         self.publish("end", stream, {"query": stream, "why": why})
@@ -124,7 +128,7 @@ class StreamOutput(Sink):
         self.last_write: float | None = None
         self.latencies: deque = deque(maxlen=LATENCIES)
         self.on_latency = lambda seconds: None      # the metrics' histogram
-        self._written: dict[int, int] = {}
+        self._written: dict = {}             # batch id -> its rows, until end_batch
         names = [f.name for f in schema]
         self.columns = names
         self.numeric = [f.name for f in schema if _numeric(f.type)
@@ -136,26 +140,28 @@ class StreamOutput(Sink):
         written = self.file.write(batch_id, table)
         if not written:
             return False            # a batch replayed after a crash: written before
-        self._written[batch_id] = table.num_rows
         if table.num_rows:
             self.rows += table.num_rows
             self.batches += 1
             self.last_write = time.time()
-            rows = [list(r.values()) for r in table.to_pylist()]
-            self.hub.rows(self.stream, table.column_names, rows, batch_id)
+            self._written[batch_id] = table
         return True
 
     def end_batch(self, batch_id: int, punctuation) -> None:
-        n = self._written.pop(batch_id, 0)
-        if not n or not isinstance(punctuation, int):
+        """The batch's rows are in their file: now the tails and the page get them, with the
+        time the punctuation that closed their windows reached the server."""
+        table = self._written.pop(batch_id, None)
+        if table is None:
             return
-        # the window closed when every link's punctuation had passed its end; the batch's
-        # output punctuation is the first that did, for a stage that keeps up
-        at = self.clock(self.links, punctuation)
+        # the windows closed when every link's punctuation had passed their end; the
+        # batch's output punctuation is the first that did, for a stage that keeps up
+        at = self.clock(self.links, punctuation) if isinstance(punctuation, int) else None
         if at is not None:
             seconds = max(0.0, (time.time_ns() - at) / 1e9)
             self.latencies.append(seconds)
             self.on_latency(seconds)
+        rows = [list(r.values()) for r in table.to_pylist()]
+        self.hub.rows(self.stream, table.column_names, rows, batch_id, closed_ns=at)
 
     def quantile(self, q: float) -> float | None:
         if not self.latencies:

@@ -1,0 +1,138 @@
+"""`oopscope serve`'s live page in headless Chromium (Selenium): the tables fill, the chart draws,
+a closed window arrives by server-sent event, and the console stays clean.
+
+The server is the real one, started by the `served_page` fixture (tests/tools/conftest.py): its
+`.url` is the page, its `.query` a running query whose windows close about every second.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+TIMEOUT = 60  # seconds, for each wait on the page
+
+_MISSING = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.is_file()]
+# a mark, not a skip in a fixture: decided before the server is started
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(bool(_MISSING), reason=f"{' and '.join(_MISSING)} missing "
+                       "(Debian packages chromium and chromium-driver, .ci/install)"),
+]
+
+# Pixels of the chart's canvas that are strongly coloured: the axes, grid and labels are grey,
+# only the series (its line, points and fill) has colour.
+COLOURED_PIXELS_JS = """
+const canvas = document.querySelector('#chart canvas');
+const px = canvas.getContext('2d').getImageData(0, 0, canvas.width, canvas.height).data;
+let n = 0;
+for (let i = 0; i < px.length; i += 4) {
+    const r = px[i], g = px[i + 1], b = px[i + 2], a = px[i + 3];
+    if (a > 200 && Math.max(r, g, b) - Math.min(r, g, b) > 60) n++;
+}
+return n;
+"""
+
+# Clicks the query's row in #queries (in one step: the page may rebuild the table at any time);
+# then which row is selected.
+CLICK_QUERY_JS = """
+for (const tr of document.querySelectorAll('#queries tbody tr[data-name]'))
+    if (tr.dataset.name === arguments[0]) { tr.click(); return true; }
+return false;
+"""
+SELECTED_JS = "const tr = document.querySelector('#queries tr.selected'); return tr && tr.dataset.name;"
+
+# The header of #rows and its first row's cells (in one step, as the page rebuilds the table).
+ROWS_JS = """
+const texts = (sel) => [...document.querySelectorAll(sel)].map(e => e.textContent);
+return [texts('#rows thead th'), texts('#rows tbody tr:first-child td')];
+"""
+
+# The chart's data as drawn: windows (x) and the summed column (y) per window.
+CHART_JS = """
+const u = window.oopscope && window.oopscope.chart;
+return u ? {x: u.data[0].length, y: u.data[1].filter(v => v !== null).length,
+            label: u.series[1].label} : null;
+"""
+
+
+@pytest.fixture
+def browser():
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,800",
+                "--disable-dev-shm-usage", "--disable-extensions"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # a driver path given: Selenium does not run selenium-manager (nothing is downloaded)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _rows_seen(driver) -> int:
+    return int(driver.find_element(By.ID, "rows").get_attribute("data-seen") or 0)
+
+
+def test_live_page(served_page, browser, tmp_path):
+    wait = WebDriverWait(browser, TIMEOUT, poll_frequency=0.5,
+                         ignored_exceptions=(NoSuchElementException, StaleElementReferenceException))
+    browser.get(served_page.url)
+    assert browser.title == "oopscope"
+
+    # links from api/status and the status events; the queries from api/queries
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#links tbody tr td.num"),
+               "the links table did not fill")
+
+    wait.until(lambda d: d.execute_script(CLICK_QUERY_JS, served_page.query),
+               f"query {served_page.query!r} not in the queries table")
+    wait.until(lambda d: d.execute_script(SELECTED_JS) == served_page.query, "the click did not select the query")
+
+    # the history (api/queries/NAME/rows) and then the rows events fill the table and the chart
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#rows tbody tr"), "the rows table stayed empty")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#chart canvas"), "no chart canvas")
+    wait.until(lambda d: (d.execute_script(CHART_JS) or {}).get("y", 0) > 1,
+               "the chart did not get 2 windows with values")
+    header, first = browser.execute_script(ROWS_JS)
+    assert header and len(first) == len(header), (header, first)
+    ycol = Select(browser.find_element(By.ID, "ycol"))
+    assert ycol.first_selected_option.get_attribute("value"), "no column chosen for the chart"
+
+    # the canvas really drew the series (it is drawn on the next animation frame)
+    wait.until(lambda d: d.execute_script(COLOURED_PIXELS_JS) > 50, "the chart drew no series")
+
+    # another closed window arrives by server-sent event and is appended
+    seen = _rows_seen(browser)
+    wait.until(lambda d: _rows_seen(d) > seen, "no rows event appended rows within the timeout")
+
+    # choosing another column redraws the chart with it
+    options = [o.get_attribute("value") for o in ycol.options]
+    if len(options) > 1:
+        other = next(o for o in options if o != ycol.first_selected_option.get_attribute("value"))
+        ycol.select_by_value(other)
+        wait.until(lambda d: other in (d.execute_script(CHART_JS) or {}).get("label", ""),
+                   f"the chart did not switch to {other}")
+        ycol.select_by_value(options[-1])
+        wait.until(lambda d: d.execute_script(COLOURED_PIXELS_JS) > 50, "the chart drew no series")
+
+    shot = tmp_path / "serve_page.png"
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 0
+    print(f"screenshot: {shot}")
+
+    # the console: no errors at all, no warnings from the page's scripts
+    logs = browser.get_log("browser")
+    errors = [e for e in logs if e["level"] == "SEVERE"]
+    warnings = [e for e in logs if e["level"] == "WARNING"
+                and (e.get("source") in ("console-api", "javascript") or "/static/" in e["message"])]
+    assert not errors, errors
+    assert not warnings, warnings

@@ -1,0 +1,413 @@
+// The live page of `oopscope serve`: links, queries, and for the selected query a chart of one
+// numeric column per window and a table of its latest closed windows. Plain JS, no build step.
+// Data: api/status, api/queries, api/queries/NAME/rows (JSON) and api/events (server-sent
+// events: rows, status, queries). Paths are relative so the page works behind a path prefix.
+"use strict";
+
+(() => {
+  const TABLE_ROWS = 50;     // rows shown in #rows, newest first
+  const HISTORY = 500;       // rows fetched when a query is selected
+  const KEEP_ROWS = 1000;    // raw rows kept (the chart keeps per-window sums instead)
+  const MAX_POINTS = 1000;   // windows kept and drawn
+  const CHART_HEIGHT = 240;
+  const token = new URLSearchParams(location.search).get("token");
+
+  const state = {
+    queries: [],      // api/queries
+    selected: null,   // name of the selected query
+    stream: null,     // the stream of it shown (its first)
+    selectionKey: "", // what the selection was made from (name, stream, state)
+    columns: [],      // its columns; the first is the chart's x (the window)
+    numeric: [],      // its numeric columns
+    ycol: null,       // the column charted
+    rows: [],         // its latest rows, oldest first
+    windows: new Map(),  // x (window) -> per column, the sum over the window's rows (numeric only)
+    ordinal: new Map(),  // x values that are not numbers, in order of arrival
+    seen: 0,          // rows received for it (history and events)
+    loading: false,   // history fetch in flight: rows events wait in `pending`
+    pending: [],
+    historyError: null,
+    epoch: 0,         // bumped on every selection, to drop answers for an earlier one
+    chart: null,
+    chartKey: "",
+    queriesKey: "",   // what #queries shows
+  };
+  window.oopscope = state;  // for the browser test and for poking at the page
+
+  // ---- helpers -------------------------------------------------------------------------------
+
+  const $ = (id) => document.getElementById(id);
+
+  function api(path, params = {}) {
+    const q = new URLSearchParams(params);
+    if (token !== null) q.set("token", token);
+    const s = q.toString();
+    return s ? `${path}?${s}` : path;
+  }
+
+  async function getJSON(path, params) {
+    const r = await fetch(api(path, params), { cache: "no-store" });
+    if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
+    return r.json();
+  }
+
+  function el(tag, props, ...children) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(props || {})) {
+      if (k === "class") e.className = v;
+      else if (k === "title") e.title = v;
+      else e.dataset[k] = v;
+    }
+    for (const c of children) e.append(c instanceof Node ? c : String(c));
+    return e;
+  }
+
+  const td = (text, cls) => el("td", cls ? { class: cls } : null, text);
+  const isNum = (v) => typeof v === "number" && Number.isFinite(v);
+
+  function fmtInt(n) {
+    return isNum(n) ? Math.round(n).toLocaleString("en-US") : "–";
+  }
+
+  function fmtSI(n, unit = "") {
+    if (!isNum(n)) return "–";
+    const prefixes = ["", "k", "M", "G", "T", "P"];
+    let i = 0;
+    while (Math.abs(n) >= 1000 && i < prefixes.length - 1) { n /= 1000; i++; }
+    const digits = i === 0 && Number.isInteger(n) ? 0 : Math.abs(n) < 10 ? 2 : Math.abs(n) < 100 ? 1 : 0;
+    return `${n.toFixed(digits)} ${prefixes[i]}${unit}`.trim();
+  }
+
+  function fmtUTC(ns) {
+    if (!isNum(ns)) return "–";
+    return new Date(ns / 1e6).toISOString().replace("T", " ").slice(0, 19);
+  }
+
+  function fmtUptime(s) {
+    if (!isNum(s)) return "";
+    s = Math.floor(s);
+    const d = Math.floor(s / 86400), h = Math.floor(s / 3600) % 24;
+    const m = Math.floor(s / 60) % 60, sec = s % 60, p = (x) => String(x).padStart(2, "0");
+    if (d) return `${d}d ${p(h)}h`;
+    if (h) return `${h}h ${p(m)}m`;
+    if (m) return `${m}m ${p(sec)}s`;
+    return `${sec}s`;
+  }
+
+  function fmtLatency(s) {
+    if (!isNum(s)) return "–";
+    return s < 1 ? `${(s * 1000).toFixed(0)} ms` : `${s.toFixed(2)} s`;
+  }
+
+  function fmtCell(v) {
+    if (v === null || v === undefined) return "null";
+    if (typeof v === "number" && !Number.isInteger(v)) return String(+v.toPrecision(6));
+    return String(v);
+  }
+
+  // ---- header and links ----------------------------------------------------------------------
+
+  function setConn(ok, text) {
+    const c = $("conn");
+    c.textContent = text || (ok ? "live" : "reconnecting");
+    c.className = `badge conn ${ok ? "ok" : "bad"}`;
+  }
+
+  function renderStatus(st) {
+    $("uptime").textContent = `up ${fmtUptime(st.uptime_s)}`;
+    const spark = $("spark");
+    spark.textContent = st.spark ? st.spark.state : "?";
+    spark.className = `badge state-${st.spark ? st.spark.state : "unknown"}`;
+    spark.title = st.spark ? [st.spark.master, st.spark.error].filter(Boolean).join("\n") : "";
+
+    const gaps = st.gaps || [];
+    const g = $("gaps");
+    g.replaceChildren();
+    g.className = gaps.length ? "meta warn" : "meta";
+    if (gaps.length) {
+      const last = gaps[gaps.length - 1];
+      g.append(`${gaps.length} gap${gaps.length > 1 ? "s" : ""}, last ${fmtUTC(last.from_ns)} – `
+        + `${fmtUTC(last.to_ns)} UTC (${last.reason})`);
+      g.title = gaps.map((x) => `${fmtUTC(x.from_ns)} – ${fmtUTC(x.to_ns)} UTC: ${x.reason}`).join("\n");
+    }
+
+    const body = $("links").tBodies[0];
+    body.replaceChildren(...(st.links || []).map((l) => el("tr", null,
+      el("td", l.error ? { class: "warn", title: l.error } : null, l.name), td(l.source, "dim"),
+      td(fmtSI(l.pps), "num"), td(fmtSI(isNum(l.bps) ? l.bps / 8 : null, "B"), "num"),   // bps: bits/s
+      td(fmtInt(l.packets), "num"), td(fmtInt(l.malformed), l.malformed ? "num warn" : "num"),
+      td(fmtInt(l.ring_drops), l.ring_drops ? "num warn" : "num"),
+      td(fmtInt(l.kernel_drops), l.kernel_drops ? "num warn" : "num"), td(fmtUTC(l.punctuation_ns)))));
+    if (!body.rows.length) body.append(el("tr", null, el("td", { class: "empty" }, "no links")));
+  }
+
+  // ---- queries -------------------------------------------------------------------------------
+
+  const queryByName = (name) => state.queries.find((q) => q.name === name);
+
+  function setQueries(data) {
+    state.queries = data.queries || [];
+    const cur = queryByName(state.selected);
+    if (!cur) {
+      const pick = state.queries.find((q) => q.state === "running") || state.queries[0];
+      if (pick) select(pick.name);
+    } else if (selectionKey(cur) !== state.selectionKey) {
+      select(cur.name);    // started again, cancelled, failed, or another first stream: start over
+    } else if (setColumns(state.rows.length ? state.columns : cur.columns, cur.numeric)) {
+      drawChart();
+    }
+    renderQueries();
+  }
+
+  function renderQueries() {
+    const body = $("queries").tBodies[0];
+    // rebuilt only when something shown changed, so a row under the pointer stays put
+    const key = JSON.stringify([state.selected, state.queries]);
+    if (state.queriesKey !== key) {
+      state.queriesKey = key;
+      body.replaceChildren(...state.queries.map((q) => el("tr",
+        { name: q.name, class: q.name === state.selected ? "selected" : "" },
+        td(q.name), el("td", null, el("span", { class: `badge state-${q.state}`, title: q.error || "" }, q.state)),
+        td(q.links.join(", "), "dim"), td(fmtInt(q.rows_out), "num"),
+        td(fmtInt(q.late_packets), q.late_packets ? "num warn" : "num"),
+        td(fmtInt(q.evictions), q.evictions ? "num warn" : "num"), td(fmtLatency(q.latency_p50_s), "num"))));
+      if (!body.rows.length) body.append(el("tr", null, el("td", { class: "empty" }, "no queries")));
+    }
+    const q = queryByName(state.selected);
+    const err = $("query-error");
+    err.hidden = !(q && q.error);
+    err.textContent = q && q.error ? q.error : "";
+  }
+
+  // ---- the selected query: rows and chart ----------------------------------------------------
+
+  // A query (a submission) writes one or more streams; the page shows its first, whose name
+  // the rows events carry and the rows API takes.
+  const streamOf = (q) => (q.streams && q.streams.length && q.streams[0].stream) || q.name;
+  const selectionKey = (q) => `${q.name}|${streamOf(q)}|${q.state}`;
+
+  async function select(name) {
+    const q = queryByName(name);
+    if (!q) return;
+    const epoch = ++state.epoch;
+    const running = q.state === "running";
+    Object.assign(state, {
+      selected: name, stream: streamOf(q), selectionKey: selectionKey(q), columns: [], numeric: [],
+      ycol: null, rows: [], seen: 0, loading: running, pending: [],
+      historyError: running ? null : `${q.state} query: no rows kept here`,
+    });
+    setColumns(q.columns, q.numeric);
+    const title = state.stream === name ? name : `${name}: ${state.stream}`;
+    $("chart-title").textContent = title;
+    $("rows-name").textContent = ` of ${title}`;
+    renderQueries();
+    renderRows();
+    drawChart();
+    if (!running) return;
+    try {
+      const data = await getJSON(`api/queries/${encodeURIComponent(state.stream)}/rows`, { limit: HISTORY });
+      if (epoch !== state.epoch) return;
+      state.rows = data.rows || [];
+      state.seen = state.rows.length;
+      if (!setColumns(data.columns && data.columns.length ? data.columns : state.columns, state.numeric)) {
+        addWindows(state.rows);
+      }
+    } catch (e) {
+      if (epoch !== state.epoch) return;
+      state.historyError = `history not loaded: ${e.message}`;
+    }
+    state.loading = false;
+    for (const ev of state.pending) appendRows(ev, true);
+    state.pending = [];
+    renderRows();
+    drawChart();
+  }
+
+  function appendRows(ev, maybeSeen) {
+    const rows = ev.rows || [];
+    if (maybeSeen && rows.length && rows.length <= state.rows.length) {
+      // an event that came during the history fetch may already be in the history
+      const tail = state.rows.slice(-rows.length);
+      if (JSON.stringify(tail) === JSON.stringify(rows)) return;
+    }
+    state.rows.push(...rows);
+    if (state.rows.length > KEEP_ROWS) state.rows.splice(0, state.rows.length - KEEP_ROWS);
+    state.seen += rows.length;
+    if (!setColumns(ev.columns && ev.columns.length ? ev.columns : state.columns, state.numeric)) addWindows(rows);
+  }
+
+  let queriesSoon = null;
+
+  function onRows(ev) {
+    // the counters of the queries (rows out, latency) moved: ask for them once the burst is over
+    clearTimeout(queriesSoon);
+    queriesSoon = setTimeout(() => refresh("api/queries", setQueries), 300);
+    if (ev.query !== state.stream) return;
+    if (state.loading) { state.pending.push(ev); return; }
+    appendRows(ev, false);
+    renderRows();
+    drawChart();
+  }
+
+  function renderRows() {
+    const table = $("rows"), head = table.tHead.rows[0];
+    if ([...head.cells].map((th) => th.textContent).join() !== state.columns.join()) {
+      head.replaceChildren(...state.columns.map((c) =>
+        el("th", state.numeric.includes(c) ? { class: "num" } : null, c)));
+    }
+    const numeric = state.columns.map((c) => state.numeric.includes(c));
+    const latest = state.rows.slice(-TABLE_ROWS).reverse();
+    table.tBodies[0].replaceChildren(...latest.map((r) =>
+      el("tr", null, ...r.map((v, i) => td(fmtCell(v), v === null ? "null" : numeric[i] ? "num" : "")))));
+    table.dataset.seen = state.seen;
+    const note = $("rows-note");
+    note.hidden = state.rows.length > 0 || !state.selected;
+    note.textContent = state.loading ? "loading…" : state.historyError || "no closed windows yet";
+  }
+
+  function fillYSelect() {
+    const sel = $("ycol");
+    const xcol = state.columns[0];
+    let choices = state.numeric.filter((c) => c !== xcol && state.columns.includes(c));
+    if (!choices.length) choices = state.numeric.filter((c) => c !== xcol);
+    if (!choices.includes(state.ycol)) state.ycol = choices.length ? choices[choices.length - 1] : null;
+    if ([...sel.options].map((o) => o.value).join() !== choices.join()) {
+      sel.replaceChildren(...choices.map((c) => new Option(c, c)));
+    }
+    sel.value = state.ycol || "";
+    sel.disabled = !choices.length;
+    sel.parentElement.hidden = !choices.length;
+  }
+
+  // Columns and numeric columns of the selected query; when they change, the per-window sums are
+  // made again from the rows kept. True when they changed.
+  function setColumns(columns, numeric) {
+    if (columns.join() === state.columns.join() && numeric.join() === state.numeric.join()) return false;
+    Object.assign(state, { columns, numeric, windows: new Map(), ordinal: new Map() });
+    addWindows(state.rows);
+    fillYSelect();
+    return true;
+  }
+
+  // Per window (x, the first column) and numeric column, the sum over the window's rows (its
+  // groups, and late rows of a window already seen); the oldest windows beyond MAX_POINTS dropped.
+  function addWindows(rows) {
+    const idx = state.numeric.map((c) => state.columns.indexOf(c)).filter((i) => i > 0);
+    for (const r of rows) {
+      let x = r[0];
+      if (!isNum(x)) {
+        if (!state.ordinal.has(x)) state.ordinal.set(x, state.ordinal.size);
+        x = state.ordinal.get(x);
+      }
+      let w = state.windows.get(x);
+      if (!w) state.windows.set(x, (w = new Array(state.columns.length).fill(null)));
+      for (const i of idx) if (isNum(r[i])) w[i] = (w[i] ?? 0) + r[i];   // a window of nulls stays a gap
+    }
+    if (state.windows.size > MAX_POINTS) {
+      const old = [...state.windows.keys()].sort((a, b) => a - b).slice(0, state.windows.size - MAX_POINTS);
+      for (const x of old) state.windows.delete(x);
+    }
+  }
+
+  function chartData() {
+    const yi = state.columns.indexOf(state.ycol);
+    if (yi < 0) return { xs: [], ys: [], time: false };
+    const xs = [...state.windows.keys()].sort((a, b) => a - b);
+    const ys = xs.map((x) => state.windows.get(x)[yi]);
+    // x in seconds since the epoch (1973..5138) gets a UTC time axis; anything else is a number
+    const time = !state.ordinal.size && xs.length > 0 && xs.every((x) => x >= 1e8 && x < 1e11);
+    return { xs, ys, time };
+  }
+
+  function cssVar(name) {
+    return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+  }
+
+  // y-axis ticks: SI units without trailing zeros (1.50 k -> 1.5 k)
+  const fmtTickY = (v) => (v == null ? "" : fmtSI(v).replace(/(\.\d*?)0+(?= |$)/, "$1").replace(/\.(?= |$)/, ""));
+
+  // time-axis ticks in UTC: the time of day, with the date when the ticks span more than a day
+  function fmtTick(vals) {
+    const span = vals.length > 1 ? vals[vals.length - 1] - vals[0] : 0;
+    const fmt = uPlot.fmtDate(span > 86400 ? "{YYYY}-{MM}-{DD} {HH}:{mm}" : "{HH}:{mm}:{ss}");
+    return (v) => (v == null ? "" : fmt(uPlot.tzDate(new Date(v * 1e3), "Etc/UTC")));
+  }
+
+  function chartOptions(width, time) {
+    const fg = cssVar("--muted"), grid = cssVar("--grid"), accent = cssVar("--accent");
+    const axis = { stroke: fg, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid, width: 1 } };
+    return {
+      width, height: CHART_HEIGHT,
+      padding: [12, 32, 0, 0],   // room for the last x label
+      scales: { x: { time } },
+      tzDate: (ts) => uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC"),
+      legend: { show: true, live: true },
+      cursor: { drag: { x: false, y: false } },
+      axes: [
+        { ...axis, values: (u, vals) => vals.map(time ? fmtTick(vals) : (v) => (v == null ? "" : fmtCell(v))) },
+        { ...axis, size: 64, values: (u, vals) => vals.map(fmtTickY) },
+      ],
+      series: [
+        { label: `${state.columns[0] || "x"}${time ? " (UTC)" : ""}`,
+          value: (u, v) => (v == null ? "–" : time ? fmtUTC(v * 1e9) : fmtCell(v)) },
+        { label: `sum of ${state.ycol}`, stroke: accent, width: 2, fill: `${accent}22`,
+          value: (u, v) => (v == null ? "–" : fmtCell(v)), points: { size: 5 } },
+      ],
+    };
+  }
+
+  function drawChart() {
+    const box = $("chart");
+    const { xs, ys, time } = chartData();
+    if (!xs.length) {
+      if (state.chart) { state.chart.destroy(); state.chart = null; state.chartKey = ""; }
+      const why = !state.selected ? "" : !state.ycol ? "no numeric column to chart"
+        : state.loading ? "loading…" : state.historyError || "no closed windows yet";
+      box.replaceChildren(el("div", { class: "empty" }, why));
+      return;
+    }
+    const key = `${state.epoch}|${state.ycol}|${time}`;
+    if (!state.chart || state.chartKey !== key) {
+      if (state.chart) state.chart.destroy();
+      box.replaceChildren();
+      state.chart = new uPlot(chartOptions(box.clientWidth, time), [xs, ys], box);
+      state.chartKey = key;
+    } else {
+      state.chart.setData([xs, ys]);
+    }
+  }
+
+  // ---- wiring --------------------------------------------------------------------------------
+
+  $("queries").tBodies[0].addEventListener("click", (e) => {
+    const tr = e.target.closest("tr[data-name]");
+    if (tr && tr.dataset.name !== state.selected) select(tr.dataset.name);
+  });
+  $("ycol").addEventListener("change", (e) => { state.ycol = e.target.value; drawChart(); });
+  new ResizeObserver(() => {
+    if (state.chart) state.chart.setSize({ width: $("chart").clientWidth, height: CHART_HEIGHT });
+  }).observe($("chart"));
+
+  function connect() {
+    const es = new EventSource(api("api/events"));
+    es.addEventListener("open", () => setConn(true));
+    es.addEventListener("error", () => {
+      setConn(false);
+      // the browser reconnects by itself unless the server refused the stream
+      if (es.readyState === EventSource.CLOSED) setTimeout(connect, 5000);
+    });
+    es.addEventListener("status", (e) => { setConn(true); renderStatus(JSON.parse(e.data)); });
+    es.addEventListener("queries", (e) => setQueries(JSON.parse(e.data)));
+    es.addEventListener("rows", (e) => onRows(JSON.parse(e.data)));
+  }
+
+  async function refresh(path, apply) {
+    try { apply(await getJSON(path)); } catch (e) { setConn(false, "server unreachable"); }
+  }
+
+  refresh("api/status", renderStatus);
+  refresh("api/queries", setQueries);
+  connect();
+  // late packets, evictions and latency change between batches too
+  setInterval(() => refresh("api/queries", setQueries), 3000);
+})();
