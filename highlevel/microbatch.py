@@ -10,7 +10,9 @@
 - the Spark path: the kept rows and the open state combined (one groupBy), the windows P
   passed closed and written, the rest written as the new open state, the batch committed;
 - the driver path (flow records whose markers came from the footers): the same closing,
-  read and split with Arrow on the driver (`highlevel.flowrecords`), no Spark job at all.
+  read and split with Arrow on the driver (`highlevel.flowrecords`), no Spark job at all;
+- small batches of a stage that asks for it (the appliance): combined and split on the
+  driver, only the closed rows' outputs computed by Spark (`highlevel.smallbatch`).
 
 `BatchAhead` is the batch computed ahead: a bounded run whose low level ended before Spark's
 stream began lets a driver-closed stage compute its next batch's closed and open rows, and the
@@ -30,6 +32,7 @@ from pyspark.sql import functions as F
 
 from common.spool import LINK, PUNCT, SEQ, cached_rows, list_spool
 from common.units import INT64_MAX
+from highlevel import smallbatch
 from highlevel.batchfiles import SpoolFileMarker, batch_files, files_markers
 from highlevel.state import StageState
 
@@ -83,6 +86,9 @@ class MicroBatch:
         kept = sum(f.kept for f in files)
         if from_footers and stage.flow_records is not None and not late_rows:
             self._on_driver(files, state, punctuation, kept)
+            return
+        if from_footers and not late_rows and smallbatch.usable(stage) \
+                and smallbatch.run(self, files, state, punctuation):
             return
         if late is None:          # rows from the footers' markers: Spark's job after all
             late, keep = stage.late_columns(F.col("window").isNotNull(), prev.punctuation)

@@ -99,6 +99,8 @@ class Stage:
     #: an aggregation's open state is collected and written with Arrow on the driver rather
     #: than by a Spark write job (the appliance: small states, where latency counts)
     open_on_driver = False
+    #: an aggregation's small batches are combined on the driver (`highlevel.smallbatch`)
+    small_on_driver = False
 
     def __init__(self, spec, spool: str | os.PathLike, checkpoint: str | os.PathLike,
                  sinks: Sequence[Sink], *, spark=None, master: str | None = None,

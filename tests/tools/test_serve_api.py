@@ -8,7 +8,6 @@ import os
 import stat
 import subprocess
 import sys
-import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families

@@ -78,9 +78,10 @@ class Sender:
         self.proc.wait()
 
     def finish(self) -> None:
-        out, err = self.proc.communicate(timeout=120)
-        assert self.proc.returncode == 0, err
-        self.lines += [line for line in out.splitlines() if line.strip()]
+        # through the same buffered reader as `read` (communicate() would bypass its buffer)
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self.lines += [line for line in self.proc.stdout.read().splitlines() if line.strip()]
+        assert self.proc.wait(timeout=120) == 0, self.proc.stderr.read()
 
     @property
     def truth(self) -> dict:

@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import stat
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,6 +169,28 @@ def serve(config, listen: Listen, token: str | None, ready_file: str | None = No
         sock.close()
         if listen.path is not None:
             Path(listen.path).unlink(missing_ok=True)
-    for q in appliance.queries():
-        log.warning("query %s: %s, %s rows written", q["name"], q["state"], q["rows_out"])
+    # the server's report, as `oopscope run` prints its summary: always shown, on stderr
+    print(summary(appliance), file=sys.stderr, flush=True)
     return 0
+
+
+def summary(appliance) -> str:
+    """Links, queries and gaps at the end of the server's life."""
+    from tools.serve.submission import when
+
+    st = appliance.status()
+    lines = []
+    for link in st["links"]:
+        lines.append(f"link {link['name']}: {link['packets']} packets, {link['bytes']} bytes, "
+                     f"{link['malformed']} malformed, {link['ring_drops']} ring drops, "
+                     f"{link['kernel_drops']} kernel drops [{link['source']}]")
+    for q in appliance.queries():
+        lines.append(f"query {q['name']}: {q['state']}, {q['rows_out']} rows, "
+                     f"{q['partial_rows']} partial rows, {q['evictions']} evictions, "
+                     f"{q['late_packets']} late packets"
+                     + (f"; gap {when(q['gaps'][-1]['from_ns'])} to {when(q['gaps'][-1]['to_ns'])}"
+                        if q.get("gaps") and q["gaps"][-1]["from_ns"] is not None else ""))
+    for gap in st["gaps"]:
+        lines.append(f"down from {when(gap['from_ns'])} to {when(gap['to_ns'])} "
+                     f"({gap['reason']})")
+    return "\n".join(lines)

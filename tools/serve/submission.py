@@ -251,7 +251,7 @@ class Submission:
         for _, stage in self.graph.stages:
             stage.label = f"{self.name}__"
             stage.suppress = tuple((int(a), int(b)) for a, b in self.record.suppress)
-            stage.open_on_driver = True
+            stage.open_on_driver = stage.small_on_driver = True
             stage.trigger = TRIGGER
         self.graph.start()
         self.stages_started = True
