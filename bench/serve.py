@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.workloads import REPO, generated_capture
+from bench.workloads import generated_capture
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +49,9 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def run(pps: int, windows: int, workdir: Path) -> dict:
-    from tests.tools.serving import Server
     from tools.gen.traffic import TrafficConfig
     from tools.gen.veth import VethPair
+    from tools.serve.testing import Server
 
     pcap = generated_capture(workdir / "serve-bench.pcap",
                              TrafficConfig(packets=1_000_000, duration_ns=10 * 10**9,
@@ -120,7 +120,6 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"bench.serve needs {tool}")
     workdir = args.dir or Path(tempfile.mkdtemp(prefix="oopscope-bench-serve-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    sys.path.insert(0, str(REPO))
     result = run(args.pps, args.windows, workdir)
     width = max(map(len, result))
     for k, v in result.items():
