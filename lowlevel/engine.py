@@ -39,6 +39,7 @@ from lowlevel.flush import (
     C_LATE,
     C_RESIDENT,
     C_WINDOWS,
+    CAUSE_BOUND,
     CAUSES,
     EMPTY,
     NPARAMS,
@@ -52,6 +53,7 @@ from lowlevel.flush import (
     P_PROBES,
     P_SHIFT,
     POLICIES,
+    flush_below,
     make_ctl,
 )
 from lowlevel.hashtable import advance, append, finish, min_resident, round_slots
@@ -90,7 +92,8 @@ class HashAggregator:
 
     def __init__(self, layout: StateLayout, nkeys: int, slots: int, *, pane_ns: int,
                  offset_ns: int = 0, flush: str = "oop_lazy", slow_flush: int = 160,
-                 max_disorder: int = 2, probes: int = 2, hold_rows: int = 0):
+                 max_disorder: int = 2, probes: int = 2, hold_rows: int = 0,
+                 punctuation_flush: bool = False):
         if flush not in POLICIES:
             raise ValueError(f"flush policy {flush!r} is not one of {sorted(POLICIES)}")
         if pane_ns <= 0:
@@ -106,6 +109,10 @@ class HashAggregator:
         self.pane_ns = int(pane_ns)
         self.offset_ns = int(offset_ns)
         self.flush = flush
+        #: every entry of a pane the input punctuation closed leaves at once, instead of up
+        #: to m panes later (the appliance: a window's rows then follow its punctuation,
+        #: where the policy's lag would add m windows of latency)
+        self.punctuation_flush = punctuation_flush
         self.params = np.zeros(NPARAMS, np.int64)
         self.params[P_POLICY] = POLICIES[flush]
         self.params[P_PROBES] = self.probes
@@ -227,6 +234,11 @@ class HashAggregator:
         self.params[P_LATE] = p_ns      # the kernels drop and count earlier packets
         self.held = advance(self.table, self.out, self.ctl, self.params,
                             int(self.pane_of(p_ns)), self.held)
+        if self.punctuation_flush and self.ctl[C_RESIDENT] > 0:
+            # each slot leaves once: with what `advance` flushed, at most the table's size
+            # beyond the held rows, which `out` has room for
+            self.held = flush_below(self.table, self.out, self.ctl, int(self.pane_of(p_ns)),
+                                    self.held, CAUSE_BOUND)
         chunks = [self._drain(self.held)] if self.held else []
         return chunks, self._raise_out(p_ns)
 

@@ -93,7 +93,8 @@ class LowLevelOperator:
     """
 
     def __init__(self, plan: LowLevelPlan, *, probes: int = 2,
-                 evaluate: Callable | None = None, hold_rows: int = 0):
+                 evaluate: Callable | None = None, hold_rows: int = 0,
+                 punctuation_flush: bool = False):
         self.plan = plan
         # hold_rows > 0: `process` keeps the rows that leave the table until this many are
         # held, and `punctuate`/`finish` hand out what is held before their own rows; one
@@ -103,6 +104,8 @@ class LowLevelOperator:
         # aggregate plan holds its rows in the engine's output buffer (`engine.py`), the
         # others in `_held`.
         self.hold_rows = int(hold_rows)
+        # punctuation_flush: a pane's entries leave as soon as punctuation closes it
+        # (`lowlevel.engine.HashAggregator`), for latency over a smoothed flush
         self._held: list[Partials] = []
         self._held_n = 0
         where = f"query {plan.query!r} on link {plan.link!r}"
@@ -150,7 +153,8 @@ class LowLevelOperator:
                     self.layout, self.schema.nkeys, plan.slots, pane_ns=w.pane_ns,
                     offset_ns=w.offset_ns, flush=plan.flush, slow_flush=plan.slow_flush,
                     max_disorder=plan.max_disorder, probes=probes,
-                    hold_rows=self.hold_rows if plan.late != "correct" else 0)
+                    hold_rows=self.hold_rows if plan.late != "correct" else 0,
+                    punctuation_flush=punctuation_flush)
             except ValueError as exc:
                 raise LowLevelError(f"{where}: {exc}") from None
         self._engine_holds = self.engine is not None and self._flow is None \

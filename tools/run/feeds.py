@@ -78,11 +78,13 @@ class OperatorFeed:
     """One low-level operator of one link and its spool writer, with buffered partial rows.
     With a `SpoolQueue` set as `spool_queue`, the files are written on its thread."""
 
-    def __init__(self, plan, spool_root, summary, compression: str = "snappy"):
+    def __init__(self, plan, spool_root, summary, compression: str = "snappy", *,
+                 punctuation_flush: bool = False):
         from common.spool import SpoolWriter
         from lowlevel.operator import HOLD_ROWS, LowLevelOperator
 
-        self.op = LowLevelOperator(plan, hold_rows=HOLD_ROWS)
+        self.op = LowLevelOperator(plan, hold_rows=HOLD_ROWS,
+                                   punctuation_flush=punctuation_flush)
         # flow records are closed on the driver of this process (highlevel.flowrecords),
         # which takes their rows from memory
         flows = plan.flow is not None

@@ -212,7 +212,8 @@ class Submission:
         per_link: dict[str, list] = {n: [] for n in self.links}
         for lp in self.graph.low_plans():
             summary = self.summaries[self.graph.query_of(lp)]
-            feed = OperatorFeed(lp, spool, summary, "snappy")
+            # latency first: a pane's groups leave the table as its punctuation closes it
+            feed = OperatorFeed(lp, spool, summary, "snappy", punctuation_flush=True)
             feed.spool_queue = self.spool_queue
             per_link[lp.link].append(feed)
         start = self.record.suppress[-1][1] if self.record.suppress else None
