@@ -16,8 +16,12 @@ Like `capture.reader.CaptureReader`, a batch is a VIEW into output columns reuse
 `poll`: a consumer that keeps one must `batch.copy()` it.
 
 Choices a user may need to know:
-- Both directions are captured (what tcpdump does); the snap length is applied in the kernel
-  by a one-instruction BPF program, so a short snap length also saves ring space.
+- Both directions are captured (what tcpdump does), or only one (`direction="in"` or
+  `"out"`, tcpdump's `-Q`). On a loopback device every packet is tapped twice, once going out
+  and once coming in: as libpcap does, the outgoing copy is dropped, so each packet counts
+  once; `direction="out"` keeps the outgoing copy instead (libpcap would keep nothing). The
+  directions and the snap length are applied in the kernel by a small BPF program
+  (`capture.tpacket.capture_program`), so what is not wanted takes no ring space.
 - A VLAN tag the NIC or the receive path moved into packet metadata is put back into the frame
   (as libpcap does), so `vlan` and the lengths are those of the frame on the wire.
 - Drops: the kernel counts packets it could not store because every block was still ours
@@ -61,8 +65,9 @@ from capture.tpacket import (
     SOL_PACKET,
     W_WRAPPED,
     add_promiscuous,
-    attach_snaplen_filter,
+    attach_filter,
     block_ready,
+    capture_program,
     frame_size_for,
     map_ring,
     read_statistics,
@@ -88,6 +93,10 @@ _ARPHRD_LINKS = {
     776: LINK_RAW,          # ARPHRD_SIT
     0xFFFE: LINK_RAW,       # ARPHRD_NONE (tun, wireguard)
 }
+#: ARPHRD_LOOPBACK: a device whose every packet is tapped going out and again coming in
+_ARPHRD_LOOPBACK = 772
+#: --direction values (tcpdump's -Q)
+DIRECTIONS = ("in", "out", "inout")
 _PAGE = mmap.PAGESIZE
 
 
@@ -136,11 +145,18 @@ def _interface_index(interface: str) -> int:
         raise InterfaceError(f"interface {interface!r} does not exist (interfaces here: {names})") from None
 
 
-def _link_type(interface: str) -> int:
+def _device_type(interface: str) -> int | None:
+    """The interface's ARPHRD_* device type, or None without sysfs (an unusual container)."""
     try:
-        hatype = int(Path(f"/sys/class/net/{interface}/type").read_text().strip())
+        return int(Path(f"/sys/class/net/{interface}/type").read_text().strip())
     except (OSError, ValueError):
-        return LINK_ETHERNET  # no sysfs (an unusual container): the common case
+        return None
+
+
+def _link_type(interface: str) -> int:
+    hatype = _device_type(interface)
+    if hatype is None:
+        return LINK_ETHERNET  # no sysfs: the common case
     link = _ARPHRD_LINKS.get(hatype)
     if link is None:
         raise InterfaceError(f"interface {interface!r} has device type ARPHRD {hatype}, whose frames oopscope "
@@ -148,9 +164,13 @@ def _link_type(interface: str) -> int:
     return link
 
 
-def _check_options(snaplen: int, block_size: int, block_count: int, frame_timeout_ms: int, batch_size: int) -> None:
+def _check_options(snaplen: int, block_size: int, block_count: int, frame_timeout_ms: int, batch_size: int,
+                   direction: str = "inout") -> None:
     def bad(option: str, value, allowed: str):
         raise ConfigError(f"live capture option {option}={value!r} is not valid: {allowed}")
+
+    if direction not in DIRECTIONS:
+        bad("direction", direction, ", ".join(DIRECTIONS))
 
     if not 1 <= snaplen <= MAX_SNAPLEN:
         bad("snaplen", snaplen, f"between 1 and {MAX_SNAPLEN} bytes")
@@ -178,12 +198,13 @@ class LiveCapture:
 
     def __init__(self, interface: str, link: str | None = None, *, snaplen: int = MAX_SNAPLEN,
                  promiscuous: bool = False, block_size: int = 1 << 22, block_count: int = 64,
-                 frame_timeout_ms: int = 100, batch_size: int = 65536):
+                 frame_timeout_ms: int = 100, batch_size: int = 65536, direction: str = "inout"):
         self.interface = str(interface)
         self.link = link if link is not None else self.interface
         snaplen, block_size, block_count = int(snaplen), int(block_size), int(block_count)
         frame_timeout_ms, batch_size = int(frame_timeout_ms), int(batch_size)
-        _check_options(snaplen, block_size, block_count, frame_timeout_ms, batch_size)
+        _check_options(snaplen, block_size, block_count, frame_timeout_ms, batch_size, direction)
+        self.direction = direction
         self.snaplen = snaplen
         self.block_size = block_size
         self.block_count = block_count
@@ -194,6 +215,7 @@ class LiveCapture:
         self._mm: mmap.mmap | None = None
         self._ifindex = _interface_index(self.interface)
         self._link_type = _link_type(self.interface)
+        self.loopback = _device_type(self.interface) == _ARPHRD_LOOPBACK
         try:
             self._open(promiscuous, frame_timeout_ms)
         except BaseException:
@@ -223,9 +245,13 @@ class LiveCapture:
                                  f"{exc.strerror or exc}") from None
         sock = self._sock
         frame = frame_size_for(self.snaplen, self.block_size)
+        # on loopback both copies of a packet are tapped: keep one (libpcap keeps the
+        # incoming one; with "out", the outgoing one)
+        outgoing = self.direction == "out" or (self.direction == "inout" and not self.loopback)
+        incoming = self.direction != "out"
         try:
             set_version_v3(sock)
-            attach_snaplen_filter(sock, self.snaplen)
+            attach_filter(sock, capture_program(self.snaplen, outgoing, incoming))
         except OSError as exc:
             raise InterfaceError(f"interface {name!r}: the kernel refused TPACKET_V3 ({exc.strerror or exc}); "
                                  f"Linux 3.2 or later is needed") from None
@@ -250,8 +276,10 @@ class LiveCapture:
             if exc.errno == errno.ENODEV:
                 _interface_index(name)  # gone since we looked: the "does not exist" message
             raise InterfaceError(f"cannot capture on interface {name!r}: {exc.strerror or exc}") from None
-        log.info("capturing on %s (link %s): %d blocks of %d KiB, snaplen %d%s", name, self.link,
-                 self.block_count, self.block_size >> 10, self.snaplen, ", promiscuous" if promiscuous else "")
+        log.info("capturing on %s (link %s): %d blocks of %d KiB, snaplen %d, %s%s", name, self.link,
+                 self.block_count, self.block_size >> 10, self.snaplen,
+                 "outgoing and incoming" if outgoing and incoming else "outgoing" if outgoing else "incoming",
+                 ", promiscuous" if promiscuous else "")
 
     def _warm(self) -> None:
         """Load (or compile) the kernels now, with calls that touch nothing: a first poll takes
@@ -395,8 +423,8 @@ class LiveCapture:
 def open_interface(interface: str, link: str | None = None, **options) -> LiveCapture:
     """Open a live capture on `interface` (the link is named after it unless `link` is given).
 
-    Options: snaplen, promiscuous, block_size, block_count, frame_timeout_ms, batch_size (see
-    LiveCapture). Raises InterfaceError (missing interface, no permission, undecodable device
+    Options: snaplen, promiscuous, block_size, block_count, frame_timeout_ms, batch_size,
+    direction ("in", "out" or "inout"; see LiveCapture and the module doc). Raises InterfaceError (missing interface, no permission, undecodable device
     type) and ConfigError (invalid ring options), both with a one-line message.
     """
     return LiveCapture(interface, link, **options)

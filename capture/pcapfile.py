@@ -76,10 +76,11 @@ def frame_pcap(buf, pos, fill, big, ts_mult, snaplen, link, file_base, out, row,
     Returns (pos, row, status, found): the first unconsumed byte, the next free row, why it
     stopped (ST_*), and for ST_BAD_RECORD the offending captured length. As libpcap does, a
     captured length above max(snaplen, 262144) is broken framing (the records after it
-    cannot be found), while one merely above the snaplen or the wire length is a row flagged
-    bad_record_length.
+    cannot be found). One merely above the header's snap length is read whole, as tshark
+    reads it (writers that cut packets themselves, or rewrote the header, leave such files;
+    the reader warns once); one above the wire length is a row flagged bad_record_length.
     """
-    max_caplen = max(snaplen, PCAP_MAX_SNAPLEN)
+    max_caplen = min(max(snaplen, PCAP_MAX_SNAPLEN), MAX_RECORD)
     c_ts = out.timestamp
     c_offset = out.record_offset
     c_len = out.len
@@ -110,7 +111,7 @@ def frame_pcap(buf, pos, fill, big, ts_mult, snaplen, link, file_base, out, row,
         c_caplen[row] = caplen
         c_data[row] = pos + PCAP_RECORD_HEADER_LEN
         c_link[row] = link
-        c_bad[row] = caplen > wirelen or (snaplen > 0 and caplen > snaplen)
+        c_bad[row] = caplen > wirelen
         row += 1
         pos += PCAP_RECORD_HEADER_LEN + caplen
     return pos, row, status, found
@@ -146,8 +147,10 @@ def frame_pcapng(buf, pos, fill, big, if_link, if_mode, if_scale, if_offset, if_
 
     Skips blocks it does not know; stops at a section header or interface description
     (ST_SPECIAL_BLOCK) so that Python updates the interface tables. Returns
-    (pos, row, status, found, last_ts); `last_ts` dates simple packet blocks, which carry none.
-    A packet of an interface never described gets link type -1 (unsupported_link_type).
+    (pos, row, status, found, last_ts, over_at); `last_ts` dates simple packet blocks, which
+    carry none; `over_at` is the file offset of the first packet longer than its interface's
+    snap length (read whole, as tshark does; -1: none). A packet of an interface never
+    described gets link type -1 (unsupported_link_type).
     """
     c_ts = out.timestamp
     c_offset = out.record_offset
@@ -157,6 +160,7 @@ def frame_pcapng(buf, pos, fill, big, if_link, if_mode, if_scale, if_offset, if_
     c_link = out.link_type
     c_bad = out.bad_record
     found = 0
+    over_at = -1
     while True:
         if row >= max_rows:
             status = ST_BATCH_FULL
@@ -223,13 +227,15 @@ def frame_pcapng(buf, pos, fill, big, if_link, if_mode, if_scale, if_offset, if_
         c_data[row] = data
         if ifid < n_if:
             c_link[row] = if_link[ifid]
-            c_bad[row] = caplen > wirelen or (if_snaplen[ifid] > 0 and caplen > if_snaplen[ifid])
+            c_bad[row] = caplen > wirelen
+            if over_at < 0 and 0 < if_snaplen[ifid] < caplen:
+                over_at = file_base + pos
         else:
             c_link[row] = -1
             c_bad[row] = False
         row += 1
         pos += blen
-    return pos, row, status, found, last_ts
+    return pos, row, status, found, last_ts, over_at
 
 
 # --- headers parsed in Python (once per file / section / interface) -------------------------

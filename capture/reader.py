@@ -10,22 +10,35 @@ then counts what the thread has decoded, which may be ahead of what was consumed
 per reader and reused for every batch, so a `PacketBatch` yielded by the iterator is a VIEW
 that the next batch overwrites: a consumer that keeps one must `batch.copy()` it.
 
+Streams: a FIFO or `-` (standard input; `capture.source`) is read as its bytes arrive, never
+mapped or sought. When the writer goes quiet the packets read so far are yielded at once (the
+link's clock and punctuation advance with them); before the first byte the reader says after
+a second that it waits; `stop()` (or `close()`) ends the wait like an end of input.
+
 Bad input: a packet that cannot be decoded is a row with a reason code (counted in
 `stats.reasons`). A bad magic or an unsupported pcap link type raises `CaptureFormatError`
-(file, byte offset, value found). A broken record or block (an impossible length) is skipped:
+(file, byte offset, value found). A broken record or block (an impossible length, or one
+running past the end of the file with readable records after its header) is skipped:
 the reader finds the next readable record (`capture.resync`) and goes on, and the problem,
-with the bytes skipped, goes to `stats.problems` (and the log). A file that ends inside its
+with the bytes skipped, goes to `stats.problems` (and the log). A damaged pcapng section
+header or interface description loses its section only: reading resumes at the next valid
+section header. A record longer than the snap length is read whole, as tshark reads it (a
+warning once per file). A file that ends inside its
 last record is not an error either: every complete packet is yielded, the problem goes to
-`stats.problems`. With `strict=True` both raise instead (`CaptureFormatError`,
-`TruncatedCaptureError`), after every earlier packet has been yielded.
+`stats.problems`. Whatever the problem, every packet before it is yielded first. With
+`strict=True` they raise instead (`CaptureFormatError`, `TruncatedCaptureError`), after every
+earlier packet has been yielded.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import mmap
 import os
-from collections.abc import Iterator
+import select
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,10 +55,12 @@ from capture.fastdecode import (
     decode_rows_flow,
 )
 from capture.pcapfile import (
+    MAX_RECORD,
     PCAP_HEADER_LEN,
     PCAP_MAGIC_NS,
     PCAP_MAGIC_US,
     PCAP_MAX_SNAPLEN,
+    PCAP_RECORD_HEADER_LEN,
     PCAPNG_SHB,
     ST_BAD_RECORD,
     ST_BATCH_FULL,
@@ -58,8 +73,9 @@ from capture.pcapfile import (
     parse_pcap_header,
     parse_section_header,
 )
-from capture.resync import RS_FOUND, TIME_WINDOW_S, resync_pcap, resync_pcapng
+from capture.resync import RS_FOUND, TIME_WINDOW_S, resync_pcap, resync_pcapng, resync_section
 from capture.schema import COLUMNS, REASONS
+from capture.source import STDIN, STDIN_FD, STREAM, classify, display_name
 
 if TYPE_CHECKING:
     from capture.prefetch import ReadAhead
@@ -73,6 +89,25 @@ _MIN_CHUNK = 64  # bytes; tests use tiny chunks to put records across chunk ends
 _PCAP_MAGICS = {m.to_bytes(4, order) for m in (PCAP_MAGIC_US, PCAP_MAGIC_NS) for order in ("little", "big")}
 _FRAMED = frozenset(("timestamp", "len", "caplen"))
 _SHB_BYTES = PCAPNG_SHB.to_bytes(4, "little")  # a palindrome: the same in both byte orders
+#: a stream's read buffer (a pipe holds 64 KiB to 1 MiB): large enough to frame many
+#: packets per kernel call, small enough to hand them on while the writer is still writing
+_STREAM_CHUNK = 1 << 20
+#: a stream's wait for bytes is cut in slices of this (s), to notice a stop or close()
+_WAIT_SLICE_S = 0.2
+#: a stream with no byte after this long (s) says that it waits
+_WAIT_NOTICE_S = 1.0
+
+
+def _grow_pipe(fd: int) -> None:
+    """Ask for a 1 MiB pipe (the default 64 KiB makes a fast writer, `cat` or `tcpdump -w -`,
+    wait on every 64 KiB); what an unprivileged process may not have it goes without."""
+    setsize = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if setsize is None:
+        return
+    try:
+        fcntl.fcntl(fd, setsize, _STREAM_CHUNK)
+    except OSError:
+        pass                        # not a pipe (a regular file on stdin), or over the limit
 
 
 @dataclass
@@ -107,13 +142,15 @@ class CaptureReader:
     reads; the others are not decoded and hold zeros (`layers`, `reason`, `timestamp`, `len`
     and `caplen` are always filled). `prefetch` (default 0): decode up to that many batches
     ahead in a thread (`capture.prefetch`), overlapping the consumer's work on another core.
+    `path` may be a FIFO or `-` (standard input): `stream` is then True, and `stop` (a
+    callable) ends a wait for bytes as the end of the stream.
     """
 
     def __init__(self, path: str | os.PathLike, link: str | None = None, batch_size: int = 65536,
                  *, chunk_size: int = DEFAULT_CHUNK, strict: bool = False,
-                 columns=None, prefetch: int = 0):
-        self.path = str(path)
-        self.link = link if link is not None else Path(path).stem
+                 columns=None, prefetch: int = 0, stop: Callable[[], bool] | None = None):
+        self.path = display_name(path)
+        self.link = link if link is not None else "stdin" if str(path) == STDIN else Path(path).stem
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         self.batch_size = int(batch_size)
@@ -130,15 +167,17 @@ class CaptureReader:
             raise ValueError("prefetch must be >= 0")
         self.prefetch = int(prefetch)
         self._ahead: ReadAhead | None = None
-        try:
-            self._file = open(self.path, "rb", buffering=0)
-            size = os.fstat(self._file.fileno()).st_size
-        except FileNotFoundError:
-            raise CaptureError(f"{self.path}: capture file not found") from None
-        except IsADirectoryError:
-            raise CaptureError(f"{self.path}: is a directory, not a capture file") from None
-        except OSError as exc:
-            raise CaptureError(f"{self.path}: cannot read capture file: {exc.strerror or exc}") from None
+        kind, why = classify(path)
+        if kind is None:
+            raise CaptureError(f"{self.path}: {why}")
+        #: a FIFO or standard input: read as the bytes arrive (never mapped, never sought)
+        self.stream = kind == STREAM
+        self._stop = stop            # a stream's wait for bytes ends (as its end) once this says so
+        self._closing = False        # close() asked: a stream's wait ends
+        self._stopped = False        # the stream ended by a stop or close, not by its writer
+        self._snap_warned = False    # records longer than the snap length were reported
+        self._file = self._open(path)
+        size = 0 if self.stream else os.fstat(self._file.fileno()).st_size
         self._map: mmap.mmap | None = None   # the file mapped into memory (large files)
         self._released = 0      # mapped bytes before this were handed back (MADV_DONTNEED)
         self._fill = 0          # valid bytes in _buf
@@ -147,7 +186,13 @@ class CaptureReader:
         self._eof = False
         if chunk_size >= DEFAULT_CHUNK and size > chunk_size:
             self._map_file(size)
-        if self._map is None:
+        if self.stream:
+            # a stream's bytes arrive a pipe's worth at a time: a modest buffer, which grows
+            # if a record does not fit
+            self._buf = np.empty(max(_MIN_CHUNK, min(int(chunk_size), _STREAM_CHUNK)), np.uint8)
+            self._poller = select.poll()
+            self._poller.register(self._file.fileno(), select.POLLIN | select.POLLPRI)
+        elif self._map is None:
             # a small file needs no large buffer; the buffer grows if a record does not fit
             self._buf = np.empty(max(_MIN_CHUNK, min(int(chunk_size), size + 16)), np.uint8)
         self._out: DecodeColumns = make_columns(self.batch_size)
@@ -167,9 +212,32 @@ class CaptureReader:
         self.close()
 
     def close(self) -> None:
+        self._closing = True         # a read-ahead thread waiting on a quiet stream gives up
         if self._ahead is not None:
             self._ahead.close()
         self._file.close()
+
+    def _open(self, path: str | os.PathLike):
+        """The file, unbuffered (the reader has its own buffer)."""
+        try:
+            if str(path) == STDIN:
+                raw = open(STDIN_FD, "rb", buffering=0, closefd=False)
+                _grow_pipe(raw.fileno())
+                return raw
+            if self.stream:
+                # opening a FIFO for reading waits for a writer, silently and beyond a stop:
+                # open at once, wait in _wait_readable (which says so after a second)
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+                os.set_blocking(fd, True)
+                _grow_pipe(fd)
+                return open(fd, "rb", buffering=0)
+            return open(path, "rb", buffering=0)
+        except FileNotFoundError:
+            raise CaptureError(f"{self.path}: capture file not found") from None
+        except IsADirectoryError:
+            raise CaptureError(f"{self.path}: is a directory, not a capture file") from None
+        except OSError as exc:
+            raise CaptureError(f"{self.path}: cannot read capture file: {exc.strerror or exc}") from None
 
     # --- buffer management ---------------------------------------------------------------
     def _map_file(self, size: int) -> None:
@@ -214,16 +282,46 @@ class CaptureReader:
         got = 0
         view = self._buf.data   # a memoryview of the buffer
         while self._fill < len(self._buf):
+            # a stream: wait for its first bytes, then take only what has arrived, so that
+            # the packets in it are framed (and their time advances the link's clock) while
+            # the writer is quiet, instead of when a whole buffer has come
+            if self.stream and not self._wait_readable(block=got == 0):
+                if got == 0:         # stopped or closed while waiting: the stream ends here
+                    self._stopped = self._eof = True
+                break
             try:
                 n = self._file.readinto(view[self._fill:])
             except OSError as exc:
                 raise CaptureError(f"{self.path}: read error at byte {self._base + self._fill}: {exc}") from None
+            if n is None:           # a non-blocking standard input had nothing after all
+                continue
             if not n:
                 self._eof = True
                 break
             self._fill += n
             got += n
         return got
+
+    def _wait_readable(self, block: bool) -> bool:
+        """A stream: True when a read will not wait (bytes, or its end, have arrived).
+        Without `block`, only looks; with it, waits in slices, until the bytes come or a stop
+        or close() is asked (False). Before the first byte, says after a second that it waits
+        (a FIFO no writer has opened yet looks exactly like a hang otherwise)."""
+        if not block:
+            return bool(self._poller.poll(0))
+        started = time.monotonic()
+        noticed = False
+        while True:
+            if self._closing or (self._stop is not None and self._stop()):
+                return False
+            if self._poller.poll(int(_WAIT_SLICE_S * 1000)):
+                return True
+            if not noticed and self._base + self._fill == 0 \
+                    and time.monotonic() - started >= _WAIT_NOTICE_S:
+                noticed = True
+                what = "standard input" if self.path == display_name(STDIN) else "the FIFO"
+                log.warning("%s: waiting for a capture: nothing written to %s yet "
+                            "(Ctrl-C gives up)", self.path, what)
 
     def _ensure(self, nbytes: int) -> bool:
         """Make buf[pos:pos+nbytes] valid if the file has that much; False at end of file."""
@@ -240,6 +338,8 @@ class CaptureReader:
         self._ensure(4)
         head = bytes(self._buf[:min(4, self._fill)])
         if len(head) < 4:
+            if self._stopped:
+                raise CaptureError(f"{self.path}: stopped before a capture arrived")
             raise CaptureFormatError(self.path, 0, "file too short to be a capture (no pcap or pcapng header)",
                                      f"{len(head)} bytes")
         if head in _PCAP_MAGICS:
@@ -248,11 +348,17 @@ class CaptureReader:
             self._pos = PCAP_HEADER_LEN
             return "pcap"
         if head == _SHB_BYTES:
-            self._ensure(12)  # check the byte-order magic now, so a bad file fails at open
-            parse_section_header(self.path, bytes(self._buf[:min(self._fill, 16)]), 0)
             self._ifaces = Interfaces()
             self._big = False
             self._last_ts = 0
+            self._ensure(16)  # check the byte-order magic now, so a bad file fails at open
+            try:
+                parse_section_header(self.path, bytes(self._buf[:min(self._fill, 16)]), 0)
+            except CaptureFormatError as exc:
+                # a damaged first section header: the file is still read from its next
+                # section, if it has one (none: the file is not readable at all)
+                if self.strict or not self._next_section(exc, quiet=True):
+                    raise
             return "pcapng"
         raise CaptureFormatError(self.path, 0, "not a pcap or pcapng file: bad magic number", "0x" + head.hex())
 
@@ -271,7 +377,8 @@ class CaptureReader:
 
     def _batches(self, take_buffer) -> Iterator[tuple[PacketBatch, DecodeColumns]]:
         """(batch, the column buffer it views) pairs; `take_buffer()` gives the buffer of
-        each next batch."""
+        each next batch. Whatever stops the framing (damage, the end, a stream gone quiet),
+        the rows located before it are yielded first."""
         out = self._out = take_buffer()
         want = self._want
         max_rows = self.batch_size
@@ -283,11 +390,18 @@ class CaptureReader:
                 pos, row, status, found = frame_pcap(
                     self._buf, self._pos, self._fill, h.big_endian, 1 if h.nanosecond else 1000,
                     h.snaplen, h.link, self._base, out, row, max_rows)
+                if not self._snap_warned and 0 < h.snaplen and row > first \
+                        and out.caplen[first:row].max() > h.snaplen:
+                    i = first + int(np.argmax(out.caplen[first:row] > h.snaplen))
+                    self._warn_snaplen(int(out.record_offset[i]), int(out.caplen[i]), h.snaplen)
             else:
                 fi = self._ifaces
-                pos, row, status, found, self._last_ts = frame_pcapng(
+                pos, row, status, found, self._last_ts, over_at = frame_pcapng(
                     self._buf, self._pos, self._fill, self._big, fi.link, fi.mode, fi.scale, fi.offset,
                     fi.snaplen, fi.n, self._last_ts, self._base, out, row, max_rows)
+                if over_at >= 0 and not self._snap_warned:
+                    i = first + int(np.flatnonzero(out.record_offset[first:row] == over_at)[0])
+                    self._warn_snaplen(int(over_at), int(out.caplen[i]), None)
             # decode the located frames now, before the buffer is refilled
             if self._flow_only:
                 decode_rows_flow(self._buf, out, first, row)
@@ -303,11 +417,36 @@ class CaptureReader:
                 if self._eof:
                     if row:
                         yield self._emit(row), out
-                    self._finish_truncated()
-                    return
+                    if self._stopped or not self._runs_past_end():
+                        self._finish_truncated()
+                        return
+                    if row:
+                        out = self._out = take_buffer()
+                        row = 0
+                    continue
+                if self.stream and row and not self._wait_readable(block=False):
+                    # the writer is quiet: hand on what has come, so its time reaches the
+                    # link's clock (and its punctuation) now rather than a buffer later
+                    yield self._emit(row), out
+                    out = self._out = take_buffer()
+                    row = 0
                 self._read_more()
             elif status == ST_SPECIAL_BLOCK:
-                if not self._special_block():
+                try:
+                    complete = self._special_block()
+                except CaptureFormatError as exc:
+                    # a damaged section header or interface description: the packets before
+                    # it first, then the problem, then the next section
+                    if row:
+                        yield self._emit(row), out
+                        out = self._out = take_buffer()
+                        row = 0
+                    if self.strict:
+                        raise
+                    if not self._next_section(exc):
+                        return
+                    continue
+                if not complete:
                     if row:
                         yield self._emit(row), out
                     self._finish_truncated()
@@ -321,41 +460,56 @@ class CaptureReader:
                 if not self._resync(found):
                     return
 
-    def _resync(self, found: int) -> bool:
+    def _warn_snaplen(self, offset: int, caplen: int, snaplen: int | None) -> None:
+        """Once per file: records longer than the snap length are read whole, as tshark reads
+        them (a writer that cut packets itself, or a header rewritten by a tool), not
+        flagged: their bytes are real."""
+        self._snap_warned = True
+        limit = f"the file header's snap length {snaplen}" if snaplen is not None \
+            else "its interface's snap length"
+        log.warning("%s: byte %d: a record of %d bytes, longer than %s; such records are read "
+                    "whole, as tshark reads them (said once per file)", self.path, offset, caplen, limit)
+
+    def _record_search(self):
+        """(search, start): the resynchronisation kernel of this format, as a function of
+        where to start, and where to start after broken framing at pos."""
+        if self.format == "pcap":
+            h = self._pcap
+            window = (0, 0xFFFF_FFFF) if self._last_sec is None else \
+                (max(0, self._last_sec - TIME_WINDOW_S), self._last_sec + TIME_WINDOW_S)
+            max_caplen = min(max(h.snaplen, PCAP_MAX_SNAPLEN), MAX_RECORD)
+            return (lambda start: resync_pcap(
+                self._buf, start, self._fill, self._eof, h.big_endian,
+                1_000_000_000 if h.nanosecond else 1_000_000, max_caplen, *window)), self._pos + 1
+        return (lambda start: resync_pcapng(
+            self._buf, start, self._fill, self._eof, self._big)), self._pos + 4
+
+    def _scan(self, search, start: int) -> int | None:
+        """Run a resynchronisation kernel `search(start)` over the rest of the file, reading
+        on as it needs: the file offset it found (pos moved there), or None (pos at the end)."""
+        while True:
+            q, status = search(start)
+            if status == RS_FOUND:
+                self._pos = int(q)
+                return self._offset()
+            if self._eof:
+                self._pos = self._fill
+                return None
+            self._pos = int(q)       # keep what may still start a record; read on
+            self._read_more()
+            start = self._pos
+
+    def _resync(self, found: int, problem: str = "impossible length") -> bool:
         """After broken framing at pos: step to the next readable record (False: none before
         the end of the file). Raises CaptureFormatError instead when strict."""
         bad = self._offset()
         what = "pcapng block" if self.format == "pcapng" else "pcap record"
         if self.strict:
-            raise CaptureFormatError(self.path, bad, f"broken {what}: impossible length", found)
-        if self.format == "pcap":
-            h = self._pcap
-            window = (0, 0xFFFF_FFFF) if self._last_sec is None else \
-                (max(0, self._last_sec - TIME_WINDOW_S), self._last_sec + TIME_WINDOW_S)
-            search = lambda start: resync_pcap(  # noqa: E731
-                self._buf, start, self._fill, self._eof, h.big_endian,
-                1_000_000_000 if h.nanosecond else 1_000_000, max(h.snaplen, PCAP_MAX_SNAPLEN),
-                *window)
-            start = self._pos + 1
-        else:
-            search = lambda start: resync_pcapng(  # noqa: E731
-                self._buf, start, self._fill, self._eof, self._big)
-            start = self._pos + 4
-        while True:
-            q, status = search(start)
-            if status == RS_FOUND:
-                self._pos = int(q)
-                break
-            if self._eof:
-                self._pos = self._fill
-                break
-            self._pos = int(q)       # keep what may still start a record; read on
-            self._read_more()
-            start = self._pos
-        found_at = self._offset() if status == RS_FOUND else None
+            raise CaptureFormatError(self.path, bad, f"broken {what}: {problem}", found)
+        found_at = self._scan(*self._record_search())
         skipped = self._offset() - bad
         self.stats.skipped_bytes += skipped
-        head = f"{self.path}: byte {bad}: broken {what}: impossible length (found {found})"
+        head = f"{self.path}: byte {bad}: broken {what}: {problem} (found {found})"
         if found_at is None:
             msg = f"{head}; no readable record after it: the last {skipped} bytes were skipped"
         else:
@@ -363,6 +517,45 @@ class CaptureReader:
             msg = f"{head}; skipped {skipped} bytes to the next readable record at byte {found_at}"
         self.stats.problems.append(msg)
         log.info("%s", msg)         # the consumer reports stats.problems
+        return found_at is not None
+
+    def _runs_past_end(self) -> bool:
+        """At the end of the file, the record at pos does not fit. When readable records
+        follow its header, its length is damage, not a capture cut short: step over it as
+        over any impossible length (True). False: the file ends inside its last record."""
+        head = PCAP_RECORD_HEADER_LEN if self.format == "pcap" else 12
+        if self._fill - self._pos < head:
+            return False
+        search, start = self._record_search()
+        _, status = search(start)    # the whole rest of the file is in the buffer
+        if status != RS_FOUND:
+            return False
+        at = self._pos + (8 if self.format == "pcap" else 4)
+        big = self._pcap.big_endian if self.format == "pcap" else self._big
+        length = int.from_bytes(bytes(self._buf[at:at + 4]), "big" if big else "little")
+        return self._resync(length, "length runs past the end of the file")
+
+    def _next_section(self, exc: CaptureFormatError, quiet: bool = False) -> bool:
+        """After a damaged section header or interface description at pos: step to the next
+        valid section header (False: none before the end of the file). The blocks between
+        cannot be read: their byte order or their interfaces were in the damaged block.
+        `quiet`: report nothing when there is none (the caller raises `exc` itself)."""
+        bad = self._offset()
+        found_at = self._scan(lambda start: resync_section(self._buf, start, self._fill, self._eof),
+                              self._pos + 4)
+        skipped = self._offset() - bad
+        self._ifaces = Interfaces()
+        if found_at is None and quiet:
+            return False
+        self.stats.skipped_bytes += skipped
+        if found_at is None:
+            msg = f"{exc}; no valid section header after it: the last {skipped} bytes were skipped"
+        else:
+            self.stats.resyncs += 1
+            msg = (f"{exc}; skipped {skipped} bytes, the rest of its section, to the next section "
+                   f"header at byte {found_at}")
+        self.stats.problems.append(msg)
+        log.info("%s", msg)
         return found_at is not None
 
     def _emit(self, n: int) -> PacketBatch:
@@ -381,6 +574,10 @@ class CaptureReader:
     def _finish_truncated(self) -> None:
         left = self._fill - self._pos
         if left == 0:
+            return
+        if self._stopped:
+            # a stream cut by a stop (Ctrl-C, --duration), not by damage: nothing to report
+            log.debug("%s: stopped with %d bytes of a record read", self.path, left)
             return
         msg = (f"{self.path}: byte {self._offset()}: file ends inside the last "
                f"{'block' if self.format == 'pcapng' else 'record'} ({left} bytes left over); "
@@ -430,7 +627,9 @@ def open_capture(path: str | os.PathLike, link: str | None = None, batch_size: i
 
     Options: `chunk_size` (bytes read at a time, default 16 MiB), `strict` (raise
     TruncatedCaptureError at the end when the file ends inside a record), `columns` (decode
-    only these columns; the others are zeros), `prefetch` (batches decoded ahead in a thread).
+    only these columns; the others are zeros), `prefetch` (batches decoded ahead in a thread),
+    `stop` (a stream's wait for bytes ends, as its end, once this returns True). `path` may be
+    a FIFO or `-` (standard input): a stream.
     """
     return CaptureReader(path, link, batch_size, **options)
 

@@ -30,6 +30,7 @@ from capture.pcapfile import (
     PCAP_RECORD_HEADER_LEN,
     PCAPNG_BOM,
     PCAPNG_SHB,
+    rd16,
     rd32,
 )
 from common.jit import ngjit
@@ -114,6 +115,35 @@ def _pcapng_block(buf, q, fill, big):
     if q + blen > fill:
         return 0
     return blen if rd32(buf, q + blen - 4, big) == blen else -1
+
+
+@ngjit
+def resync_section(buf, start, fill, eof):
+    """(offset, status): the first q >= start (4-byte steps) where a valid pcapng section
+    header begins: its type, a byte-order mark, a plausible length repeated at its end, major
+    version 1. After a damaged section header or interface description the blocks up to the
+    next section cannot be read (their byte order or interfaces are lost): reading resumes
+    there."""
+    q = start
+    while q < fill:
+        if q + 16 > fill:
+            if not eof:
+                return q, RS_NEED_DATA
+            break
+        if rd32(buf, q, False) == PCAPNG_SHB:
+            big = rd32(buf, q + 8, True) == PCAPNG_BOM
+            if big or rd32(buf, q + 8, False) == PCAPNG_BOM:
+                blen = rd32(buf, q + 4, big)
+                major = rd16(buf, q + 12, big)
+                if blen >= 28 and blen % 4 == 0 and blen <= MAX_RECORD and major == 1:
+                    if q + blen > fill:
+                        # its end is not here yet; at the end of the file, a section cut
+                        # short: the reader reports that one as truncated
+                        return q, RS_NEED_DATA if not eof else RS_FOUND
+                    if rd32(buf, q + blen - 4, big) == blen:
+                        return q, RS_FOUND
+        q += 4
+    return q, RS_NONE
 
 
 @ngjit

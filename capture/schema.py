@@ -39,7 +39,7 @@ REASONS: dict[int, str] = {
     9: "truncated_transport_header",
     10: "bad_tcp_offset",          # TCP data offset < 5
     11: "unsupported_link_type",   # pcapng interface with a link type we do not decode
-    12: "bad_record_length",       # caplen > wire length or > snaplen
+    12: "bad_record_length",       # caplen > wire length (longer than the snap length is fine)
 }
 REASON_CODES: dict[str, int] = {name: code for code, name in REASONS.items()}
 #: reasons that are not errors (the packet is complete at the layers it has)

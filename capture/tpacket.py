@@ -38,6 +38,15 @@ PACKET_MR_PROMISC = 1
 TPACKET_V3 = 2
 SO_ATTACH_FILTER = 26
 ETH_P_ALL = 0x0003
+#: sockaddr_ll.sll_pkttype of a packet the host sends (linux/if_packet.h)
+PACKET_OUTGOING = 4
+
+# classic BPF (linux/filter.h): the instructions capture_program uses
+BPF_LDB_ABS = 0x30        # BPF_LD | BPF_B | BPF_ABS: A = the byte at k (k < 0: ancillary data)
+BPF_JEQ_K = 0x15          # BPF_JMP | BPF_JEQ | BPF_K: pc += A == k ? jt : jf
+BPF_RET_K = 0x06          # BPF_RET | BPF_K: keep k bytes of the packet (0: drop it)
+#: the ancillary "offset" SKF_AD_OFF + SKF_AD_PKTTYPE (-0x1000 + 4): loads skb->pkt_type
+SKF_AD_PKTTYPE = (-0x1000 + 4) & 0xFFFF_FFFF
 
 TP_STATUS_KERNEL = 0
 TP_STATUS_USER = 1 << 0
@@ -82,11 +91,28 @@ def set_version_v3(sock: socket.socket) -> None:
     sock.setsockopt(SOL_PACKET, PACKET_RESERVE, VLAN_TAG_LEN)
 
 
-def attach_snaplen_filter(sock: socket.socket, snaplen: int) -> None:
-    """A one-instruction classic BPF program `ret #snaplen`: the kernel keeps only the first
-    `snaplen` bytes of each packet in the ring (what libpcap does), accepting every packet."""
-    insn = (ctypes.c_uint8 * 8).from_buffer_copy(struct.pack("HBBI", 0x06, 0, 0, snaplen))  # BPF_RET|BPF_K
-    prog = struct.pack("HxxxxxxQ", 1, ctypes.addressof(insn))  # struct sock_fprog {len; filter*}
+def capture_program(snaplen: int, outgoing: bool = True, incoming: bool = True) -> list[tuple[int, int, int, int]]:
+    """The classic BPF program of a capture, as (code, jt, jf, k) instructions: keep the first
+    `snaplen` bytes of each packet (what libpcap does), of the outgoing packets (the socket
+    address's packet type PACKET_OUTGOING, which the kernel gives the copy it taps on the way
+    out), the incoming ones (every other type), or both. Both: the one instruction
+    `ret #snaplen`. Filtering here rather than on the ring keeps the copies not wanted out of
+    the ring altogether (on loopback, half its traffic)."""
+    if not (outgoing or incoming):
+        raise ValueError("a capture keeps outgoing packets, incoming ones or both")
+    keep = (BPF_RET_K, 0, 0, snaplen)
+    if outgoing and incoming:
+        return [keep]
+    # A = skb->pkt_type; if A == PACKET_OUTGOING goto (outgoing ? keep : drop)
+    test = (BPF_JEQ_K, 0, 1, PACKET_OUTGOING) if outgoing else (BPF_JEQ_K, 1, 0, PACKET_OUTGOING)
+    return [(BPF_LDB_ABS, 0, 0, SKF_AD_PKTTYPE), test, keep, (BPF_RET_K, 0, 0, 0)]
+
+
+def attach_filter(sock: socket.socket, program: list[tuple[int, int, int, int]]) -> None:
+    """SO_ATTACH_FILTER a classic BPF program (`capture_program`)."""
+    raw = b"".join(struct.pack("HBBI", *insn) for insn in program)     # struct sock_filter[]
+    insns = (ctypes.c_uint8 * len(raw)).from_buffer_copy(raw)
+    prog = struct.pack("HxxxxxxQ", len(program), ctypes.addressof(insns))  # struct sock_fprog {len; filter*}
     sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, prog)  # the kernel copies the program
 
 

@@ -135,7 +135,7 @@ def format_batch(batch, fields: list[str], fmt: str) -> bytes:
 
 
 @click.command("decode")
-@click.argument("pcap", type=click.Path(dir_okay=False))
+@click.argument("pcap", type=click.Path(allow_dash=True))
 @click.option("--fields", "fields_spec", metavar="F1,F2,...", default=None,
               help="Comma-separated packet-schema fields to print (default: all). "
                    f"Valid: {', '.join(FIELDS)}.")
@@ -148,6 +148,9 @@ def format_batch(batch, fields: list[str], fmt: str) -> bytes:
 def decode(pcap: str, fields_spec: str | None, fmt: str, limit: int | None, link: str | None,
            strict: bool) -> None:
     """Decode PCAP (pcap or pcapng) and print one row per captured packet.
+
+    PCAP may be a FIFO or `-` (standard input): a stream, read as it arrives
+    (`tcpdump -w - | oopscope decode -`).
 
     Malformed packets are printed too, with the reason decoding stopped; fields that the
     packet's layers do not have are left empty (null in JSON lines). Tunnelled packets show
@@ -168,6 +171,8 @@ def decode(pcap: str, fields_spec: str | None, fmt: str, limit: int | None, link
             if limit is not None and printed + batch.n > limit:
                 batch = batch.slice(0, limit - printed)
             out.write(format_batch(batch, fields, fmt))
+            if reader.stream:
+                out.flush()   # a stream's rows as its packets arrive, not when a buffer fills
             printed += batch.n
             if limit is not None and printed >= limit:
                 break

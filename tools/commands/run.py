@@ -61,7 +61,8 @@ def _speed(text: str) -> float | None:
 @click.argument("query_file")
 @click.option("--link", "links", multiple=True, metavar="NAME=PCAP",
               help="A capture file and the link name it plays (repeatable). A bare PCAP is "
-                   "named after the file stem.")
+                   "named after the file stem. A FIFO, or - for standard input "
+                   "(tcpdump -w - | oopscope run ...), is read as a stream.")
 @click.option("--interface", "interfaces", multiple=True, metavar="NAME=IFACE",
               help="Capture live on IFACE as link NAME (repeatable; a bare IFACE names the "
                    "link after it). Needs root or CAP_NET_RAW.")
@@ -95,6 +96,10 @@ def _speed(text: str) -> float | None:
 @click.option("--progress/--no-progress", default=None,
               help="Progress line on stderr (default: when stderr is a terminal).")
 @click.option("--promiscuous", is_flag=True, help="Live capture in promiscuous mode.")
+@click.option("--direction", type=click.Choice(["in", "out", "inout"]), default="inout",
+              show_default=True,
+              help="Live capture: packets received, sent, or both (tcpdump's -Q). On a "
+                   "loopback device each packet counts once whatever the direction.")
 @click.option("--snaplen", type=click.IntRange(64, 262144), default=262144, show_default=True,
               help="Live capture: bytes kept of each frame.")
 @click.option("--ring-blocks", "ring_blocks", type=click.IntRange(2, 1 << 16), default=64,
@@ -118,7 +123,7 @@ def _speed(text: str) -> float | None:
                                       "nfcapd drops when flooded).")
 def run(query_file: str, links, interfaces, outputs, fmt, speed, duration, sets, params,
         master, spool, checkpoint, punctuate_every: int, lull_slack: int, progress,
-        promiscuous, snaplen, ring_blocks, ring_block_size, ring_timeout, netflow,
+        promiscuous, direction, snaplen, ring_blocks, ring_block_size, ring_timeout, netflow,
         netflow_version, netflow_query, netflow_pace) -> None:
     """Run QUERY_FILE (a path or a shipped query name such as q8_1) over capture files or
     live interfaces.
@@ -148,7 +153,7 @@ def run(query_file: str, links, interfaces, outputs, fmt, speed, duration, sets,
     if not links and not interfaces:
         raise click.UsageError("give --link NAME=PCAP (capture files) or --interface "
                                "NAME=IFACE (live capture)")
-    capture_options = (("promiscuous", promiscuous), ("snaplen", snaplen),
+    capture_options = (("promiscuous", promiscuous), ("direction", direction), ("snaplen", snaplen),
                        ("block_count", ring_blocks), ("block_size", ring_block_size),
                        ("frame_timeout_ms", max(1, ring_timeout // 1_000_000)))
     extra: tuple = ()                  # (query, Sink) pairs (RunConfig.extra_sinks)

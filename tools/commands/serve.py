@@ -40,11 +40,14 @@ from tools.commands.params import Duration
               show_default=True, help="Live capture: blocks of the kernel ring.")
 @click.option("--ring-block-size", "ring_block_size", type=click.IntRange(4096, 1 << 30),
               default=1 << 22, show_default=True, help="Live capture: bytes per ring block.")
+@click.option("--direction", type=click.Choice(["in", "out", "inout"]), default="inout",
+              show_default=True, help="Live capture: packets received, sent, or both (as "
+                                      "tcpdump -Q; on loopback each packet counts once).")
 @click.option("--ready-file", default=None, hidden=True,
               help="Write the server's URL here once it listens (for scripts and tests).")
 def serve(interfaces, links, speed, loop, state, output_root, listen, token_file, master,
           punctuate_every, lull_slack, promiscuous, snaplen, ring_blocks, ring_block_size,
-          ready_file) -> None:
+          direction, ready_file) -> None:
     """Run the appliance: capture on the links, run the queries submitted to it.
 
     Queries are submitted (`oopscope submit`), listed (`queries`), tailed (`tail`) and
@@ -69,7 +72,7 @@ def serve(interfaces, links, speed, loop, state, output_root, listen, token_file
         raise click.UsageError("give --interface NAME=IFACE (live) or --link NAME=PCAP")
     capture_options = (("promiscuous", promiscuous), ("snaplen", snaplen),
                        ("block_count", ring_blocks), ("block_size", ring_block_size),
-                       ("frame_timeout_ms", 100))
+                       ("frame_timeout_ms", 100), ("direction", direction))
     config = ServeConfig(state=state, links=_links(links), interfaces=_interfaces(interfaces),
                          speed=speed, loop=loop, master=master, output_root=output_root,
                          punctuate_every_ns=punctuate_every, lull_slack_ns=lull_slack,

@@ -44,7 +44,8 @@ class FileLink:
     """One capture file as a link: chunks of packets up to a capture-time bound."""
 
     def __init__(self, name: str, path: str, batch_size: int = 65536,
-                 columns: tuple[str, ...] | None = None, prefetch: int | None = None):
+                 columns: tuple[str, ...] | None = None, prefetch: int | None = None,
+                 stop=None):
         from capture.reader import open_capture
 
         self.name, self.path = name, str(path)
@@ -53,9 +54,10 @@ class FileLink:
         # `columns`: decode only what the link's operators read (None: every column).
         # `prefetch`: batches a thread reads and decodes ahead while the link's operators work
         # on the current one (a batch is consumed whole before the next is asked for, as the
-        # read-ahead requires)
+        # read-ahead requires). `stop`: a stream (a FIFO, standard input) waiting for bytes
+        # ends there when it says so (Ctrl-C, SIGTERM), as a file ends at its end
         self.reader = open_capture(path, link=name, batch_size=batch_size, columns=columns,
-                                   prefetch=prefetch)
+                                   prefetch=prefetch, stop=stop)
         self._batches = iter(self.reader)
         self._batch: PacketBatch | None = None
         self._cummax: np.ndarray | None = None   # running max of capture time through the pending batch
@@ -141,6 +143,8 @@ def replay(links: dict, feeds: dict, *, speed: float | None, period_ns: int,
     else:
         reason = _replay_paced(links, feeds, speed, period_ns, duration_ns, stop, wall, sleep,
                                {} if info is None else info)
+    if reason == "end of input" and stop():
+        reason = "stopped"      # a stream ended by the stop itself (capture.reader: stop=)
     for name in links:
         links[name].close()
         feeds[name].finish()

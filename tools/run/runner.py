@@ -62,9 +62,15 @@ def _check_sources(config: RunConfig) -> None:
     if not config.links and not config.interfaces:
         raise RunConfigError("give at least one source: --link NAME=PCAP or "
                              "--interface NAME=IFACE")
+    from capture.source import STDIN, classify
+
+    stdin = [name for name, path in config.links if path == STDIN]
+    if len(stdin) > 1:
+        raise RunLinkError(f"--link {', '.join(stdin)}: standard input (-) can feed one link only")
     for name, path in config.links:
-        if not Path(path).is_file():
-            raise RunLinkError(f"--link {name}={path}: no such capture file")
+        kind, why = classify(path)
+        if kind is None:
+            raise RunLinkError(f"--link {name}={path}: {why}")
     names = config.link_names
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -174,14 +180,17 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
         per_link[lp.link].append(OperatorFeed(lp, spool, queries[graph.query_of(lp)], codec))
     feeds = {name: LinkFeeds(name, fs, config.lull_slack_ns) for name, fs in per_link.items()}
     summary = RunSummary(links={}, queries=queries)
-    sources = _open_sources(config, feeds, summary)
+    sources = _open_sources(config, feeds, summary, stop)
     continuous = overlap = None
     if config.streaming:
         continuous = ContinuousStages(starter, graph)
         continuous.start()
     else:
         overlap = OverlappedStages(starter, graph, lambda: _read_share(sources))
-        if _input_bytes(sources) >= overlap.MIN_BYTES:
+        # a stream (FIFO, standard input) has no known size and may last: its windows are
+        # written as they close once Spark is up, as for a large file
+        if _input_bytes(sources) >= overlap.MIN_BYTES or \
+                any(getattr(src.reader, "stream", False) for src in sources.values()):
             overlap.start()
     progress = _progress(config, feeds, sources, outputs)
     spool_queue = SpoolQueue()           # spool files are written beside the low level
@@ -230,7 +239,7 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
     return summary
 
 
-def _open_sources(config: RunConfig, feeds: dict, summary: RunSummary) -> dict:
+def _open_sources(config: RunConfig, feeds: dict, summary: RunSummary, stop=None) -> dict:
     if config.live:
         from tools.run.livelinks import LiveLink
 
@@ -247,7 +256,9 @@ def _open_sources(config: RunConfig, feeds: dict, summary: RunSummary) -> dict:
         return lives
     from tools.run.replay import FileLink
 
-    return {name: FileLink(name, path, config.batch_size, columns=feeds[name].read_columns)
+    # `stop`: a stream (FIFO, standard input) waiting for its writer ends at a stop request
+    return {name: FileLink(name, path, config.batch_size, columns=feeds[name].read_columns,
+                           stop=stop)
             for name, path in config.links}
 
 

@@ -56,12 +56,8 @@ class _Collector:
         status = app.status()
         links = status["links"]
 
-        def per_link(name, doc, key, kind=CounterMetricFamily):
-            fam = kind(name, doc, labels=["link"])
-            for s in links:
-                if s[key] is not None:
-                    fam.add_metric([s["name"]], float(s[key]))
-            return fam
+        def per_link(name, doc, key):
+            return _family(name, doc, "link", links, key)
 
         yield per_link("oopscope_link_packets", "Packets handed to the low level", "packets")
         yield per_link("oopscope_link_bytes", "Bytes (wire length) handed to the low level",
@@ -87,12 +83,8 @@ class _Collector:
         yield punct
         queries = app.queries()
 
-        def per_query(name, doc, key, kind=CounterMetricFamily):
-            fam = kind(name, doc, labels=["query"])
-            for q in queries:
-                if q.get(key) is not None:
-                    fam.add_metric([q["name"]], float(q[key]))
-            return fam
+        def per_query(name, doc, key):
+            return _family(name, doc, "query", queries, key)
 
         yield per_query("oopscope_query_rows", "Result rows written", "rows_out")
         yield per_query("oopscope_query_partial_rows", "Partial rows the low level wrote",
@@ -113,3 +105,12 @@ class _Collector:
         uptime = GaugeMetricFamily("oopscope_uptime_seconds", "Seconds since the server started")
         uptime.add_metric([], status["uptime_s"])
         yield uptime
+
+
+def _family(name: str, doc: str, label: str, items: list[dict], key: str):
+    """A counter with one sample per link or query (`items`: status or query dicts)."""
+    fam = CounterMetricFamily(name, doc, labels=[label])
+    for item in items:
+        if item.get(key) is not None:
+            fam.add_metric([item["name"]], float(item[key]))
+    return fam
