@@ -1,10 +1,11 @@
 """Benchmark of the capture reader: packets/s of `capture.reader` beside tcpdump and a dpkt loop, same file, same run.
 
     python -m bench.decode [--packets 5000000] [--repeat 3] [--dpkt-packets 300000]
-                                 [--dir /tmp/oopscope-bench] [--json bench_decode.json]
+                                 [--dir DIR] [--json bench_decode.json]
 
 The capture is an Ethernet/IPv4 TCP+UDP file with a 64-byte snap length made by the traffic
-generator (`tools.gen.traffic`), kept in --dir and reused when it is already there. Every timed
+generator (`tools.gen.traffic`), kept in --dir and reused when it is already there (without
+--dir, in a fresh temporary directory removed at the end). Every timed
 reader runs on a warm page cache (the file is read once first) and our reader on a warm JIT.
 Figures are medians of --repeat runs, wall-clock and CPU time (CPU time is the steadier figure
 on a shared machine); "vs ours" compares wall-clock rates. Not a test.
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import click
 
-from bench.workloads import generated_capture, warm_file
+from bench.workloads import generated_capture, warm_file, work_dir
 
 log = logging.getLogger(__name__)
 
@@ -102,14 +103,17 @@ def time_dpkt(path: Path, limit: int) -> tuple[float, float, int]:
 @click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--dpkt-packets", type=click.IntRange(min=1000), default=300_000, show_default=True,
               help="dpkt is slow: time it on this prefix of the file.")
-@click.option("--dir", "workdir", type=click.Path(file_okay=False), default="/tmp/oopscope-bench",
-              show_default=True, help="Where the capture is generated (and reused).")
+@click.option("--dir", "workdir", type=click.Path(file_okay=False), default=None,
+              help="Where the capture is generated, kept and reused (default: a fresh "
+                   "temporary directory, removed at the end).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default="bench_decode.json",
               show_default=True)
-def main(packets: int, repeat: int, dpkt_packets: int, workdir: str, json_path: str) -> None:
+def main(packets: int, repeat: int, dpkt_packets: int, workdir: str | None,
+         json_path: str) -> None:
     """Packets/s of the capture reader beside tcpdump and dpkt on one generated capture."""
     logging.basicConfig(level=logging.INFO, format="bench_decode: %(message)s", stream=sys.stderr)
-    path = make_capture(Path(workdir) / f"decode_{packets}.pcap", packets)
+    path = make_capture(work_dir(workdir, "oopscope-bench-decode-") / f"decode_{packets}.pcap",
+                        packets)
     size = path.stat().st_size
     warm_file(path)
     wall, cpu, n = time_ours(path, repeat)

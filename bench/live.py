@@ -1,7 +1,7 @@
 """Benchmark of live capture: tcpreplay at top speed into a veth pair while oopscope's TPACKET_V3 capture, then tcpdump, listen.
 
     python -m bench.live [--seconds 5] [--repeat 3] [--packets 100000] [--size 64] [--senders 1]
-                               [--dir /tmp/oopscope-bench] [--json bench_live.json]
+                               [--dir DIR] [--json bench_live.json]
 
 Needs root, iproute2, tcpreplay and tcpdump. A namespace with a veth pair is made for the run
 (`tools.gen.veth`); a capture of small packets (`--size` bytes, TCP and UDP, from the traffic
@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.workloads import generated_capture
+from bench.workloads import generated_capture, work_dir
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--packets", type=int, default=100_000, help="packets in the replayed capture (looped)")
     ap.add_argument("--size", type=int, default=64, help="wire length of every packet (default 64)")
     ap.add_argument("--senders", type=int, default=1, help="tcpreplay processes sending at once (default 1)")
-    ap.add_argument("--dir", default="/tmp/oopscope-bench", help="where the capture is kept")
+    ap.add_argument("--dir", default=None, help="where the capture is kept and reused (default: "
+                    "a fresh temporary directory, removed at the end)")
     ap.add_argument("--json", dest="json_path", help="write the results as JSON here")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -189,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     if why or missing:
         print(f"bench_live: {why or 'missing tools: ' + ', '.join(missing)}", file=sys.stderr)
         return 2
-    pcap = make_capture(Path(args.dir) / f"live_{args.packets}_{args.size}.pcap", args.packets, args.size)
+    pcap = make_capture(work_dir(args.dir, "oopscope-bench-live-")
+                        / f"live_{args.packets}_{args.size}.pcap", args.packets, args.size)
     capturers = {
         "oopscope": lambda p: run_ours(p, pcap, args.seconds, args.senders),
         "oopscope-2MiB": lambda p: run_ours(p, pcap, args.seconds, args.senders, block_size=1 << 19, block_count=4),

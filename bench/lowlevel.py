@@ -1,7 +1,7 @@
 """Benchmark of the low level: thesis Q8-1 (count per srcIP, destIP per minute), pcap in -> partial rows out, beside tcpdump, softflowd and nfpcapd on the same files.
 
     python -m bench.lowlevel [--quick] [--packets 5000000] [--repeat 3]
-                                   [--dir /tmp/oopscope-bench-lowlevel] [--json bench_lowlevel.json]
+                                   [--dir DIR] [--json bench_lowlevel.json]
 
 Captures come from the traffic generator (`tools.gen.traffic`): Ethernet/IPv4 TCP+UDP, 64-byte snap
 length, 10 minutes of data time, 66K/130K/260K/520K (srcIP, destIP) groups, in time order.
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import click
 
-from bench.workloads import generated_capture, warm_file
+from bench.workloads import generated_capture, warm_file, work_dir
 
 log = logging.getLogger(__name__)
 
@@ -267,8 +267,9 @@ def _m(rate: float | None) -> str:
 @click.option("--packets", type=int, default=None, help="Packets per capture (default 5M).")
 @click.option("--repeat", type=int, default=None, help="Runs per figure (median; default 3).")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
-              default=Path(tempfile.gettempdir()) / "oopscope-bench-lowlevel",
-              help="Where the generated captures are kept (reused).")
+              default=None,
+              help="Where the generated captures are kept and reused (default: a fresh "
+                   "temporary directory, removed at the end).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               default=Path("bench_lowlevel.json"), help="Where to write the figures.")
 @click.option("--softflowd", "with_softflowd", is_flag=True,
@@ -285,7 +286,7 @@ def _m(rate: float | None) -> str:
 @click.option("--factors", type=str, default=None,
               help="Comma-separated table factors (default 0.5,1,2).")
 @click.option("--no-tools", is_flag=True, help="Skip tcpdump/nfpcapd/softflowd.")
-def main(quick: bool, packets: int | None, repeat: int | None, directory: Path,
+def main(quick: bool, packets: int | None, repeat: int | None, directory: Path | None,
          json_path: Path, with_softflowd: bool, groups_opt: str | None, plain_reader: bool,
          prefetch: int, batch_size: int, factors: str | None, no_tools: bool) -> None:
     """Q8-1 throughput of the low level beside tcpdump, softflowd and nfpcapd."""
@@ -299,6 +300,7 @@ def main(quick: bool, packets: int | None, repeat: int | None, directory: Path,
     groups_list = (tuple(int(g) for g in groups_opt.split(",")) if groups_opt
                    else (66_000, 260_000) if quick else GROUPS)
 
+    directory = work_dir(directory, "oopscope-bench-lowlevel-")
     # warm the JIT on a tiny capture (compile time excluded from every figure)
     warm = make_capture(directory, 1000, 20_000)
     for policy in POLICIES:

@@ -1,10 +1,13 @@
-"""What the benchmark scripts share: generated captures kept between runs, a warm page cache,
-the `oopscope` command as a fresh process."""
+"""What the benchmark scripts share: where their captures go, generated captures kept between
+runs, a warm page cache, the `oopscope` command as a fresh process."""
 
 from __future__ import annotations
 
+import atexit
 import logging
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +20,21 @@ REPO = Path(__file__).resolve().parents[1]
 def cli(*args: str) -> list[str]:
     """The `oopscope` command line for a subprocess (this checkout's code, this Python)."""
     return [sys.executable, "-m", "tools.cli", *args]
+
+
+def work_dir(given: str | Path | None, prefix: str) -> Path:
+    """Where a benchmark writes its captures: `given` (--dir: kept, and reused by later runs),
+    else a fresh private directory (`tempfile.mkdtemp`, mode 0700) removed when the process
+    exits. Never a fixed name in a shared temporary directory: another user could make it
+    first, or plant links in it, and have us write through them."""
+    if given is not None:
+        path = Path(given)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, True)
+    log.info("captures go to %s (removed at exit; --dir DIR keeps them for later runs)", path)
+    return path
 
 
 def kept_capture(path: Path, params: str, make: Callable[[Path], object]) -> Path:

@@ -19,6 +19,8 @@ from common.jit import ngjit, ngjit_inline
 from highlevel.combine import hll_estimate_col
 from highlevel.errors import StageConfigError
 from queries import expressions as E
+from queries.constants import fold
+from queries.inference import type_of
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,10 @@ class Compiler:
         if kind == "ipv6":
             hi, lo = int(value) >> 64, int(value) & ((1 << 64) - 1)
             return IpValue(F.lit(_signed(hi)), F.lit(_signed(lo)))
+        if kind == "int" and value >= 1 << 63:
+            # a ullong above the int64 range: Spark has no unsigned type, so the value travels
+            # as its bit pattern, as every uint64 column does (common/spool.py "Types")
+            return F.lit(_signed(int(value)))
         return F.lit(value)
 
     def _column(self, node):
@@ -109,6 +115,9 @@ class Compiler:
         return self.name(node.name)
 
     def _unary(self, node):
+        if node.op == "-" and isinstance(node.this, E.Literal) and node.this.kind == "int":
+            # a negative literal: one constant (negating -2^63 would overflow in ANSI mode)
+            return F.lit(_signed(-int(node.this.value) & _MASK))
         this = self.column(node.this)
         return {"-": lambda: -this, "~": lambda: F.bitwise_not(this),
                 "NOT": lambda: ~this}[node.op.upper() if node.op.isalpha() else node.op]()
@@ -123,21 +132,44 @@ class Compiler:
                                        f"with = or <> to IP values ({node!r})")
             same = (left.hi == right.hi) & (left.lo == right.lo)
             return same if op == "=" else ~same
+        if op in _COMPARE:
+            return self._compare(node, op, left, right)
         ops = {
             "+": lambda: left + right, "-": lambda: left - right, "*": lambda: left * right,
-            "/": lambda: left / right, "%": lambda: left % right,
+            # a zero divisor gives 0 in every path (queries/types.py), never Spark's
+            # DIVIDE_BY_ZERO: a divisor that is 0 on some rows must not stop the query
+            "/": lambda: F.when(right == 0, F.lit(0)).otherwise(left / right),
+            "%": lambda: F.when(right == 0, F.lit(0)).otherwise(left % right),
             "&": lambda: left.bitwiseAND(right), "|": lambda: left.bitwiseOR(right),
             "^": lambda: left.bitwiseXOR(right),
             "<<": lambda: F.shiftleft(left, _shift_bits(node)),
             ">>": lambda: F.shiftright(left, _shift_bits(node)),
-            "=": lambda: left == right, "<>": lambda: left != right, "<": lambda: left < right,
-            ">": lambda: left > right, "<=": lambda: left <= right, ">=": lambda: left >= right,
             "AND": lambda: left & right, "OR": lambda: left | right,
         }
         if op not in ops:
             raise StageConfigError(f"query {self.spec.query!r}: operator {node.op!r} is not "
                                    f"supported in the high level")
         return ops[op]()
+
+    def _compare(self, node, op: str, left: Column, right: Column) -> Column:
+        """`left op right` as the vectorised evaluator compares (`lowlevel.evaluate.compare`):
+        a 64-bit unsigned value is compared as unsigned, though Spark holds it in a long."""
+        unsigned = [_unsigned64(self._type(x)) for x in (node.left, node.right)]
+        if unsigned == [True, True]:
+            # flipping the sign bit maps uint64 order onto int64 order (the cast: a count of
+            # distinct values is a Spark double holding an integer)
+            left, right = (x.cast("long").bitwiseXOR(F.lit(_INT64_MIN)) for x in (left, right))
+        elif True in unsigned:
+            # an unsigned value of 2^63 or more (negative as a long) exceeds every signed one
+            big = (left if unsigned[0] else right) < F.lit(0)
+            result = _COMPARE[op](left, right)
+            when_big = _UNSIGNED_ABOVE[op] if unsigned[0] else _UNSIGNED_ABOVE[_FLIP[op]]
+            return F.when(big, F.lit(when_big)).otherwise(result)
+        return _COMPARE[op](left, right)
+
+    def _type(self, node) -> str:
+        """The GSQL type of a planned expression (`llong` for names that carry none)."""
+        return type_of(node)
 
     def _in(self, node):
         this = self.column(node.this)
@@ -176,11 +208,27 @@ def _signed(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
+_MASK = (1 << 64) - 1
+_INT64_MIN = -(1 << 63)
+_COMPARE = {"=": lambda a, b: a == b, "<>": lambda a, b: a != b, "<": lambda a, b: a < b,
+            ">": lambda a, b: a > b, "<=": lambda a, b: a <= b, ">=": lambda a, b: a >= b}
+_FLIP = {"=": "=", "<>": "<>", "<": ">", ">": "<", "<=": ">=", ">=": "<="}
+#: `u op s` when the unsigned u is at least 2^63, whatever the signed s
+_UNSIGNED_ABOVE = {"=": False, "<>": True, "<": False, ">": True, "<=": False, ">=": True}
+
+
+def _unsigned64(gsql_type: str | None) -> bool:
+    # bool is unsigned too, but a Spark boolean; addresses are compared whole
+    return gsql_type in ("uint", "ullong", "mac")
+
+
 def _shift_bits(node) -> int:
-    # Spark's shift functions take a constant bit count
-    if not isinstance(node.right, E.Literal) or not isinstance(node.right.value, int):
+    # Spark's shift functions take a constant bit count (the planner refuses constant counts
+    # outside 0..63)
+    value = fold(node.right)
+    if value is None or value[0] == "f":
         raise StageConfigError(f"shift by a non-constant amount is not supported ({node!r})")
-    return int(node.right.value)
+    return int(value[1])
 
 
 def output_columns(spec, window_id: Column | None = None) -> list[Column]:

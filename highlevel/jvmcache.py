@@ -5,7 +5,7 @@
 quiet log4j2 profile, and a class-data sharing (CDS) archive of Spark's classes. A later run
 executes what it finds there, so the directory is created with mode 0700 and used only while
 it is ours and nobody else can write to it; otherwise a warning says why and runs go without
-these caches (`cache_dir`).
+these caches (`common.cachedir.cache_dir`).
 
 The archive (`spark-<key>.jsa`, ~165 MB; the key names the Spark jars and the JVM, so another
 installation never maps a stale one) halves the JVM's start-up: the classes come mapped and
@@ -33,7 +33,6 @@ import hashlib
 import logging
 import os
 import shutil
-import stat
 import subprocess
 import tempfile
 import threading
@@ -42,6 +41,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common import settings
+
+# the cache directory's rule (0700, ours, nobody else may write it) is common/cachedir.py's;
+# its names stay importable from here (tools/commands/cache.py, warmup.py)
+from common.cachedir import cache_dir
+from common.cachedir import cache_root as cache_root
+from common.cachedir import open_cache_dir as open_cache_dir
+from common.cachedir import owned as owned
+from common.cachedir import problem as problem
 
 log = logging.getLogger(__name__)
 
@@ -57,73 +64,6 @@ LOCK_NAME = "cds.lock"
 #: JVM logging off: the archive's dump and a mismatch print warnings on stdout, which carries
 #: data
 _QUIET = "-Xlog:disable -Xlog:all=error:stderr"
-
-
-def cache_root() -> Path:
-    return settings.cache_dir()
-
-
-def problem(path: Path) -> str | None:
-    """Why `path` must not hold the caches (None: it may)."""
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        return f"cannot be read ({exc.strerror})"
-    if not stat.S_ISDIR(st.st_mode):
-        return "is not a directory"
-    if st.st_uid != os.getuid():
-        return f"is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"is writable by others than its owner (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
-
-
-def owned(path: Path) -> bool:
-    """`path` is a directory of ours (whatever its mode)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
-
-
-_WARNED: set[tuple[str, str]] = set()
-
-
-def open_cache_dir() -> tuple[Path, str | None]:
-    """The cache directory, created with mode 0700 if missing, and why it must not be used
-    (None: it may)."""
-    path = cache_root()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        return path, f"cannot be created ({exc.strerror})"
-    why = problem(path)
-    if why is None:
-        with contextlib.suppress(OSError):
-            if stat.S_IMODE(os.stat(path).st_mode) & 0o077:
-                os.chmod(path, 0o700)     # ours, and readable by others: nothing of theirs
-    return path, why
-
-
-def cache_dir(create: bool = True) -> Path | None:
-    """The cache directory (`open_cache_dir`); None, and one warning per process, when it
-    must not be used. `create=False`: None when it does not exist (a look-up)."""
-    if not create and not os.path.lexists(cache_root()):
-        return None
-    path, why = open_cache_dir()
-    if why is not None:
-        if (str(path), why) not in _WARNED:
-            _WARNED.add((str(path), why))
-            trust = " (later runs execute the java command it holds)" \
-                if os.path.lexists(path) else ""
-            log.warning("cache directory %s %s: not used%s; Spark starts without its caches",
-                        path, why, trust)
-        return None
-    return path
 
 
 def _tmp_pid(name: str) -> int | None:

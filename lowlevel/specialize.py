@@ -10,7 +10,8 @@ query with many sub-aggregates (the flow table of netflow.gsql has 9).
 The specialized kernel is generated as the source of a module (the kernel's own source with
 the one `update_slot` line replaced, importing the names it uses from the kernel's module),
 written once to `lowlevel/__pycache__/kernels/` (or `~/.cache/oopscope/kernels` when the
-package is not writable) and imported from there, so Numba caches its machine code on disk
+package is not writable) and imported from there (either only while it is ours and nobody else
+can write to it: `common.cachedir`), so Numba caches its machine code on disk
 as it does the package's kernels. The module name carries a digest of the lowlevel sources
 and of the generated text: a changed kernel, helper or ops table makes a new module, never a
 stale one, and modules of older sources are removed. If no directory can be written, the
@@ -19,19 +20,23 @@ generic kernel is used (same results). OOPSCOPE_SPECIALIZE=0 turns this off.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import inspect
 import logging
 import os
 import re
+import stat
 import sys
+import tempfile
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from common import settings
+from common import cachedir, settings
 from common.jit import sources_digest
 
 log = logging.getLogger(__name__)
@@ -41,12 +46,31 @@ _UPDATE = re.compile(r"^(?P<indent>[ ]+)update_slot\(ri, ru, rf, th, (?P<slot>\w
                      r"ai, au, af, ad\)$", re.M)
 _KERNELS: dict[tuple[str, bytes], object] = {}
 _SOURCES: str | None = None
+_REFUSED: set[Path] = set()
 
 
-def _kernel_dirs() -> list[Path]:
+def _kernel_dirs() -> Iterator[Path]:
+    """Where generated kernels may be written and imported from, in order. Importing runs
+    them, so a directory counts only while nobody but its owner can write to it, and the
+    owner is this user (or root, for an installed package): the rule of the cache directory,
+    `common.cachedir`. The private cache's `kernels/` is made only when the package's own
+    directory did not serve."""
     here = Path(__file__).resolve().parent / "__pycache__" / "kernels"
-    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return [here, home / "oopscope" / "kernels"]
+    try:
+        st = os.stat(here)
+    except OSError:
+        yield here                    # not made yet: `_write` makes it private
+    else:
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or st.st_uid not in (os.getuid(), 0):
+            if not _REFUSED:
+                _REFUSED.add(here)
+                log.warning("kernel directory %s is writable by others or not ours (mode "
+                            "%04o, uid %d): not used", here, stat.S_IMODE(st.st_mode), st.st_uid)
+        else:
+            yield here
+    cache = cachedir.private_subdir("kernels")
+    if cache is not None:
+        yield cache
 
 
 def module_text(kernel, ops: np.ndarray, name: str) -> str:
@@ -76,12 +100,27 @@ def module_text(kernel, ops: np.ndarray, name: str) -> str:
 
 def _write(directory: Path, stem: str, text: str, prefix: str) -> Path:
     assert _SOURCES is not None   # `specialized` sets it before writing
-    directory.mkdir(parents=True, exist_ok=True)
+    if not directory.is_dir():
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(directory, 0o755)
+            os.chmod(directory, 0o755)     # whatever the umask: writable by its owner only
+        except FileExistsError:
+            pass
+        why = cachedir.problem(directory)
+        if why is not None:    # someone else's, made in between: not ours to import from
+            raise PermissionError(f"{directory} {why}")
     path = directory / f"{stem}.py"
     if not path.is_file() or path.read_text() != text:
-        tmp = directory / f".{stem}.{os.getpid()}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{stem}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
     for old in directory.glob(f"{prefix}*.py"):       # modules of older sources
         if not old.name.startswith(f"{prefix}{_SOURCES[:10]}"):
             old.unlink(missing_ok=True)

@@ -8,6 +8,7 @@ resolved into an `expressions.Field` (name, type, physical columns). Everything 
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Set as AbstractSet
@@ -18,11 +19,16 @@ from capture.schema import PROTOCOLS, protocol_fields
 from common.errors import ConfigError
 from queries import expressions as E
 from queries import types as T
+from queries.constants import fold
 from queries.definitions import FLOW_KEYS, check_define, parse_param_value
 from queries.errors import QueryError
 from queries.inference import conjoin, conjuncts, form_of, sides_of, type_of, unit_ns
 from queries.naming import generated_name, unique_names
+from queries.printer import to_gsql
 from queries.scope import GroupedScope, Scope
+from queries.tokens import MAX_NAME_LENGTH
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -112,6 +118,8 @@ class AnalysedQuery:
     join_keys: list[tuple[E.Expr, E.Expr]] = field(default_factory=list)
     join_temporal: tuple[E.Expr, E.Expr] | None = None
     join_residual: E.Expr | None = None
+    #: warnings about the query (located like errors), logged when they were found
+    warnings: list[str] = field(default_factory=list)
 
 
 def join_side(columns: dict[str, E.Expr], expr: E.Expr) -> str | None:
@@ -146,16 +154,27 @@ class Analyser:
     # --- file --------------------------------------------------------------------------------
     def run(self) -> list[AnalysedQuery]:
         queries = list(self.tree.queries or [])
+        for override in self.overrides:
+            if override == "query_name" and len(queries) > 1:
+                raise ConfigError("--set query_name applies to a file of one query only")
+            if override == "query_name":
+                try:
+                    check_define(override, self.overrides[override])
+                except ConfigError as exc:
+                    raise ConfigError(f"--set query_name: {str(exc).partition(': ')[2]}") \
+                        from None
         names = [self._query_name(q, i) for i, q in enumerate(queries)]
         seen: dict[str, E.Query] = {}
         for q, name in zip(queries, names):
+            if len(name) > MAX_NAME_LENGTH:
+                # a name from the file's name or --set: query names name directories
+                raise self.error(q, f"the query's name has {len(name):,} characters, too many "
+                                 f"(at most {MAX_NAME_LENGTH}): give it a shorter DEFINE "
+                                 f"query_name")
             if name in seen:
                 raise self.error(q, f"two queries are named {name!r}: give each its own "
                                     f"DEFINE query_name")
             seen[name] = q
-        for override in self.overrides:
-            if override == "query_name" and len(queries) > 1:
-                raise ConfigError("--set query_name applies to a file of one query only")
         out = []
         for q, name in zip(queries, names):
             aq = self.query(q, name, set(names))
@@ -277,6 +296,11 @@ class Analyser:
         if kind == "int" and ptype in T.UNSIGNED and value < 0:
             raise self.error(lit, f"the default of parameter {pname} is negative but its type "
                              f"is {ptype}")
+        if kind == "int" and ptype in T.INTEGER:
+            low, high = (-2**63, 2**63 - 1) if ptype in T.SIGNED else (0, 2**64 - 1)
+            if not low <= value <= high:
+                raise self.error(lit, f"the default of parameter {pname}, {value}, does not "
+                                 f"fit in a {ptype} ({low} .. {high})")
         if kind == "ip" and ptype == "ip":
             return 0xFFFF_0000_0000 | value
         if ptype == "float":
@@ -321,6 +345,13 @@ class Analyser:
 
     def param_value(self, name: str):
         """The run-time (or default) value of a declared parameter, or None when not given."""
+        return self.cur_values.get(name)
+
+    def constant_param(self, name: str):
+        """A parameter's value as a number for constant folding (None for addresses and
+        text, which fold to no number, and when it has no value)."""
+        if self.cur_params.get(name) in ("ip", "ipv4", "mac", "string"):
+            return None
         return self.cur_values.get(name)
 
     # --- sources -----------------------------------------------------------------------------
@@ -422,6 +453,7 @@ class Analyser:
             gi = GroupInfo(gname, expr, self.type_of(expr), self.form_of(expr))
             aq.group.append(gi)
             if gi.form is not None:
+                self._check_window_form(aq, g, gi)
                 if aq.temporal is None:
                     aq.temporal = gi
                 elif aq.temporal2 is None and self._join_time_pair(aq, aq.temporal, gi, g):
@@ -447,6 +479,15 @@ class Analyser:
                 if unbound and any(f.form is not None for f in g.expr.find_all(E.Field)):
                     raise self.error(unbound[0], f"parameter ${unbound[0].name} needs a value to "
                                      f"plan the window (give --param {unbound[0].name}=...)")
+            for g, gi in zip(group_nodes, aq.group):
+                base = _time_attribute(gi.expr)
+                if base is not None:
+                    raise self.error(g, f"GROUP BY {to_gsql(g.this)} makes no window: it reads "
+                                     f"{base.name}, but only {base.name}/N, {base.name}*N and "
+                                     f"{base.name}+N (N a positive integer constant) make a "
+                                     f"temporal group item, which defines the windows; this "
+                                     f"is an ordinary group key and the query has no window "
+                                     f"({_window_example(base, gi.name)})")
             raise self.error(stmt, "an aggregation needs a temporal group item (e.g. GROUP BY "
                              "time/60 AS tb) or a window spec (e.g. count(*) [RANGE 1 minute])")
         group = aq.group
@@ -480,6 +521,46 @@ class Analyser:
             aliases = {i.name: i.expr for i in aq.items}
             expr = grouped.resolve(stmt.having, "HAVING", aliases)
             aq.having = self.condition(expr, stmt.having, "HAVING")
+
+    def _check_window_form(self, aq: AnalysedQuery, g: E.GroupItem, gi: GroupInfo) -> None:
+        """A temporal group item's windows must be computable in 64 bits; one written in a
+        form docs/gsql.md does not give for windows (a subtraction: `time - 60`) is planned as
+        what it is, with a warning saying which windows it makes."""
+        assert gi.form is not None
+        text = to_gsql(g.this)
+        why = gi.form.overflow()
+        if why is not None:
+            raise self.error(g, f"GROUP BY {text}: {why}")
+        base = _time_attribute(gi.expr)
+        # `time - 60` for one-minute windows: no division, so the windows stay those of the
+        # attribute itself (after a division, `time/60*60 - 5` is a deliberate shift)
+        if base is None or base.form is None or base.form.pane_ns != gi.form.pane_ns \
+                or not self._subtracts(gi.expr):
+            return
+        window = T.duration_text(gi.form.pane_ns)
+        self.warn(aq, g, f"GROUP BY {text} AS {gi.name} makes windows of {window}, one per "
+                  f"value of {base.name}: subtracting a constant shifts the values, it does not "
+                  f"lengthen the windows. The window-making forms are {base.name}/N (windows N "
+                  f"times as long), {base.name}*N and {base.name}+N "
+                  f"({_window_example(base, gi.name)})")
+
+    def _subtracts(self, expr: E.Expr) -> bool:
+        """Whether a temporal expression subtracts a constant (`- c`, or `+ c` with c < 0)."""
+        for node in expr.find_all(E.Binary):
+            if node.op not in ("+", "-"):
+                continue
+            for const in (node.right, node.left) if node.op == "+" else (node.right,):
+                value = fold(const, self.constant_param)
+                if value is not None and (value[1] > 0 if node.op == "-" else value[1] < 0):
+                    return True
+        return False
+
+    def warn(self, aq: AnalysedQuery, node, message: str) -> None:
+        """A warning located like an error: logged (stderr of `explain` and `run`) and kept
+        in `aq.warnings`."""
+        text = str(self.error(node, message))
+        aq.warnings.append(text)
+        log.warning("%s", text)
 
     def _no_display(self, expr: E.Expr, clause: str) -> None:
         for bad in expr.find_all(E.Func):
@@ -556,6 +637,9 @@ class Analyser:
                                  f"timestamp order ([ROWS n] or [PARTITION BY a ROWS n])")
         if w.rows <= 0:
             raise self.error(w, f"ROWS {w.rows}: a count window needs at least one row")
+        if w.rows > T.LLONG_MAX:
+            raise self.error(w, f"ROWS {w.rows} does not fit in 64 bits (at most "
+                             f"{T.LLONG_MAX} rows)")
         if any(s.kind != "link" for s in scope.sources):
             raise self.error(w, "a ROWS window counts packets: FROM must read links, not a "
                              "query (a query's rows carry no packet order)")
@@ -573,6 +657,10 @@ class Analyser:
     def _duration(self, d: E.Duration) -> int:
         if d.unit.lower() not in E.Duration.UNIT_NS:
             raise self.error(d, f"unknown time unit {d.unit!r} (seconds, minutes, hours, ms)")
+        if d.value * E.Duration.UNIT_NS[d.unit.lower()] > T.MAX_WINDOW_NS:
+            raise self.error(d, f"a window of {d.value} {d.unit} is too long (at most "
+                             f"{T.MAX_WINDOW_NS // T.NS_PER_DAY // 365} years: window "
+                             f"arithmetic is in 64-bit nanoseconds)")
         ns = d.ns
         if ns <= 0:
             raise self.error(d, "a window length must be positive")
@@ -688,6 +776,21 @@ class Analyser:
         return form_of(expr, self.param_value)
 
 
+
+
+def _time_attribute(expr: E.Expr) -> E.Field | None:
+    """The first increasing (temporal) column `expr` reads, or None."""
+    for f in expr.find_all(E.Field):
+        if f.form is not None:
+            return f
+    return None
+
+
+def _window_example(base: E.Field, name: str) -> str:
+    """`e.g. GROUP BY time/60 AS tb for windows of 1 minute` for a temporal column."""
+    assert base.form is not None
+    return (f"e.g. GROUP BY {base.name}/60 AS {name} for windows of "
+            f"{T.duration_text(base.form.pane_ns * 60)}")
 
 
 def analyse_file(tree: E.QueryFile, links: list[str] | None = None,

@@ -8,6 +8,8 @@ import re
 from common.errors import ConfigError
 from queries.expressions import Duration
 from queries.plan import FLUSH_POLICIES
+from queries.tokens import MAX_NAME_LENGTH
+from queries.types import MAX_WINDOW_NS, NS_PER_DAY
 
 LATE_POLICIES = ("drop", "correct")
 FLOW_ENDS = ("fin_rst", "none")
@@ -28,6 +30,12 @@ DEFINE_KEYS = {
 }
 
 
+#: the largest value of each integer DEFINE key: the table's slots are allocated at once
+#: (2^30 slots take tens of GB already); the others are counts the kernels keep in int64
+DEFINE_MAX = {"aggregate_slots": 1 << 30, "slow_flush": 2**31 - 1,
+              "max_lfta_disorder": 2**31 - 1}
+
+
 def _positive(key: str, value) -> int:
     try:
         n = int(str(value).strip(), 0) if not isinstance(value, int) else value
@@ -35,11 +43,15 @@ def _positive(key: str, value) -> int:
         n = None
     if n is None or isinstance(value, (bool, float)) or n <= 0:
         raise ConfigError(f"DEFINE {key}: {value!r} is not a positive integer")
+    if n > DEFINE_MAX[key]:
+        raise ConfigError(f"DEFINE {key}: {n} is too large (at most {DEFINE_MAX[key]:,})")
     return n
 
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
 _UNITS = {**Duration.UNIT_NS, "ns": 1, "us": 1_000}
+#: the longest DEFINE duration (idle_timeout), as the longest window
+MAX_DURATION_NS = MAX_WINDOW_NS
 
 
 def duration_ns(key: str, value) -> int:
@@ -47,14 +59,19 @@ def duration_ns(key: str, value) -> int:
     if isinstance(value, bool):
         value = str(value)
     if isinstance(value, (int, float)):
-        ns = int(round(value * 10**9))
+        ns_float = value * 10**9
     else:
         m = _DURATION.match(str(value))
         unit = m.group(2).lower() if m else ""
         if m is None or (unit and unit not in _UNITS):
             raise ConfigError(f"DEFINE {key}: {value!r} is not a duration (write a number and "
                               f"a unit: 15s, 500ms, 2min; units {', '.join(_UNITS)})")
-        ns = int(round(float(m.group(1)) * (_UNITS[unit] if unit else 10**9)))
+        ns_float = float(m.group(1)) * (_UNITS[unit] if unit else 10**9)
+    # times are int64 nanoseconds: a longer duration cannot be compared with them
+    if not ns_float <= MAX_DURATION_NS:
+        raise ConfigError(f"DEFINE {key}: {value!r} is too long (at most "
+                          f"{MAX_DURATION_NS // NS_PER_DAY // 365} years)")
+    ns = int(round(ns_float))
     if ns <= 0:
         raise ConfigError(f"DEFINE {key}: {value!r} is not a positive duration")
     return ns
@@ -86,6 +103,9 @@ def check_define(key: str, value) -> tuple[str, object]:
         return k, v
     if k == "query_name":
         v = str(value)
+        if len(v) > MAX_NAME_LENGTH:
+            raise ConfigError(f"DEFINE query_name: a name of {len(v):,} characters is too long "
+                              f"(at most {MAX_NAME_LENGTH}: it names files and directories)")
         if not v.replace("_", "a").isalnum() or v[0].isdigit():
             raise ConfigError(f"DEFINE query_name: {value!r} is not a name (letters, digits, _)")
         return k, v

@@ -166,6 +166,57 @@ class Binary(Expr):
     arg_types = {"op": True, "left": True, "right": True}
 
 
+#: the associative operators whose chains are built balanced (`chain`)
+CHAIN_OPS = ("AND", "OR")
+
+
+def chain(op: str, terms: list[Expr], positions: list[Pos | None] | None = None) -> Expr:
+    """`t0 op t1 op ... op tn` as a balanced tree: depth log2(n), so every recursive walk of
+    the tree (analysis, printing, evaluation, pickling) stays shallow however many terms a
+    condition has (docs/gsql.md "Expressions"). The left half gets the extra term, so two and
+    three terms give the left-deep tree the precedence rules give. `positions[k]`: where the
+    operator between terms k and k+1 was written (the node joining them carries it)."""
+    if not terms:
+        raise ValueError("a chain needs at least one term")
+    pos = positions if positions is not None else [None] * (len(terms) - 1)
+
+    def build(lo: int, hi: int) -> Expr:
+        if hi - lo == 1:
+            return terms[lo]
+        mid = lo + (hi - lo + 1) // 2
+        return Binary(pos=pos[mid - 1], op=op, left=build(lo, mid), right=build(mid, hi))
+
+    return build(0, len(terms))
+
+
+def chain_terms(node: Node, op: str) -> list[Node]:
+    """The terms of the maximal `op` chain rooted at `node`, left to right (iteratively)."""
+    terms: list[Node] = []
+    stack: list[Node] = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, Binary) and n.op == op:
+            stack.append(n.right)
+            stack.append(n.left)
+        else:
+            terms.append(n)
+    return terms
+
+
+def is_chain(node: Node, op: str) -> bool:
+    """Whether the `op` chain rooted at `node` has exactly the shape `chain` gives its terms."""
+
+    def size(n: Node) -> int:      # terms under n, or -1 when some node is not as `chain` builds
+        if not (isinstance(n, Binary) and n.op == op):
+            return 1
+        left, right = size(n.left), size(n.right)
+        if left < 0 or right < 0 or left != (left + right + 1) // 2:
+            return -1
+        return left + right
+
+    return size(node) > 0
+
+
 class In(Expr):
     """`this IN [items...]`."""
 

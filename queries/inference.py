@@ -8,6 +8,8 @@ them by `/ const`, `* const`, `+ const`, `- const` and integer casts.
 
 from __future__ import annotations
 
+from typing import cast
+
 from queries import expressions as E
 from queries import types as T
 
@@ -35,18 +37,15 @@ def type_of(expr: E.Expr, params: dict[str, str] | None = None) -> str:
 
 
 def conjuncts(expr: E.Expr | None) -> list[E.Expr]:
+    """The terms of a condition's AND chain, left to right."""
     if expr is None:
         return []
-    if isinstance(expr, E.Binary) and expr.op == "AND":
-        return conjuncts(expr.left) + conjuncts(expr.right)
-    return [expr]
+    return cast(list[E.Expr], E.chain_terms(expr, "AND"))
 
 
 def conjoin(parts: list[E.Expr]) -> E.Expr | None:
-    out = None
-    for p in parts:
-        out = p if out is None else E.Binary(op="AND", left=out, right=p)
-    return out
+    """`p0 AND p1 AND ...` (balanced, as the parser builds chains); None for no parts."""
+    return E.chain("AND", list(parts)) if parts else None
 
 
 def sides_of(expr: E.Expr) -> set[str]:

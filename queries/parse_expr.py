@@ -14,6 +14,7 @@ from typing import ClassVar
 
 from queries.errors import QueryError
 from queries.expressions import (
+    CHAIN_OPS,
     Aggregate,
     Binary,
     Column,
@@ -22,11 +23,13 @@ from queries.expressions import (
     Func,
     In,
     Literal,
+    Node,
     Param,
     Pos,
     Star,
     Unary,
     WindowSpec,
+    chain,
 )
 from queries.tokens import RESERVED, Kind, Token
 
@@ -47,6 +50,11 @@ UNARY_OPS = frozenset({"-", "~"})
 #: deepest nesting of parentheses / unary operators / calls before the parser gives up cleanly
 #: (each level costs a handful of Python frames; this keeps far below the recursion limit)
 MAX_NESTING = 64
+#: deepest expression tree (levels of nodes, a leaf is one): the analyser, the printer, the
+#: evaluators and pickling walk trees recursively, a few Python frames per level, so a tree
+#: must stay far below Python's recursion limit. Chains of AND / OR are balanced and never
+#: come near it; a chain of another operator (a + b + c ...) adds one level per term.
+MAX_DEPTH = 100
 
 WINDOW_UNITS_HINT = "ms, seconds, minutes or hours (sec, min, h also work)"
 
@@ -146,7 +154,32 @@ class ExpressionParser(TokenCursor):
 
     # --- expressions --------------------------------------------------------------------------
     def _parse_expression(self) -> Expr:
-        return self._parse_binary(1)
+        expr = self._parse_binary(1)
+        if self.nesting == 0:     # a whole expression (inner ones are part of it)
+            self._check_depth(expr)
+        return expr
+
+    def _check_depth(self, expr: Expr) -> None:
+        """A QueryError at the node where the tree grows deeper than MAX_DEPTH levels."""
+        height: dict[int, int] = {}
+        stack: list[tuple[Node, bool]] = [(expr, False)]
+        while stack:      # post-order without recursion: the tree may be deep
+            node, done = stack.pop()
+            kids = list(node.children())
+            if not done:
+                stack.append((node, True))
+                stack.extend((k, False) for k in kids)
+                continue
+            h = 1 + max((height[id(k)] for k in kids), default=0)
+            height[id(node)] = h
+            if h > MAX_DEPTH:
+                where = node.pos or expr.pos
+                raise QueryError(
+                    f"expression too deep: more than {MAX_DEPTH} levels of operators and calls "
+                    f"(each term of a chain like a + b + c ... adds a level): split it into "
+                    f"several columns or queries, or use x IN [a, b, ...] for a list of "
+                    f"alternatives", path=self.path, line=where.line if where else None,
+                    column=where.col if where else None, source=self.source)
 
     def _parse_binary(self, min_prec: int) -> Expr:
         """Precedence climbing: operators binding at least as tight as `min_prec`."""
@@ -159,12 +192,18 @@ class ExpressionParser(TokenCursor):
         else:
             left = self._parse_unary()
         compared = False
+        # a run of one associative operator (a OR b OR c ...) is collected and built balanced
+        # (`expressions.chain`): its depth grows with log2 of the terms, not with the terms
+        run_op: str | None = None
+        terms: list[Expr] = []
+        places: list[Pos | None] = []
         while True:
             op_tok, op = self._binary_operator()
-            if op is None:
-                return left
-            prec = BINARY_PRECEDENCE[op]
-            if prec < min_prec:
+            prec = BINARY_PRECEDENCE[op] if op is not None else -1
+            if run_op is not None and op != run_op:
+                left = chain(run_op, terms, places)
+                run_op = None
+            if op is None or prec < min_prec:
                 return left
             if prec == COMPARISON:
                 if compared:
@@ -176,6 +215,12 @@ class ExpressionParser(TokenCursor):
                 continue
             self.advance()
             right = self._parse_binary(prec + 1)
+            if op in CHAIN_OPS:
+                if run_op is None:
+                    run_op, terms, places = op, [left], []
+                terms.append(right)
+                places.append(self.pos(op_tok))
+                continue
             left = Binary(pos=self.pos(op_tok), op="<>" if op == "!=" else op,
                           left=left, right=right)
 

@@ -33,7 +33,7 @@ from queries.expressions import (
     Unary,
 )
 from queries.parse_expr import ExpressionParser
-from queries.tokens import RESERVED, Kind, Token, tokenize
+from queries.tokens import MAX_NAME_LENGTH, RESERVED, Kind, Token, tokenize
 
 JOIN_TYPES = ("INNER_JOIN", "LEFT_OUTER_JOIN", "RIGHT_OUTER_JOIN", "OUTER_JOIN")
 DEFAULT_QUERY_NAME = "query"
@@ -157,6 +157,10 @@ class Parser(ExpressionParser):
                     value.kind != "string" or not _is_name(value.value)):
                 raise self.error("query_name must be a name (letters, digits, _), e.g. "
                                  "query_name flows", key)
+            if key.value.lower() == "query_name" and len(value.value) > MAX_NAME_LENGTH:
+                raise self.error(f"query_name: a name of {len(value.value):,} characters is "
+                                 f"too long (at most {MAX_NAME_LENGTH}: it names files and "
+                                 f"directories)", key)
             defines[key.value.lower()] = value
             self._end_block_entry("DEFINE")
         self.advance()

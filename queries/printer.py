@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from queries.expressions import (
+    CHAIN_OPS,
     Aggregate,
     Binary,
     Column,
@@ -33,6 +34,8 @@ from queries.expressions import (
     Star,
     Unary,
     WindowSpec,
+    chain_terms,
+    is_chain,
 )
 from queries.parse_expr import BINARY_PRECEDENCE, COMPARISON, NOT_PRECEDENCE
 from queries.tokens import RESERVED, quote_string
@@ -158,12 +161,27 @@ def _expr(node: Node) -> str:
 
 def _binary(node: Binary) -> str:
     p = BINARY_PRECEDENCE[node.op]
+    if node.op in CHAIN_OPS:
+        if is_chain(node, node.op):
+            # the balanced tree the parser builds from a flat chain: printed flat, it parses
+            # back to the same tree (no term of the chain is itself an `op` node)
+            return f" {node.op} ".join(_wrap(t, _precedence(t) < p)
+                                       for t in chain_terms(node, node.op))
+        # any other shape: an operand that is itself an `op` chain goes in parentheses, so it
+        # parses back as one term
+        left = _wrap(node.left, _precedence(node.left) < p or _same_op(node.left, node.op))
+        right = _wrap(node.right, _precedence(node.right) <= p)
+        return f"{left} {node.op} {right}"
     left_p, right_p = _precedence(node.left), _precedence(node.right)
     # left-associative: a right operand of equal precedence needs parentheses; comparisons
     # do not chain, so an operand that is itself a comparison always does
     left = _wrap(node.left, left_p < p or (p == COMPARISON and left_p == p))
     right = _wrap(node.right, right_p <= p)
     return f"{left} {node.op} {right}"
+
+
+def _same_op(node: Node, op: str) -> bool:
+    return isinstance(node, Binary) and node.op == op
 
 
 def _unary(node: Unary) -> str:

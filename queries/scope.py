@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING
 from capture.schema import protocol_fields
 from queries import expressions as E
 from queries import types as T
+from queries.constants import fold
 from queries.errors import QueryError
+from queries.printer import to_gsql
 
 if TYPE_CHECKING:
     from queries.analysis import Analyser, GroupInfo, SourceInfo
@@ -84,7 +86,9 @@ class Scope:
                 return node
             if isinstance(node, E.Literal):
                 if node.kind == "int" and not -2**63 <= node.value < 2**64:
-                    raise self.error(node, f"integer {node.value} does not fit in 64 bits")
+                    raise self.error(node, f"integer {node.value} does not fit in 64 bits "
+                                     f"(GSQL's integers: ullong up to {2**64 - 1}, llong "
+                                     f"from {-2**63})")
                 return node
             if isinstance(node, E.Param):
                 if node.name not in self.a.cur_params:
@@ -100,12 +104,18 @@ class Scope:
                 t = self.a.type_of(this)
                 if T.unary_type(node.op, t) is None:
                     raise self.error(node, f"{node.op} does not apply to a {t} value")
+                if node.op == "-" and isinstance(this, E.Literal) and this.kind == "int" \
+                        and this.value > 2**63:
+                    # a negative literal is `-` on a positive one: the llong range decides
+                    raise self.error(node, f"integer -{this.value} does not fit in 64 bits "
+                                     f"(the smallest llong is {-2**63})")
                 return node.replace(this=this)
             if isinstance(node, E.Binary):
                 left, right = r(node.left), r(node.right)
                 lt, rt = self.a.type_of(left), self.a.type_of(right)
                 if T.binary_type(node.op, lt, rt) is None:
                     raise self.error(node, f"{node.op} does not apply to {lt} and {rt}")
+                self._check_constant_operand(node, right)
                 return node.replace(left=left, right=right)
             if isinstance(node, E.In):
                 this = r(node.this)
@@ -121,6 +131,25 @@ class Scope:
             raise self.error(node, f"unexpected {type(node).__name__} in {clause}")
 
         return r(expr)
+
+    def _check_constant_operand(self, node: E.Binary, right: E.Expr) -> None:
+        """Refuse a divisor that is always 0 and a constant shift count outside 0..63: the
+        query cannot mean them (at run time they would give 0 on every row, docs/gsql.md
+        "Expressions")."""
+        if node.op not in ("/", "%", "<<", ">>"):
+            return
+        value = fold(right, self.a.constant_param)
+        if value is None:
+            return
+        text = to_gsql(right)
+        shown = text if text == str(value[1]) else f"{text} (= {value[1]})"
+        if node.op in ("/", "%") and value[1] == 0:
+            what = "division" if node.op == "/" else "modulo"
+            raise self.error(node, f"{what} by zero" + ("" if text == "0" else
+                             f": the divisor {text} is 0"))
+        if node.op in ("<<", ">>") and not 0 <= value[1] < 64:
+            raise self.error(node, f"shift count {shown} is outside 0..63 (values have 64 "
+                             f"bits)")
 
     def _func(self, node: E.Func, args: list[E.Expr]) -> E.Expr:
         name = node.name.lower()

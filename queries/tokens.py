@@ -52,6 +52,10 @@ class Token(NamedTuple):
             else f"'{self.value}'"
 
 
+#: the longest name (column, link, query, alias, parameter): query names become file and
+#: directory names (spool, checkpoint), which file systems limit to 255 bytes
+MAX_NAME_LENGTH = 64
+
 #: words that always are keywords: they cannot be used as column, link, query or alias names
 RESERVED = frozenset({
     "SELECT", "FROM", "WHERE", "GROUP", "BY", "HAVING", "AS", "AND", "OR", "NOT", "IN", "UNION",
@@ -157,6 +161,10 @@ class _Lexer:
         self.i += 1
         while self.i < n and text[self.i] in _IDENT_REST:
             self.i += 1
+        if self.i - start > MAX_NAME_LENGTH:
+            self._error(f"a name of {self.i - start:,} characters is too long (at most "
+                        f"{MAX_NAME_LENGTH})", start, self.i)
+            return
         self._emit(Kind.IDENT, text[start:self.i], start)
 
     def _number(self) -> None:

@@ -19,6 +19,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: the largest signed 64-bit integer (llong); ullong goes to 2**64 - 1
+LLONG_MAX = 2**63 - 1
+NS_PER_DAY = 86_400 * 10**9
+#: the longest window or pane, in ns (~146 years): window ends, pane ids and offsets are
+#: int64 nanoseconds, which this keeps far from overflowing
+MAX_WINDOW_NS = 2**62
+
 UNSIGNED = frozenset({"uint", "ullong", "bool", "mac", "ipv4"})
 SIGNED = frozenset({"int", "llong"})
 INTEGER = UNSIGNED | SIGNED
@@ -210,6 +217,31 @@ class TimeForm:
 
     def add(self, c: int) -> TimeForm:
         return TimeForm(self.pane_ns, self.offset_ns, self.scale, self.shift + c)
+
+    def overflow(self) -> str | None:
+        """Why windows of this form cannot be computed in 64 bits (None: they can)."""
+        if self.pane_ns > MAX_WINDOW_NS:
+            return (f"its windows would last {self.pane_ns // NS_PER_DAY // 365:,} years "
+                    f"(at most {MAX_WINDOW_NS // NS_PER_DAY // 365})")
+        if abs(self.offset_ns) > MAX_WINDOW_NS:
+            return "its offset in time is too large"
+        # the value of the first and the last window a 64-bit timestamp can fall in
+        for ts in (0, LLONG_MAX - max(0, self.offset_ns)):
+            value = (ts + self.offset_ns) // self.pane_ns * self.scale + self.shift
+            if not -LLONG_MAX - 1 <= value <= LLONG_MAX:
+                return "its value does not fit in 64 bits for every capture time"
+        return None
+
+
+def duration_text(ns: int) -> str:
+    """A length of time as people write it: `1 second`, `60 seconds`, `5 minutes`, `250 ms`."""
+    units = ((3600 * 10**9, "hour"), (60 * 10**9, "minute"), (10**9, "second"),
+             (10**6, "millisecond"))
+    for size, name in units:
+        if ns % size == 0:
+            n = ns // size
+            return f"{n} {name}" + ("" if n == 1 else "s")
+    return f"{ns} ns"
 
 
 BASE_TIME_FORMS = {

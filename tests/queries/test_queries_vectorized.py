@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import re
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from lowlevel.evaluate import evaluate, evaluate_columns
@@ -411,12 +412,20 @@ def _values_equal(a, b) -> bool:
 @given(st.one_of(ints(3), bools(3), ips(2), floats(2)), st.integers(0, 2**31))
 def test_printed_expression_reparses_with_the_evaluated_type(expr, seed):
     from queries.analysis import analyse_file
+    from queries.errors import QueryError
     from queries.explain import format_expr
     from queries.inference import type_of
     from queries.parser import parse
 
     text = f"SELECT {format_expr(expr)} AS x FROM main.TCP"
-    (aq,) = analyse_file(parse(text), ["main"], source=text)
+    try:
+        (aq,) = analyse_file(parse(text), ["main"], source=text)
+    except QueryError as exc:
+        # refused by design (queries.constants): a constant divisor 0, a constant shift
+        # count outside 0..63, a negative literal below the llong range
+        assert re.match(r"(division|modulo) by zero|shift count|integer -\d+ does not fit",
+                        exc.message), exc
+        assume(False)
     item = aq.items[0]
     batch = random_batch(30, seed=seed, edges=True)
     direct, reparsed = evaluate(expr, batch), evaluate(item.expr, batch)

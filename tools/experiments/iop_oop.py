@@ -29,14 +29,17 @@ with the cyclic garbage collector off, see `consume` and `no_collector`) during 
 
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
 import math
 import multiprocessing as mp
 import os
+import shutil
+import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -78,8 +81,9 @@ class ThroughputConfig:
     steps: int = 6
     attempts: int = 2                 # a failing rate is retried: one stall of a shared machine is not a verdict
     pin: bool = True
-    directory: str = field(default_factory=lambda: str(Path(os.environ.get("TMPDIR", "/tmp"))
-                                                       / "oopscope-bench-iop-oop"))
+    #: where the generated captures are kept and reused; None: a fresh private temporary
+    #: directory per process, removed at its exit (never a fixed name in a shared one)
+    directory: str | None = None
 
 
 QUICK = ThroughputConfig(groups=(33_000, 130_000), probe_min_s=0.4, probe_max_s=1.2,
@@ -102,12 +106,24 @@ def q81_plan(slots: int, policy: str):
     return fp.queries[0].low[0]
 
 
+_WORK: list[Path] = []
+
+
+def _capture_dir(cfg: ThroughputConfig) -> Path:
+    if cfg.directory is not None:
+        return Path(cfg.directory)
+    if not _WORK:
+        _WORK.append(Path(tempfile.mkdtemp(prefix="oopscope-bench-iop-oop-")))
+        atexit.register(shutil.rmtree, _WORK[0], True)
+    return _WORK[0]
+
+
 def make_capture(cfg: ThroughputConfig, groups: int) -> Path:
     """The generated Q8-1 capture of one lap (kept in cfg.directory and reused)."""
     from tools.gen.traffic import TrafficConfig, generate
 
     packets = cfg.per_group * groups * cfg.lap_windows
-    path = Path(cfg.directory) / f"q81_{groups}_{packets}.pcap"
+    path = _capture_dir(cfg) / f"q81_{groups}_{packets}.pcap"
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -83,7 +83,8 @@ class Exporter:
 
     def stats(self) -> dict:
         out = {"version": self.version, **self.encoder.stats,
-               "clamped_times": self.encoder.clock.clamped}
+               "clamped_times": self.encoder.clock.clamped,
+               "clock_reboots": self.encoder.clock.reboots}
         if self.sender:
             out["sent"] = self.sender.stats.as_dict()
         if self.pcap:
@@ -105,6 +106,9 @@ class Exporter:
             parts.append(f"{s['skipped_ipv6']} IPv6 records skipped (v5 is IPv4 only)")
         if s.get("split_extra"):
             parts.append(f"{s['split_extra']} extra records from splitting 32-bit counters")
+        if s["clock_reboots"] and self.version != 10:
+            parts.append(f"the exporter's clock rebooted {s['clock_reboots']} time(s) (records "
+                         f"more than 49 days apart)")
         if s["clamped_times"]:
             parts.append(f"{s['clamped_times']} times clamped to the uptime range")
         return "; ".join(parts)

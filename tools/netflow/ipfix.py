@@ -61,7 +61,8 @@ class IpfixEncoder(TemplateEncoder):
                                                        self.sampling_interval, algorithm))
         return templates + options + data, 4, 1
 
-    def header(self, count: int, length: int, export_ms: int, data_records: int) -> bytes:
+    def header(self, count: int, length: int, export_ms: int, sys_uptime: int,
+               data_records: int) -> bytes:
         head = HEADER.pack(10, length, export_ms // 1000, self.sequence & 0xFFFF_FFFF,
                            self.source_id)
         self.sequence += data_records

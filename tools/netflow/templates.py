@@ -7,8 +7,9 @@ records use two templates (256, 257); a datagram holds an IPv4 set, then an IPv6
 in record order within each family. Templates, the options template (258) and an options data
 record with the sampling interval go in the first datagram and again every
 `template_every_messages` datagrams or `template_every_s` seconds of export time (UDP
-collectors that start late or restart learn them again). The version subclasses supply the
-header and the set encodings.
+collectors that start late or restart learn them again). The records of one datagram span at
+most the clock's 32-bit uptime range and share its boot time for that datagram (clock.py).
+The version subclasses supply the header and the set encodings.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ def record_dtype(fields: list[tuple[int, int, str]]) -> np.dtype:
     return np.dtype(parts)
 
 
-def record_array(fields, rec: FlowRecords, clock: ExportClock) -> np.ndarray:
-    """Every record of `rec` as one structured array in the template's layout."""
+def record_array(fields, rec: FlowRecords) -> np.ndarray:
+    """Every record of `rec` as one structured array in the template's layout (uptime fields
+    zero: the encoder sets them per datagram)."""
     arr = np.zeros(len(rec), record_dtype(fields))
     for _ie, length, key in fields:
         if key in ("src6", "dst6"):
@@ -52,10 +54,8 @@ def record_array(fields, rec: FlowRecords, clock: ExportClock) -> np.ndarray:
             value = np.where((rec.protocol == 1) | (rec.protocol == 58), rec.dst_port, 0)
         elif key == "ipversion":
             value = np.where(rec.is_v6, 6, 4)
-        elif key == "first_up":
-            value = clock.uptime(rec.first_ms)
-        elif key == "last_up":
-            value = clock.uptime(rec.last_ms)
+        elif key in ("first_up", "last_up"):
+            continue    # uptimes depend on the datagram's boot time: set per datagram
         else:
             value = getattr(rec, key)
         if value.dtype.itemsize > length:  # reduced-size fields saturate rather than wrap
@@ -113,65 +113,104 @@ class TemplateEncoder:
         records they hold, and how many of those are options DATA records."""
         raise NotImplementedError
 
-    def header(self, count: int, length: int, export_ms: int, data_records: int) -> bytes:
+    def header(self, count: int, length: int, export_ms: int, sys_uptime: int,
+               data_records: int) -> bytes:
         raise NotImplementedError
 
     # --- packing ---------------------------------------------------------------------------
     def _templates_due(self) -> bool:
         if self._since_templates is None:
             return True
+        # abs: after a reboot the export time may go back (clock.py)
         return (self._since_templates >= self.template_every_messages
-                or self.clock.last_export_ms - self._templates_ms >= self.template_every_ms)
+                or abs(self.clock.last_export_ms - self._templates_ms) >= self.template_every_ms)
 
     def encode(self, rec: FlowRecords) -> list[tuple[bytes, int, int]]:
         """Datagrams (payload, data records, export ms) for `rec`; state kept across calls."""
         self.stats["records_in"] += len(rec)
         if len(rec) == 0:
             return []
-        self.clock.start(rec.first_ms, rec.last_ms)
         v6 = rec.is_v6
-        fam: list[list[Any]] = []   # per family: [records, last ms, size, template id, next row]
+        # per family: [records, first ms, last ms, size, template id, next row]
+        fam: list[list[Any]] = []
         for mask, fields, size, tid in ((~v6, self.fields_v4, self.size4, TEMPLATE_V4),
                                         (v6, self.fields_v6, self.size6, TEMPLATE_V6)):
             part = rec.take(mask) if not mask.all() else rec
-            fam.append([record_array(fields, part, self.clock), part.last_ms, size, tid, 0])
-        out = []
-        while any(f[4] < len(f[0]) for f in fam):
-            body = []
-            count = 0
+            fam.append([record_array(fields, part), part.first_ms.astype(np.int64),
+                        part.last_ms.astype(np.int64), size, tid, 0])
+        uptimes = "first_up" in (fam[0][0].dtype.names or ())
+        # the clock's span check per datagram only when the records need it (rarely: records
+        # months apart in one table); else one boot time fits any datagram of them
+        firsts = [f[1] for f in fam if len(f[1])]
+        lasts = [f[2] for f in fam if len(f[2])]
+        earliest = min(int(x.min()) for x in firsts)
+        spread = max(int(x.max()) for x in lasts) - earliest
+        check_span = spread > self.clock.max_span_ms
+        # and when the clock's boot time serves the whole table, the table's earliest start
+        # stands for each datagram's (no datagram can need a reboot): one numpy call less each
+        same_boot = not check_span and self.clock.serves(earliest, earliest + spread)
+        # first pass: which records go in which datagram, and each datagram's clock
+        plan = []                                   # (templates?, [(family, pos, k)], stamp)
+        boots: list[list[tuple[int, int]]] = [[] for _ in fam]     # per family: (rows, boot)
+        while any(f[5] < len(f[0]) for f in fam):
             space = self.max_payload - self.header_size
             send_templates = self._templates_due()
             if send_templates:
-                body.append(self._templates)
-                count += self._template_records
                 space -= len(self._templates)
-            data = 0
-            last = None
-            for f in fam:
-                arr, last_ms, size, tid, pos = f
-                k = min(len(arr) - pos, (space - 4) // size) if space >= 4 + size else 0
+            first = last = None
+            taken = []
+            for i, f in enumerate(fam):
+                _, first_ms, last_ms, size, _, pos = f
+                k = min(len(first_ms) - pos, (space - 4) // size) if space >= 4 + size else 0
                 if k <= 0:
                     continue
-                chunk = set_bytes(tid, arr[pos:pos + k].tobytes())
-                body.append(chunk)
-                space -= len(chunk)
-                m = int(last_ms[pos:pos + k].max())
-                last = m if last is None else max(last, m)
-                f[4] = pos + k
-                data += k
-            export_ms = self.clock.export_time(last)
-            payload = b"".join(body)
-            length = self.header_size + len(payload)
-            # an options data record is a data record too (RFC 7011 sequence numbers)
-            records = data + (self._options_records if send_templates else 0)
-            out.append((self.header(count + data, length, export_ms, records) + payload, data,
-                        export_ms))
+                lo, hi = first_ms[pos:pos + k], last_ms[pos:pos + k]
+                if check_span:    # records of one datagram share one boot time
+                    k = self.clock.fitting(lo, hi) if first is None else \
+                        self.clock.fitting(np.r_[first, lo], np.r_[last, hi]) - 1
+                    if k <= 0:
+                        continue
+                    lo, hi = lo[:k], hi[:k]
+                first = earliest if same_boot else \
+                    int(lo.min()) if first is None else min(first, int(lo.min()))
+                last = int(hi.max()) if last is None else max(last, int(hi.max()))
+                taken.append((i, pos, k))
+                space -= 4 + k * size + (-(k * size + 4) % 4)
+                f[5] = pos + k
+            export_ms, sys_uptime = self.clock.stamp(first, last)
+            for i, _, k in taken:
+                boots[i].append((k, export_ms - sys_uptime))
+            plan.append((send_templates, taken, export_ms, sys_uptime))
             if send_templates:
                 self._since_templates = 0
                 self._templates_ms = export_ms
                 self.stats["template_sends"] += 1
             assert self._since_templates is not None   # templates went out in the first message
             self._since_templates += 1
+        if uptimes:
+            # every record's uptimes at once, against the boot time of its datagram
+            for f, segments in zip(fam, boots):
+                if segments:
+                    rows, boot = zip(*segments)
+                    per_row = np.repeat(np.array(boot, np.int64), rows)
+                    f[0]["first_up"] = self.clock.uptime(f[1], per_row)
+                    f[0]["last_up"] = self.clock.uptime(f[2], per_row)
+        # second pass: the datagrams, in order (headers number them)
+        out = []
+        for send_templates, taken, export_ms, sys_uptime in plan:
+            body = [self._templates] if send_templates else []
+            count = self._template_records if send_templates else 0
+            data = 0
+            for i, pos, k in taken:
+                arr, tid = fam[i][0], fam[i][4]
+                body.append(set_bytes(tid, arr[pos:pos + k].tobytes()))
+                data += k
+            payload = b"".join(body)
+            length = self.header_size + len(payload)
+            # an options data record is a data record too (RFC 7011 sequence numbers)
+            records = data + (self._options_records if send_templates else 0)
+            out.append((self.header(count + data, length, export_ms, sys_uptime, records)
+                        + payload, data, export_ms))
             self.stats["records_out"] += data
         self.stats["datagrams"] += len(out)
         return out

@@ -6,6 +6,8 @@ the mode in its top 2 bits) and 48-byte records (docs/netflow.md "Wire formats")
 
 Limits of the format, handled and counted:
 - IPv6 records cannot be written: skipped, counted in `stats["skipped_ipv6"]`;
+- times are 32-bit ms of uptime: each datagram's header and records use the clock's boot
+  time for that datagram, which moves ("reboots") wherever a datagram needs it (clock.py);
 - dPkts/dOctets are 32-bit: a record whose packets or bytes exceed 2^32-1 is SPLIT into
   k = max(ceil(packets/(2^32-1)), ceil(bytes/(2^32-1))) records with the same key and times,
   the counters divided as evenly as integers allow (the first `total % k` parts get one more),
@@ -81,6 +83,21 @@ class V5Encoder:
         self.stats = {"records_in": 0, "records_out": 0, "skipped_ipv6": 0, "split_extra": 0,
                       "datagrams": 0}
 
+    def _datagrams(self, first_ms: np.ndarray, last_ms: np.ndarray) -> np.ndarray:
+        """Row bounds of the datagrams: `per_datagram` records each, fewer where records
+        spanning more than the clock's 32-bit range would share one (clock.py)."""
+        n = len(first_ms)
+        starts = np.arange(0, n, self.per_datagram)
+        span = np.maximum.reduceat(last_ms, starts) - np.minimum.reduceat(first_ms, starts)
+        if not (span > self.clock.max_span_ms).any():
+            return np.append(starts, n)
+        bounds = [0]
+        while bounds[-1] < n:          # rare: a table spanning months, in no time order
+            s = bounds[-1]
+            e = min(s + self.per_datagram, n)
+            bounds.append(s + self.clock.fitting(first_ms[s:e], last_ms[s:e]))
+        return np.array(bounds)
+
     def encode(self, rec: FlowRecords) -> list[tuple[bytes, int, int]]:
         """Datagrams (payload, data records, export ms) for `rec`, in record order."""
         self.stats["records_in"] += len(rec)
@@ -94,31 +111,36 @@ class V5Encoder:
         rows, pkts, octs = split_counters(rec.packets, rec.bytes)
         self.stats["split_extra"] += len(rows) - n_in
         n = len(rows)
-        self.clock.start(rec.first_ms, rec.last_ms)
+        first_ms, last_ms = rec.first_ms[rows], rec.last_ms[rows]
         arr = np.zeros(n, RECORD)
         arr["srcaddr"] = rec.src_v4[rows]
         arr["dstaddr"] = rec.dst_v4[rows]
         arr["input"] = np.minimum(rec.input, 0xFFFF)[rows]
         arr["dPkts"] = pkts
         arr["dOctets"] = octs
-        arr["first"] = self.clock.uptime(rec.first_ms)[rows]
-        arr["last"] = self.clock.uptime(rec.last_ms)[rows]
         arr["srcport"] = rec.src_port[rows]
         arr["dstport"] = rec.dst_port[rows]
         arr["tcp_flags"] = rec.tcp_flags[rows]
         arr["prot"] = rec.protocol[rows]
         arr["tos"] = rec.tos[rows]
-        starts = np.arange(0, n, self.per_datagram)
-        export = self.clock.export_times(np.maximum.reduceat(rec.last_ms[rows], starts))
-        uptime = self.clock.sys_uptime(export)
+        bounds = self._datagrams(first_ms, last_ms)
+        # the clock per datagram (it reboots where a datagram needs it), then every record's
+        # uptimes at once against the boot time of its datagram
+        starts = bounds[:-1]
+        earliest = np.minimum.reduceat(first_ms, starts).tolist()
+        latest = np.maximum.reduceat(last_ms, starts).tolist()
+        stamps = [self.clock.stamp(a, b) for a, b in zip(earliest, latest)]
+        boots = np.repeat(np.array([e - u for e, u in stamps], np.int64), np.diff(bounds))
+        arr["first"] = self.clock.uptime(first_ms, boots)
+        arr["last"] = self.clock.uptime(last_ms, boots)
         out = []
-        for i, s in enumerate(starts.tolist()):
-            chunk = arr[s:s + self.per_datagram]
-            head = HEADER.pack(5, len(chunk), int(uptime[i]), int(export[i]) // 1000, 0,
+        for (export, uptime), s, e in zip(stamps, starts.tolist(), bounds[1:].tolist()):
+            chunk = arr[s:e]
+            head = HEADER.pack(5, len(chunk), uptime, export // 1000, 0,
                                self.flow_sequence & U32_MAX, self.engine_type, self.engine_id,
                                self.sampling)
             self.flow_sequence += len(chunk)
-            out.append((head + chunk.tobytes(), len(chunk), int(export[i])))
+            out.append((head + chunk.tobytes(), len(chunk), export))
         self.stats["records_out"] += n
         self.stats["datagrams"] += len(out)
         return out

@@ -56,8 +56,9 @@ class V9Encoder(TemplateEncoder):
                                                        self.sampling_interval, algorithm))
         return templates + options + data, 4, 1
 
-    def header(self, count: int, length: int, export_ms: int, data_records: int) -> bytes:
-        head = HEADER.pack(9, count, int(self.clock.sys_uptime(export_ms)), export_ms // 1000,
-                           self.sequence & 0xFFFF_FFFF, self.source_id)
+    def header(self, count: int, length: int, export_ms: int, sys_uptime: int,
+               data_records: int) -> bytes:
+        head = HEADER.pack(9, count, sys_uptime, export_ms // 1000, self.sequence & 0xFFFF_FFFF,
+                           self.source_id)
         self.sequence += 1
         return head

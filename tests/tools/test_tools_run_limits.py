@@ -1,0 +1,72 @@
+"""`oopscope run` on values at the edges (issue 25, item 7): a divisor that is 0 on some rows
+only, in the Spark stage (aggregate outputs and HAVING) and in the low level (a selection), no
+longer stops the run: every path gives 0 there, as the reference evaluator does; ullong
+literals above 2^63 and the smallest llong reach Spark; unsigned comparisons stay unsigned; a
+1000-term OR runs. The rows equal the reference evaluator's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.tools.test_tools_run import assert_same_rows, run_cli
+
+NS = 1_000_000_000
+ORS = " OR ".join(f"ip_len = {n}" for n in range(20, 1020))
+EDGES = f"""
+DEFINE {{ query_name ratios; }}
+SELECT tb, srcIP, destIP, srcPort, COUNT(*) AS packets,
+       SUM(ip_len) / (COUNT(*) - 1) AS per_extra,
+       SUM(ip_len) % (MAX(ttl) - MIN(ttl)) AS rest,
+       FLOAT(SUM(ip_len)) / (COUNT(*) - COUNT(*)) AS zero_float,
+       if_else(COUNT(*) < 18446744073709551615, 1, 0) AS below_top,
+       if_else(COUNT(*) - 2 > 18446744073709551610, 1, 0) AS llong_vs_top,
+       18446744073709551615 AS top, -9223372036854775808 AS bottom
+FROM main.IP
+WHERE {ORS}
+GROUP BY time/60 AS tb, srcIP, destIP, srcPort
+HAVING SUM(ip_len) / (COUNT(*) - 1) >= 0 AND COUNT(*) <= 18446744073709551615;
+
+DEFINE {{ query_name per_packet; }}
+SELECT time, ip_len / (ttl - ttl) AS zero, ip_len % (ttl - 64) AS rest
+FROM main.IP
+WHERE ip_len > 1000;
+"""
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory) -> Path:
+    """Few packets per group and minute: many groups of one packet (COUNT(*) - 1 = 0)."""
+    from tools.gen.traffic import TrafficConfig, generate
+
+    out = tmp_path_factory.mktemp("edges") / "main.pcap"
+    cfg = TrafficConfig(packets=6_000, duration_ns=180 * NS, groups=1_500, flows=4_000,
+                        tcp=0.7, udp=0.3, icmp=0.0, seed=25)
+    return generate(cfg.validate(), out)["l0"]
+
+
+@pytest.mark.slow
+def test_division_by_zero_on_some_rows_does_not_stop_the_run(capture, tmp_path, capsys):
+    from capture.reader import read_all
+    from queries.planner import plan_text
+    from tests.oracles.reference import evaluate_file
+
+    gsql = tmp_path / "edges.gsql"
+    gsql.write_text(EDGES)
+    outs = {q: tmp_path / f"{q}.csv" for q in ("ratios", "per_packet")}
+    code, _, err = run_cli(["run", str(gsql), "--link", f"main={capture}",
+                            *[a for q, p in outs.items() for a in ("--output", f"{q}={p}")]],
+                           capsys)
+    assert code == 0, err
+    assert "Traceback" not in err and "DIVIDE_BY_ZERO" not in err
+    plan = plan_text(EDGES, ["main"])
+    want = evaluate_file(plan, {"main": read_all(capture, "main")})
+    ratios = want["ratios"]
+    # the cases this test is about occur: single-packet groups, a constant ttl per group
+    assert (ratios["packets"] == 1).sum() > 10 and (ratios["per_extra"] == 0).sum() > 10
+    assert (ratios["rest"] == 0).sum() > 10 and set(ratios["below_top"]) == {1}
+    assert set(ratios["llong_vs_top"]) == {0} and (want["per_packet"]["zero"] == 0).all()
+    for name, path in outs.items():
+        assert len(want[name]) > 0
+        assert_same_rows(path, want[name], plan.query(name))
