@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from common.errors import SpoolError
+from common.errors import SpoolError, os_error_text
 from common.units import INT64_MAX
 
 log = logging.getLogger(__name__)
@@ -226,21 +226,30 @@ class SpoolWriter:
         out = out.replace_schema_metadata(meta)
         path = self.dir / spool_file_name(self.link, self.seq)
         tmp = self.dir / f".{path.name}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as fh:
-            # no dictionary pages: partial columns are mostly distinct values, and trying a
-            # dictionary first cost a third of the write
-            with pq.ParquetWriter(fh, out.schema, use_dictionary=False,
-                                  compression=self.compression,
-                                  write_statistics=False) as writer:
-                if n:
-                    writer.write_table(out)
-                writer.write_table(last.cast(out.schema))
+        try:
+            with open(tmp, "wb") as fh:
+                # no dictionary pages: partial columns are mostly distinct values, and trying
+                # a dictionary first cost a third of the write
+                with pq.ParquetWriter(fh, out.schema, use_dictionary=False,
+                                      compression=self.compression,
+                                      write_statistics=False) as writer:
+                    if n:
+                        writer.write_table(out)
+                    writer.write_table(last.cast(out.schema))
+                if self.fsync:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            os.replace(tmp, path)
             if self.fsync:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        if self.fsync:
-            _fsync_dir(self.dir)
+                _fsync_dir(self.dir)
+        except OSError as exc:     # a full or read-only disk (pyarrow's IO errors are OSErrors)
+            # no temporary left behind; the file itself is either whole or absent
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError as gone:
+                log.debug("cannot remove the spool temporary %s: %s", tmp, gone)
+            raise SpoolError(f"cannot write the spool file {path}: {os_error_text(exc)}") \
+                from None
         if self.keep_in_memory and n:
             _remember(path, self.query, out)
         self.seq += 1

@@ -26,8 +26,8 @@ nfpcapd's and our bytes are layer 3 (IP total length).
 from __future__ import annotations
 
 import ipaddress
-import os
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -136,10 +136,18 @@ def low_level(qp, batch) -> pd.DataFrame:
     return finalize(qp, combine_partials(out, op.schema))
 
 
-def meter(pcap: Path, port: int):
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def meter(pcap: Path):
+    # a port of its own per capture: with ports shared by turns, a slow capture's collector
+    # could still be listening when the next one on that port began (their flows mixed)
     with tempfile.TemporaryDirectory() as t:
         t = Path(t)
-        return run_nfpcapd(pcap, t), run_softflowd(pcap, t, port)
+        return run_nfpcapd(pcap, t), run_softflowd(pcap, t, _free_udp_port())
 
 
 @pytest.fixture(scope="module")
@@ -150,9 +158,8 @@ def meters(pcaps_dir):
     require_tool("softflowd")
     require_tool("nfdump")
     pcaps = shared_pcaps()
-    base = 40000 + os.getpid() % 5000 * 4
     with ThreadPoolExecutor(4) as pool:
-        got = list(pool.map(lambda ip: meter(ip[1], base + ip[0] % 4), enumerate(pcaps)))
+        got = list(pool.map(meter, pcaps))
     return dict(zip([p.name for p in pcaps], got))
 
 

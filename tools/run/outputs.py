@@ -2,7 +2,8 @@
 
 `QueryOutput` is a `highlevel.sinks.Sink`: the Spark stage hands it the rows of each
 micro-batch as windows close. CSV and JSON lines are appended (and flushed) batch by batch, so
-a paced or live run shows each window as soon as it closes; Parquet goes out as one row group
+a paced or live run shows each window as soon as it closes (in parts of whole windows, so a
+disk that fills up leaves no torn row: `_BatchFile`, `QueryOutput`); Parquet goes out as one row group
 per batch; the aligned text table is printed per batch in paced and live runs and once, with
 widths fitted to every row, at the end of a replay at full speed (as is everything several
 queries write to stdout then, one query after the other). All rows are also kept (results are
@@ -15,14 +16,21 @@ writes them).
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
+import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from common.errors import os_error_text
 from highlevel.sinks import Sink
 from tools.errors import RunConfigError, RunError
+
+log = logging.getLogger(__name__)
 
 FORMATS = ("table", "csv", "jsonl", "parquet")
 _SUFFIX_FORMAT = {".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
@@ -81,15 +89,14 @@ def format_table(table, header: bool = True) -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
-def _write_csv_rows(table, fh) -> None:
-    """The rows as pyarrow writes them (no header; strings quoted only when some value needs
-    it): by `tools.run.csvwrite` when every column is an integer or a string and none needs
+def _write_csv_rows(table, fh, quoting: str) -> None:
+    """The rows as pyarrow writes them (no header; strings quoted as `_csv_quoting` says): by
+    `tools.run.csvwrite` when every column is an integer or a string and none needs
     quoting (3.4M flow records: 1.5 s -> 0.5 s), else by `pyarrow.csv.write_csv`."""
     import pyarrow.csv as pacsv
 
     from tools.run import csvwrite
 
-    quoting = _csv_quoting(table)
     if quoting == "none" and csvwrite.writes(table.schema):
         csvwrite.write_csv_rows(table, fh)
     else:
@@ -124,6 +131,77 @@ def _needs_quoting(chunk) -> bool:
     return any(c in text for c in (b",", b'"', b"\r", b"\n"))
 
 
+class _BatchFile:
+    """An output's file or stdout, written a batch at a time: `write` collects the batch's
+    bytes in memory (up to `SPILL_BYTES`, then they go out in pieces of that size, so a huge
+    batch of flow records does not sit in memory twice), `commit` writes the rest and
+    flushes; only then do its rows count. When a write fails (a full disk), `rollback`
+    truncates the file to its size after the last committed batch: a reader of the file
+    never finds a row cut in half, nor a part of a batch that was not written whole.
+
+    It is file-like enough for `pyarrow.csv.write_csv`, `pyarrow.parquet.ParquetWriter` and
+    `tools.run.csvwrite` (which reuses the buffers it writes: the bytes are copied)."""
+
+    SPILL_BYTES = 32 << 20
+    closed = False
+
+    def __init__(self, fd: int | None):
+        self.fd = fd                  # None: standard output (no truncation: a pipe)
+        self.committed = 0            # the file's size after the last complete batch
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._position = 0            # bytes handed to `write` so far (`tell`)
+
+    def write(self, data) -> int:
+        data = bytes(data)
+        self._pending.append(data)
+        self._pending_bytes += len(data)
+        self._position += len(data)
+        if self._pending_bytes >= self.SPILL_BYTES:
+            self._drain()
+        return len(data)
+
+    def tell(self) -> int:
+        return self._position
+
+    def flush(self) -> None:
+        """pyarrow flushes its writers' sinks; a batch goes out only at `commit`."""
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def commit(self) -> None:
+        """Write the batch's bytes not yet written and flush: the batch is complete."""
+        self._drain()
+        if self.fd is None:
+            sys.stdout.buffer.flush()
+        self.committed = self._position
+
+    def rollback(self) -> None:
+        """After a failed write: drop the batch, the file back to its last complete batch."""
+        self._pending, self._pending_bytes = [], 0
+        self._position = self.committed
+        if self.fd is not None:
+            try:
+                os.ftruncate(self.fd, self.committed)
+                os.lseek(self.fd, self.committed, os.SEEK_SET)
+            except OSError as exc:    # the fault's own message says what matters
+                log.debug("cannot truncate an output after a failed write: %s", exc)
+
+    def _drain(self) -> None:
+        data = b"".join(self._pending)
+        self._pending, self._pending_bytes = [], 0
+        if self.fd is None:
+            sys.stdout.buffer.write(data)
+            return
+        view = memoryview(data)
+        while view:                   # os.write may write part of it (then the rest fails)
+            view = view[os.write(self.fd, view):]
+
+
 class QueryOutput(Sink):
     """One query's output (a `highlevel.sinks.Sink`): rows appended as micro-batches close.
 
@@ -131,19 +209,35 @@ class QueryOutput(Sink):
     every row; several queries sharing stdout one after the other); otherwise each batch is
     written as it arrives. `title`: a line written before the rows when several queries
     share stdout. `keep`: the rows written stay in memory too (`table()`); a buffered
-    output always keeps them."""
+    output always keeps them. `window`: the name of the query's window column, by which a
+    failed output says which windows it holds.
+
+    Disk faults: `open()` (the runner calls it before any packet is read) creates the file,
+    or checks that an existing one can be written, and that its file system has room. A
+    write that fails later (a full disk) leaves the file with whole batches only, keeps the
+    error in `fault` (`fault_message()` says what the file holds), calls `on_fault` (the
+    runner stops the sources) and writes nothing more; it does not raise into the Spark
+    stage, whose failure would only print Spark's and py4j's tracebacks. The runner then
+    reports the fault as one line."""
 
     def __init__(self, query: str, outputs, fmt: str, out: str, schema, *,
-                 buffered: bool = False, title: str | None = None, keep: bool = True):
+                 buffered: bool = False, title: str | None = None, keep: bool = True,
+                 window: str | None = None):
         self.query, self.outputs, self.format, self.out = query, outputs, fmt, out
         self.schema = schema
         self.buffered = buffered
         self.keep = keep or buffered
         self.title = title
+        self.window = window if window in {o.name for o in outputs} else None
         self.rows = 0
         self.batches = 0
+        self.held = 0                  # rows in the file (committed), by `written()`
+        self.fault: OSError | None = None
+        self.on_fault: Callable[[], None] | None = None
+        self._windows: tuple[Any, Any] | None = None   # (first, last) window written
         self._tables: list = []        # pyarrow Tables (imported when a batch comes)
-        self._fh = None
+        self._file: _BatchFile | None = None
+        self._created = False          # `open` made the file (removed if no row reaches it)
         self._parquet: Any = None      # a pyarrow.parquet.ParquetWriter once opened
         self._started = False
         self._closed = False
@@ -153,35 +247,87 @@ class QueryOutput(Sink):
     def write(self, batch_id: int, table) -> bool:
         table = display_table(table, self.outputs)
         with self._lock:
+            if self.fault is not None:
+                return True            # the run is stopping; the fault is reported then
+            if not self.buffered and (table.num_rows or self.format != "table"):
+                if self._emit(table):
+                    self.batches += 1
+                return True
             if self.keep:
                 self._tables.append(table)
             self.rows += table.num_rows
             self.batches += 1
-            if not self.buffered and (table.num_rows or self.format != "table"):
-                self._emit(table)
         return True
+
+    def open(self) -> None:
+        """Create the output file, or check that the existing one can be written (it is
+        truncated when the first rows come: a run that fails before leaves it as it was),
+        and that its file system has a free block. Raises `RunError` naming the path and
+        the OS error."""
+        with self._lock:
+            if self._file is None and self.out != "-":
+                self._open_file()
+                try:
+                    space = os.fstatvfs(self._fd())
+                except OSError:
+                    return            # no statistics (some FUSE file systems): writes tell
+                if space.f_bavail == 0 and space.f_blocks:
+                    self._discard()
+                    self._file = None
+                    raise RunError(f"cannot write the output {self.out}: "
+                                   f"{os_error_text(OSError(errno.ENOSPC, ''))}")
 
     def close(self, complete: bool = True) -> None:
         """Finish the output. `complete` False (the run failed): an output no row reached
-        writes nothing at all (no header, no empty file); rows already there are kept."""
+        writes nothing at all (no header, no empty file); rows already there are kept.
+        A fault at the last write (a buffered output's rows, a Parquet footer) is kept in
+        `fault` and raised as a `RunError`."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            if self.buffered:
-                if complete or self.rows:
-                    self._emit(self.table())
-            elif not self._started and complete:
-                self._emit(self.display_schema().empty_table())   # header / empty file
-            try:
-                if self._parquet is not None:
+            if self.fault is None:
+                if self.buffered:
+                    if complete or self.rows:
+                        self._emit(self.table(), count=False)
+                elif not self._started and complete:
+                    self._emit(self.display_schema().empty_table())   # header / empty file
+            if self.fault is None and self._parquet is not None:
+                try:
                     self._parquet.close()
-                if self._fh is not None:
-                    self._fh.flush()
-                    if self.out != "-":
-                        self._fh.close()
-            except OSError as exc:
-                raise RunError(f"cannot write the output {self.out}: {exc}") from None
+                    assert self._file is not None      # the Parquet writer writes to it
+                    self._file.commit()
+                except OSError as exc:
+                    self._failed(exc)
+            if self.fault is not None or (not complete and self._file is not None
+                                          and not self._file.committed):
+                self._discard()
+            elif self._file is not None and self._file.fd is not None:
+                os.close(self._file.fd)
+            if self.fault is not None:
+                raise RunError(self.fault_message())
+
+    def fault_message(self) -> str:
+        """One line: the path, the OS error, and what the output holds."""
+        assert self.fault is not None
+        head = f"cannot write the output {self.out}: {os_error_text(self.fault)}"
+        if self.out == "-":
+            return f"{head}; {self.held:,} rows were written before it"
+        if self.format == "parquet":
+            return f"{head}; the Parquet file is removed (unreadable without its footer)"
+        if not self.held:
+            return f"{head}; no row was written"
+        return f"{head}; it holds {self.written()}, no later window"
+
+    def written(self) -> str:
+        """What the output holds so far: "the windows tb 60 to 600 (1,234 rows)"."""
+        rows = f"{self.held:,} row{'s' if self.held != 1 else ''}"
+        if self._windows is None:
+            return rows
+        first, last = self._windows
+        if first == last:
+            return f"the window {self.window} {first} ({rows})"
+        return f"the windows {self.window} {first} to {last} ({rows})"
 
     # --- rows ----------------------------------------------------------------------------------
     def display_schema(self):
@@ -201,21 +347,107 @@ class QueryOutput(Sink):
             return self.display_schema().empty_table()
         return pa.concat_tables(self._tables, promote_options="permissive")
 
-    def _open(self):
-        if self._fh is None:
-            try:
-                self._fh = sys.stdout.buffer if self.out == "-" else open(self.out, "wb")
-            except OSError as exc:
-                raise RunError(f"cannot write the output {self.out}: {exc}") from None
-        return self._fh
+    def _note_windows(self, table) -> None:
+        if self.window is None or not table.num_rows:
+            return
+        import pyarrow.compute as pc
 
-    def _emit(self, table) -> None:
+        bounds = pc.min_max(table.column(self.window)).as_py()
+        if bounds["min"] is None:
+            return
+        if self._windows is None:
+            self._windows = (bounds["min"], bounds["max"])
+        else:
+            self._windows = (min(self._windows[0], bounds["min"]),
+                             max(self._windows[1], bounds["max"]))
+
+    def _open_file(self) -> None:
+        # no O_TRUNC: an existing file stays as it was until rows come (see `open`)
+        try:
+            fd = os.open(self.out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            self._created = True
+        except FileExistsError:
+            try:
+                fd = os.open(self.out, os.O_WRONLY)
+            except OSError as exc:
+                raise RunError(f"cannot write the output {self.out}: "
+                               f"{os_error_text(exc)}") from None
+        except OSError as exc:
+            raise RunError(f"cannot write the output {self.out}: {os_error_text(exc)}") \
+                from None
+        self._file = _BatchFile(fd)
+
+    def _fd(self) -> int:
+        assert self._file is not None and self._file.fd is not None
+        return self._file.fd
+
+    def _discard(self) -> None:
+        """Remove the file when no complete batch of this run is in it (or it is a Parquet
+        file without its footer), else close it (it ends with its last complete batch)."""
+        f = self._file
+        if f is None or f.fd is None:
+            return
+        os.close(f.fd)
+        if (self._started or self._created) and (not f.committed or self.format == "parquet"):
+            try:
+                os.unlink(self.out)
+            except OSError as exc:
+                log.debug("cannot remove the output %s: %s", self.out, exc)
+
+    def _failed(self, exc: OSError) -> None:
+        self.fault = exc
+        if self._file is not None:
+            self._file.rollback()
+        if self.on_fault is not None:
+            self.on_fault()
+
+    def _parts(self, table):
+        """The batch in parts of whole windows, each at least `PART_ROWS` rows (but the
+        last): CSV and JSON lines commit each part, so after a fault (a full disk) the file
+        ends with a complete window, also when one batch holds every window (a replay at
+        full speed). Rows come in window order; when they do not, the batch is one part."""
+        import numpy as np
+
+        n = table.num_rows
+        if self.window is None or self.format not in ("csv", "jsonl") or n <= self.PART_ROWS:
+            return [table]
+        col = table.column(self.window)
+        if col.null_count:
+            return [table]
+        w = np.asarray(col.combine_chunks())
+        if not np.all(w[1:] >= w[:-1]):
+            return [table]
+        starts = np.flatnonzero(w[1:] != w[:-1]) + 1      # the first row of each window
+        parts, begin = [], 0
+        for start in starts:
+            if start - begin >= self.PART_ROWS:
+                parts.append(table.slice(begin, start - begin))
+                begin = int(start)
+        parts.append(table.slice(begin))
+        return parts
+
+    #: the fewest rows a committed part of a batch holds (`_parts`): a write call each
+    PART_ROWS = 4096
+
+    def _emit(self, table, count: bool = True) -> bool:
+        """Write one batch (with the title and header before the first), part after part
+        of whole windows (`_parts`); `count`: its rows count as written (not a buffered
+        output's, counted when they came). False when a write failed (the fault is kept;
+        the file holds whole parts only, and `rows` counts what it holds)."""
         import pyarrow.parquet as pq
 
-        fh = self._open()
+        if self._file is None:
+            if self.out == "-":
+                self._file = _BatchFile(None)
+            else:
+                self._open_file()
+        fh = self._file
+        assert fh is not None
         first = not self._started
-        self._started = True
         try:
+            if first and fh.fd is not None:
+                os.ftruncate(fh.fd, 0)      # the run's rows replace an earlier file's
+            self._started = True
             if first and self.title:
                 prefix = "" if self.format == "table" else "# "
                 fh.write(f"{prefix}query {self.query}:\n".encode())
@@ -224,15 +456,35 @@ class QueryOutput(Sink):
             elif self.format == "csv":
                 if first:   # pyarrow quotes every header name; SELECT names are identifiers
                     fh.write((",".join(table.column_names) + "\n").encode())
-                if table.num_rows:
-                    _write_csv_rows(table, fh)
+                quoting = _csv_quoting(table) if table.num_rows else "none"
+                for part in self._parts(table):
+                    if part.num_rows:
+                        _write_csv_rows(part, fh, quoting)
+                    self._commit(part, count)
+                return True
             elif self.format == "parquet":
                 if self._parquet is None:
                     self._parquet = pq.ParquetWriter(fh, table.schema)
                 self._parquet.write_table(table.cast(self._parquet.schema))
             else:
-                for row in table.to_pylist():
-                    fh.write(json.dumps(row, separators=(",", ":")).encode() + b"\n")
-            fh.flush()
+                for part in self._parts(table):
+                    for row in part.to_pylist():
+                        fh.write(json.dumps(row, separators=(",", ":")).encode() + b"\n")
+                    self._commit(part, count)
+                return True
+            self._commit(table, count)
         except OSError as exc:
-            raise RunError(f"cannot write the output {self.out}: {exc}") from None
+            self._failed(exc)
+            return False
+        return True
+
+    def _commit(self, part, count: bool) -> None:
+        """The part's bytes written and flushed: now its rows count."""
+        assert self._file is not None
+        self._file.commit()
+        self.held += part.num_rows
+        self._note_windows(part)
+        if count:
+            self.rows += part.num_rows
+            if self.keep:
+                self._tables.append(part)

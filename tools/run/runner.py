@@ -33,8 +33,9 @@ import time
 from pathlib import Path
 
 from common import settings
+from common.errors import OopscopeError, SpoolError, os_error_text
 from common.units import NS_PER_S as NS
-from tools.errors import RunConfigError, RunLinkError, UnsupportedQueryError
+from tools.errors import RunConfigError, RunError, RunLinkError, UnsupportedQueryError
 from tools.run.config import (
     LinkSummary,
     QuerySummary,
@@ -140,9 +141,6 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
                               nice=0 if config.streaming else settings.jvm_nice())
     starter.start()
     log.debug("Spark session start asked %.2f s into the run", time.perf_counter() - started)
-    from highlevel.errors import StageConfigError
-    from highlevel.graph import StageGraph
-    from tools.run.feeds import LinkFeeds, OperatorFeed, SpoolQueue
     from tools.run.outputs import arrow_schema
 
     several = sum(1 for _, out in chosen if out == "-") > 1
@@ -153,8 +151,34 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
                                         formats[qp.name] == "table"
                                         or (several and out == "-")),
                                     title=qp.name if several and out == "-" else None,
-                                    keep=config.keep_results)
+                                    keep=config.keep_results,
+                                    window=getattr(qp.high.window, "column", None))
                for qp, out in chosen}
+    # every output is opened (a read-only or full file system fails here, in one line)
+    # before any packet is read
+    _open_outputs(outputs.values())
+    try:
+        return _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
+                           outputs)
+    except OopscopeError as exc:
+        _close_quietly(outputs.values())      # a buffered output's rows may fault here too
+        raise _fault(exc, outputs) from None
+    except BaseException:
+        _close_quietly(outputs.values())
+        raise
+
+
+def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
+                outputs) -> RunSummary:
+    from highlevel.errors import StageConfigError
+    from highlevel.graph import StageGraph
+    from tools.run.feeds import LinkFeeds, OperatorFeed, SpoolQueue
+
+    for o in outputs.values():
+        # a failed write stops the sources as a stop request does; the windows still open
+        # close (in the other outputs), then the fault is reported (`_fault`)
+        o.on_fault = lambda: setattr(stop, "asked", True)
+    formats = {name: o.format for name, o in outputs.items()}
     sinks: dict[str, list] = {name: [o] for name, o in outputs.items()}   # highlevel Sinks
     for name, sink in config.extra_sinks:
         sinks[name].append(sink)
@@ -176,8 +200,13 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
     temporary = config.spool is None and not config.streaming
     codec = "none" if temporary else "snappy"
     graph.prune_spool = temporary
-    for lp in graph.low_plans():
-        per_link[lp.link].append(OperatorFeed(lp, spool, queries[graph.query_of(lp)], codec))
+    try:
+        for lp in graph.low_plans():
+            per_link[lp.link].append(OperatorFeed(lp, spool, queries[graph.query_of(lp)],
+                                                  codec))
+    except OSError as exc:           # the spool's directories (a read-only --spool)
+        raise SpoolError(f"cannot write the spool {exc.filename or spool}: "
+                         f"{os_error_text(exc)}") from None
     feeds = {name: LinkFeeds(name, fs, config.lull_slack_ns) for name, fs in per_link.items()}
     summary = RunSummary(links={}, queries=queries)
     sources = _open_sources(config, feeds, summary, stop)
@@ -230,13 +259,69 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
                 stage.stop()
         if progress is not None:
             progress.stop()
-        for o in outputs.values():
-            o.close(complete=completed)
-        for _name, sink in config.extra_sinks:
-            sink.close()
+        try:
+            _close_outputs(outputs.values(), complete=completed)
+        finally:
+            for _name, sink in config.extra_sinks:
+                sink.close()
     _collect(summary, config, sources, feeds, graph, outputs)
     summary.total_seconds = time.perf_counter() - started
     return summary
+
+
+def _open_outputs(outputs) -> None:
+    opened = []
+    try:
+        for o in outputs:
+            o.open()
+            opened.append(o)
+    except BaseException:
+        _close_outputs(opened, complete=False)
+        raise
+
+
+def _close_outputs(outputs, complete: bool) -> None:
+    """Close every output (each even when one fails); then raise the first failure."""
+    error: BaseException | None = None
+    for o in outputs:
+        try:
+            o.close(complete=complete)
+        except (OopscopeError, OSError) as exc:
+            error = error or exc
+    if error is not None:
+        raise error
+
+
+def _close_quietly(outputs) -> None:
+    """After an error: close what is still open (a no-op for the others); a fault of theirs
+    is kept in the output and reported by `_fault`."""
+    for o in outputs:
+        try:
+            o.close(complete=False)
+        except (OopscopeError, OSError) as exc:
+            log.debug("closing the output %s after an error: %s", o.out, exc)
+
+
+def _fault(exc: OopscopeError, outputs: dict) -> BaseException:
+    """The error a failed run reports, in one line: an output's own fault (its path and OS
+    error; the stage's error that followed it says less) and what that output holds, or
+    the run's error and what the outputs hold (the windows written before it)."""
+    faulty = [o for o in outputs.values() if o.fault is not None]
+    if faulty:
+        o = faulty[0]
+        if o.out == "-" and isinstance(o.fault, BrokenPipeError):
+            return o.fault               # `| head`: not an error (tools.cli)
+        more = f" ({len(faulty) - 1} more outputs failed)" if len(faulty) > 1 else ""
+        return RunError(o.fault_message() + more)
+    held = [f"{o.out} holds {o.written()}" for o in outputs.values()
+            if o.held and o.out != "-" and o.format != "parquet"]
+    if not held:
+        return exc
+    # the same class, so a caller that tells errors apart still can
+    try:
+        return type(exc)(f"{exc}; written before it: {'; '.join(held)}")
+    except TypeError:                   # an error class with other arguments
+        return RunError(f"{exc}; written before it: {'; '.join(held)}")
 
 
 def _open_sources(config: RunConfig, feeds: dict, summary: RunSummary, stop=None) -> dict:

@@ -210,12 +210,16 @@ class LinkRouter(threading.Thread):
 
     def call(self, fn: Callable[[], object]) -> object:
         """Run `fn` on the router's thread between two batches; its result (or error)."""
+        if not self.is_alive():      # not started, or stopped: nothing else runs the links
+            return fn()
         fut: Future = Future()
-        if not self.is_alive():
-            fn_result = fn()
-            return fn_result
         self.commands.put((fn, fut))
-        return fut.result()
+        while True:
+            try:
+                return fut.result(timeout=0.5)
+            except TimeoutError:
+                if not self.is_alive():  # it stopped after our command was queued
+                    self._commands()
 
     def run(self) -> None:
         while not self.stopping.is_set():
