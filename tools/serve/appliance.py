@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common.errors import OopscopeError
 from common.units import INT64_MAX, NS_PER_S
 from tools.errors import RunConfigError, RunError
 from tools.serve.submission import NAME_RE, Record, Submission, first_window_start, when
@@ -192,8 +193,6 @@ class Appliance:
 
     def submit(self, *, text: str, file: str, name: str | None = None, params=None, sets=None,
                outputs=None, fmt: str | None = None) -> dict:
-        from queries.errors import QueryError
-
         fmt = fmt or "csv"
         if fmt not in ("csv", "jsonl", "parquet"):
             raise ServeError(f"--format {fmt}: allowed csv, jsonl, parquet")
@@ -203,14 +202,8 @@ class Appliance:
                            sets=dict(sets or {}), format=fmt)
             try:
                 sub = Submission(probe, self.state_dir, self.config.link_names)
-            except (QueryError, RunError) as exc:
+            except OopscopeError as exc:     # the planner's message, with line and column
                 raise ServeError(str(exc)) from None
-            except Exception as exc:  # noqa: BLE001 - the planner's other errors are the user's too
-                from common.errors import OopscopeError
-
-                if isinstance(exc, OopscopeError):
-                    raise ServeError(str(exc)) from None
-                raise
             if name is None:
                 name = sub.chosen[0].name if len(sub.chosen) == 1 else stem
             if not NAME_RE.match(name):
