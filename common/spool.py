@@ -324,3 +324,24 @@ def read_spool(root: str | os.PathLike, query: str, schema: pa.Schema | None = N
     if schema is not None:
         tables = [t.select(schema.names).cast(schema) for t in tables]
     return pa.concat_tables(tables, promote_options="permissive")
+
+
+def last_punctuations(root: str | os.PathLike, query: str) -> dict[str, tuple[int, int | None]]:
+    """Per link of a query's spool: (its last file's sequence number, the last punctuation
+    its files carry, None when none carries one), from the footers (no data is read). A run
+    resumed over a kept spool continues each link from there; the appliance reports the gap
+    from there."""
+    out: dict[str, tuple[int, int | None]] = {}
+    by_link: dict[str, list[tuple[int, Path]]] = {}
+    for link, seq, path in list_spool(root, query):
+        by_link.setdefault(link, []).append((seq, path))
+    for link, files in by_link.items():
+        files.sort()
+        punct = None
+        for _, path in reversed(files):
+            value = (pq.read_schema(path).metadata or {}).get(b"oopscope.punct", b"")
+            if value:
+                punct = int(value)
+                break
+        out[link] = (files[-1][0], punct)
+    return out

@@ -105,6 +105,11 @@ class RunSummary:
     spark_wait_seconds: float = 0.0     # waiting for the session after the low level ended
     highlevel_seconds: float = 0.0
     total_seconds: float = 0.0
+    # a run resumed over a kept spool and checkpoint (`tools.run.resume`): the packets per
+    # link read past (already in the spool), and a live run's gap (from, to) ns
+    resumed: bool = False
+    skipped: dict = field(default_factory=dict)
+    gap: tuple | None = None
 
     @property
     def problems(self) -> list[str]:
@@ -133,6 +138,20 @@ class RunSummary:
                          + (f", {q.late_corrected} late packets corrected in "
                             f"{q.correction_rows} correction rows"
                             if q.late_corrected or q.correction_rows else ""))
+        if self.resumed:
+            skipped = ", ".join(f"link {n} {v:,}" for n, v in self.skipped.items() if v)
+            lines.append("run resumed from its spool and checkpoint"
+                         + (f"; packets already in the spool, read past: {skipped}"
+                            if skipped else ""))
+        if self.gap is not None:
+            import time as _time
+
+            def when(ns: int) -> str:
+                if ns <= -(1 << 63):
+                    return "the start"
+                return _time.strftime("%Y-%m-%d %H:%M:%S", _time.gmtime(ns / NS)) + " UTC"
+            lines.append(f"gap: the windows from {when(self.gap[0])} to {when(self.gap[1])} "
+                         f"were not written (the run was down; live packets are not replayed)")
         lines.append(f"run ended: {self.ended}; time: low level {self.lowlevel_seconds:.2f} s, "
                      f"waiting for Spark {self.spark_wait_seconds:.2f} s, Spark stage "
                      f"{self.highlevel_seconds:.2f} s, total {self.total_seconds:.2f} s")

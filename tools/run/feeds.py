@@ -79,7 +79,8 @@ class OperatorFeed:
     With a `SpoolQueue` set as `spool_queue`, the files are written on its thread."""
 
     def __init__(self, plan, spool_root, summary, compression: str = "snappy", *,
-                 punctuation_flush: bool = False):
+                 punctuation_flush: bool = False, complete_only: bool = False,
+                 start_ns: int | None = None):
         from common.spool import SpoolWriter
         from lowlevel.operator import HOLD_ROWS, LowLevelOperator
 
@@ -94,6 +95,13 @@ class OperatorFeed:
         self.spool_queue: SpoolQueue | None = None
         self.buffer: list = []
         self.buffered = 0
+        # a resumable spool (`tools.run.resume`): a file holds only rows of panes its own
+        # punctuation has closed, so after a crash the spool holds exactly the panes that end
+        # by the link's last punctuation, and a resumed run replays the packets from there
+        # without counting any twice. Rows of open panes (evictions) wait here meanwhile
+        self.complete_only = complete_only and plan.flow is None
+        # a resumed run: packets before this were counted in the spool already
+        self.start_ns = start_ns
 
     def _add(self, parts) -> None:
         for b in parts:
@@ -102,6 +110,9 @@ class OperatorFeed:
                 self.buffered += b.num_rows
 
     def _write(self, punctuation: int | None) -> None:
+        if self.complete_only and punctuation is not None and punctuation != END_OF_INPUT:
+            self._write_complete(punctuation)
+            return
         if not self.buffer and punctuation is None:
             return
         if self.spool_queue is not None:
@@ -112,9 +123,49 @@ class OperatorFeed:
         self.summary.spool_files += 1
         self.buffer, self.buffered = [], 0
 
+    def _write_complete(self, punctuation: int) -> None:
+        """Write the buffered rows of panes ending by `punctuation` with it; keep the rest."""
+        import numpy as np
+        import pyarrow as pa
+
+        window = self.op.plan.window
+        done: list = []
+        kept: list = []
+        for b in self.buffer:
+            ids = np.asarray(b.column("window").to_numpy(zero_copy_only=False), np.int64)
+            if window is None:      # a selection: a row's `window` is its packet's time
+                ends = ids + 1
+            else:
+                ends = (ids + 1) * window.pane_ns - window.offset_ns
+            closed = ends <= punctuation
+            if closed.all():
+                done.append(b)
+            elif not closed.any():
+                kept.append(b)
+            else:
+                done.append(b.filter(pa.array(closed)))
+                kept.append(b.filter(pa.array(~closed)))
+        self.buffer = done
+        self.buffered = sum(b.num_rows for b in done)
+        if self.spool_queue is not None:
+            self.spool_queue.put(self.writer, self.buffer, punctuation)
+        else:
+            self.writer.write(self.buffer, punctuation)
+        self.summary.partial_rows += self.buffered
+        self.summary.spool_files += 1
+        self.buffer, self.buffered = kept, sum(b.num_rows for b in kept)
+
     def process(self, batch) -> None:
+        if self.start_ns is not None:
+            ts = batch["timestamp"]
+            if int(ts.min()) < self.start_ns:
+                keep = ts >= self.start_ns
+                if not keep.any():
+                    return
+                batch = batch.take(keep)
         self._add(self.op.process(batch))
-        if self.buffered >= SPOOL_FLUSH_ROWS:
+        # a resumable spool writes rows only with the punctuation that closes their pane
+        if self.buffered >= SPOOL_FLUSH_ROWS and not self.complete_only:
             self._write(None)
 
     def punctuate(self, p: int) -> None:

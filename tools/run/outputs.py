@@ -222,7 +222,7 @@ class QueryOutput(Sink):
 
     def __init__(self, query: str, outputs, fmt: str, out: str, schema, *,
                  buffered: bool = False, title: str | None = None, keep: bool = True,
-                 window: str | None = None):
+                 window: str | None = None, resume_log: Path | None = None):
         self.query, self.outputs, self.format, self.out = query, outputs, fmt, out
         self.schema = schema
         self.buffered = buffered
@@ -242,6 +242,12 @@ class QueryOutput(Sink):
         self._started = False
         self._closed = False
         self._lock = threading.Lock()   # stages of several queries share stdout
+        # a resumable run (`tools.run.resume`): after each batch, its id and the file's size
+        # go to this file, so a run resumed after a crash cuts the file back to its last
+        # whole batch and skips the batches it holds when Spark's checkpoint replays them
+        self.resume_log = resume_log
+        self.done_batch = -1           # the last batch id the file holds (resumed run)
+        self.resumed_rows = 0          # rows the file held from the run before
 
     # --- the Sink protocol -------------------------------------------------------------------
     def write(self, batch_id: int, table) -> bool:
@@ -249,9 +255,12 @@ class QueryOutput(Sink):
         with self._lock:
             if self.fault is not None:
                 return True            # the run is stopping; the fault is reported then
+            if batch_id <= self.done_batch:
+                return False           # written before the crash (a replayed batch)
             if not self.buffered and (table.num_rows or self.format != "table"):
                 if self._emit(table):
                     self.batches += 1
+                    self._log_batch(batch_id)
                 return True
             if self.keep:
                 self._tables.append(table)
@@ -267,6 +276,7 @@ class QueryOutput(Sink):
         with self._lock:
             if self._file is None and self.out != "-":
                 self._open_file()
+                self._resume()
                 try:
                     space = os.fstatvfs(self._fd())
                 except OSError:
@@ -276,6 +286,50 @@ class QueryOutput(Sink):
                     self._file = None
                     raise RunError(f"cannot write the output {self.out}: "
                                    f"{os_error_text(OSError(errno.ENOSPC, ''))}")
+
+    def _resume(self) -> None:
+        """A resumed run: the file back to its last whole batch before the crash (a batch
+        cut short, or written and not yet logged, is written again from the checkpoint's
+        replay), then appended to. No log: the file starts afresh."""
+        if self.resume_log is None:
+            return
+        try:
+            done = json.loads(self.resume_log.read_text())
+            batch, size, rows = int(done["batch"]), int(done["bytes"]), int(done["rows"])
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise RunConfigError(f"cannot resume the output {self.out}: its log "
+                                 f"{self.resume_log} is unreadable ({exc})") from None
+        fh = self._file
+        assert fh is not None and fh.fd is not None
+        try:
+            have = os.fstat(fh.fd).st_size
+            if have < size:
+                raise RunConfigError(f"cannot resume the output {self.out}: it holds "
+                                     f"{have:,} bytes, fewer than the {size:,} the run "
+                                     f"before wrote; was it changed?")
+            os.ftruncate(fh.fd, size)
+            os.lseek(fh.fd, size, os.SEEK_SET)
+        except OSError as exc:
+            raise RunError(f"cannot write the output {self.out}: {os_error_text(exc)}") \
+                from None
+        fh.committed = fh._position = size
+        self.done_batch, self.resumed_rows = batch, rows
+        self._started = size > 0        # no header again, no truncation at the first rows
+
+    def _log_batch(self, batch_id: int) -> None:
+        if self.resume_log is None or self._file is None:
+            return
+        # written after the batch's bytes: a crash in between leaves the batch unlogged, and
+        # the resumed run cuts it off and writes it again
+        tmp = self.resume_log.with_name(f".{self.resume_log.name}.tmp")
+        try:
+            tmp.write_text(json.dumps({"batch": batch_id, "bytes": self._file.committed,
+                                       "rows": self.resumed_rows + self.held}))
+            os.replace(tmp, self.resume_log)
+        except OSError as exc:
+            self._failed(exc)
 
     def close(self, complete: bool = True) -> None:
         """Finish the output. `complete` False (the run failed): an output no row reached

@@ -45,7 +45,7 @@ class FileLink:
 
     def __init__(self, name: str, path: str, batch_size: int = 65536,
                  columns: tuple[str, ...] | None = None, prefetch: int | None = None,
-                 stop=None):
+                 stop=None, skip_before: int | None = None):
         from capture.reader import open_capture
 
         self.name, self.path = name, str(path)
@@ -65,6 +65,10 @@ class FileLink:
         self.max_seen: int | None = None
         self.exhausted = False
         self.problem: str | None = None
+        # a resumed run (`tools.run.resume`): the packets before this are in the spool
+        # already; they are read past unpaced, and the replay's clock starts after them
+        self.skip_before = skip_before
+        self.skipped = 0
 
     def _pending(self) -> bool:
         """Make sure a batch with unread rows is pending; False when the file is over."""
@@ -85,6 +89,10 @@ class FileLink:
                 return False
             if len(batch) == 0:
                 continue
+            if self.skip_before is not None:
+                batch = self._unskipped(batch)
+                if batch is None:
+                    continue
             ts = batch["timestamp"]
             if batch.in_order and (self.max_seen is None or ts[0] >= self.max_seen):
                 cummax = ts       # already its running max: no pass, no fresh array
@@ -95,6 +103,17 @@ class FileLink:
             self._batch, self._cummax, self._pos = batch, cummax, 0
             self.max_seen = int(cummax[-1])
         return True
+
+    def _unskipped(self, batch):
+        """The batch without its packets before `skip_before` (None: none is left)."""
+        assert self.skip_before is not None
+        ts = batch["timestamp"]
+        keep = ts >= self.skip_before
+        n = int(np.count_nonzero(keep))
+        self.skipped += len(batch) - n
+        if n == len(batch):
+            return batch
+        return batch.take(keep) if n else None
 
     def _end(self) -> None:
         self.exhausted = True

@@ -55,6 +55,8 @@ from tools.run.threads import (
 
 log = logging.getLogger(__name__)
 
+_INT64_MIN = -(1 << 63)
+
 
 def _check_sources(config: RunConfig) -> None:
     if config.links and config.interfaces:
@@ -89,7 +91,8 @@ def _workdir(given, prefix, option, temps) -> Path:
         # skip new files of the same names: a run starts empty
         if root.is_dir() and any(root.iterdir()):
             raise RunConfigError(f"{option} {root}: not empty (it holds an earlier run's "
-                                 f"data); give an empty or new directory")
+                                 f"data); give an empty or new directory (a run given both "
+                                 f"--spool and --checkpoint can be resumed)")
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -122,16 +125,25 @@ def run(config: RunConfig) -> RunSummary:
                                  f"{', '.join(sorted(names))})")
     temps: list[Path] = []
     try:
-        spool = _workdir(config.spool, "oopscope-spool-", "--spool", temps)
-        checkpoint = _workdir(config.checkpoint, "oopscope-ck-", "--checkpoint", temps)
+        resume = None
+        if config.spool is not None and config.checkpoint is not None:
+            # both kept: the run can be resumed after a crash (`tools.run.resume`)
+            from tools.run.resume import prepare
+
+            spool, checkpoint = Path(config.spool), Path(config.checkpoint)
+            resume = prepare(config, chosen, {qp.name: output_format(config, out)
+                                              for qp, out in chosen}, spool, checkpoint)
+        else:
+            spool = _workdir(config.spool, "oopscope-spool-", "--spool", temps)
+            checkpoint = _workdir(config.checkpoint, "oopscope-ck-", "--checkpoint", temps)
         with StopRequest() as stop:
-            return _run(config, plan, chosen, spool, checkpoint, started, stop)
+            return _run(config, plan, chosen, spool, checkpoint, started, stop, resume)
     finally:
         for d in temps:
             shutil.rmtree(d, ignore_errors=True)
 
 
-def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
+def _run(config, plan, chosen, spool, checkpoint, started, stop, resume=None) -> RunSummary:
     # the JVM takes seconds to start: it starts first, while the stages are planned and the
     # sources opened (the query and the capture paths were checked already; a source that
     # then fails to open ends the run, and the JVM with it). A bounded replay is over in
@@ -142,6 +154,7 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
     starter.start()
     log.debug("Spark session start asked %.2f s into the run", time.perf_counter() - started)
     from tools.run.outputs import arrow_schema
+    from tools.run.resume import output_log
 
     several = sum(1 for _, out in chosen if out == "-") > 1
     formats = {qp.name: output_format(config, out) for qp, out in chosen}
@@ -152,14 +165,16 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
                                         or (several and out == "-")),
                                     title=qp.name if several and out == "-" else None,
                                     keep=config.keep_results,
-                                    window=getattr(qp.high.window, "column", None))
+                                    window=getattr(qp.high.window, "column", None),
+                                    resume_log=None if resume is None or out == "-" else
+                                    output_log(checkpoint, qp.name))
                for qp, out in chosen}
     # every output is opened (a read-only or full file system fails here, in one line)
     # before any packet is read
     _open_outputs(outputs.values())
     try:
         return _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
-                           outputs)
+                           outputs, resume)
     except OopscopeError as exc:
         _close_quietly(outputs.values())      # a buffered output's rows may fault here too
         raise _fault(exc, outputs) from None
@@ -169,7 +184,7 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop) -> RunSummary:
 
 
 def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
-                outputs) -> RunSummary:
+                outputs, resume=None) -> RunSummary:
     from highlevel.errors import StageConfigError
     from highlevel.graph import StageGraph
     from tools.run.feeds import LinkFeeds, OperatorFeed, SpoolQueue
@@ -200,19 +215,37 @@ def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
     temporary = config.spool is None and not config.streaming
     codec = "none" if temporary else "snappy"
     graph.prune_spool = temporary
+    starts: dict[tuple[str, str], int | None] = {}
+    if resume is not None and resume.resumed:
+        from tools.run.resume import find_punctuation
+
+        find_punctuation(resume, spool, graph.low_plans())
+        if config.live:
+            _live_gap(resume, chosen)
+        starts = {(lp.query, lp.link): resume.start_of(lp) for lp in graph.low_plans()}
     try:
         for lp in graph.low_plans():
             per_link[lp.link].append(OperatorFeed(lp, spool, queries[graph.query_of(lp)],
-                                                  codec))
+                                                  codec, complete_only=resume is not None,
+                                                  start_ns=starts.get((lp.query, lp.link))))
     except OSError as exc:           # the spool's directories (a read-only --spool)
         raise SpoolError(f"cannot write the spool {exc.filename or spool}: "
                          f"{os_error_text(exc)}") from None
     feeds = {name: LinkFeeds(name, fs, config.lull_slack_ns) for name, fs in per_link.items()}
     summary = RunSummary(links={}, queries=queries)
-    sources = _open_sources(config, feeds, summary, stop)
+    if resume is not None and resume.resumed:
+        summary.resumed = True
+        summary.gap = resume.gap
+    # a file link is read past, unpaced, up to the earliest packet one of its operators
+    # takes; an operator with no punctuation in the spool takes every packet
+    skip: dict[str, int | None] = {}
+    for name, fs in per_link.items():
+        known = [s for f in fs if (s := starts.get((f.op.plan.query, name))) is not None]
+        skip[name] = min(known) if fs and len(known) == len(fs) else None
+    sources = _open_sources(config, feeds, summary, stop, skip)
     continuous = overlap = None
     if config.streaming:
-        continuous = ContinuousStages(starter, graph)
+        continuous = ContinuousStages(starter, graph, on_bound=_suppress_gap(resume))
         continuous.start()
     else:
         overlap = OverlappedStages(starter, graph, lambda: _read_share(sources))
@@ -227,6 +260,7 @@ def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
         for feed in f.feeds:
             feed.spool_queue = spool_queue
     completed = False
+    resumed = resume is not None and resume.resumed
     try:
         info: dict = {}
         summary.ended = _drive(config, sources, feeds, stop, info)
@@ -237,14 +271,15 @@ def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
             continuous.finish()
             summary.highlevel_seconds = time.perf_counter() - low_done
         elif overlap is not None and overlap.low_level_done():   # not None: not streaming
-            if overlap.late:
+            if overlap.late and not resumed:
                 graph.speculate(nice=settings.background_nice())
             overlap.finish()
             summary.highlevel_seconds = time.perf_counter() - low_done
         else:
-            if not starter.ready():
+            if not starter.ready() and not resumed:
                 # the stages' batch computed while Spark starts: its streaming query's start
-                # is the rest of the run's critical path
+                # is the rest of the run's critical path (not over a resumed checkpoint,
+                # whose next batch may be a replay)
                 graph.speculate(nice=settings.background_nice())
             graph.bind(starter.result())
             summary.spark_wait_seconds = time.perf_counter() - low_done
@@ -324,7 +359,40 @@ def _fault(exc: OopscopeError, outputs: dict) -> BaseException:
         return RunError(f"{exc}; written before it: {'; '.join(held)}")
 
 
-def _open_sources(config: RunConfig, feeds: dict, summary: RunSummary, stop=None) -> dict:
+def _live_gap(resume, chosen) -> None:
+    """A resumed live run: the windows from the last punctuation in the spool to the first
+    window start after now are incomplete (the packets in between were never captured) and
+    are not written; the operators take packets from that start on."""
+    known = [p for p in resume.punctuation.values() if p is not None]
+    gap_from = min(known) if len(known) == len(resume.punctuation) and known else _INT64_MIN
+    after = time.time_ns() + NS // 5
+    starts = [((after + w.offset_ns) // w.slide_ns + 1) * w.slide_ns - w.offset_ns
+              for qp, _ in chosen if (w := qp.high.window) is not None and w.slide_ns]
+    start = max(starts) if starts else after + 1
+    resume.gap = (gap_from, start)
+    resume.punctuation = {k: start for k in resume.punctuation}
+    log.warning("resumed: the windows from %s to %s are a gap (the run was down) and are not "
+                "written", "the start" if gap_from == _INT64_MIN else _when(gap_from),
+                _when(start))
+
+
+def _when(ns: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ns / NS)) + " UTC"
+
+
+def _suppress_gap(resume):
+    if resume is None or resume.gap is None:
+        return None
+    gap = (int(resume.gap[0]), int(resume.gap[1]))
+
+    def apply(graph) -> None:
+        for _, stage in graph.stages:
+            stage.suppress = (gap,)
+    return apply
+
+
+def _open_sources(config: RunConfig, feeds: dict, summary: RunSummary, stop=None,
+                  skip: dict | None = None) -> dict:
     if config.live:
         from tools.run.livelinks import LiveLink
 
@@ -343,7 +411,7 @@ def _open_sources(config: RunConfig, feeds: dict, summary: RunSummary, stop=None
 
     # `stop`: a stream (FIFO, standard input) waiting for its writer ends at a stop request
     return {name: FileLink(name, path, config.batch_size, columns=feeds[name].read_columns,
-                           stop=stop)
+                           stop=stop, skip_before=(skip or {}).get(name))
             for name, path in config.links}
 
 
@@ -425,6 +493,8 @@ def _collect(summary: RunSummary, config: RunConfig, sources, feeds, graph, outp
         s.punctuations = feeds[name].timer.count
         s.ring_drops, s.kernel_drops = _drops(source)
         summary.links[name] = s
+        if summary.resumed:
+            summary.skipped[name] = int(getattr(source, "skipped", 0))
     for f in feeds.values():
         for q, c in f.counters():
             q.evictions += c.get("evictions", 0)

@@ -71,15 +71,20 @@ class ContinuousStages(threading.Thread):
     """Paced and live runs: starts the stages as soon as Spark is up, stops them at the end
     after they have processed everything in the spool."""
 
-    def __init__(self, starter: SessionStarter, graph):
+    def __init__(self, starter: SessionStarter, graph, on_bound=None):
         super().__init__(name="oopscope-highlevel", daemon=True)
         self.starter, self.graph = starter, graph
+        # called with the graph once it has its session, before a stage starts (a resumed
+        # live run sets the gap its stages leave out)
+        self.on_bound = on_bound
         self.error: BaseException | None = None
         self.ready = threading.Event()
 
     def run(self) -> None:
         try:
             self.graph.bind(self.starter.result())
+            if self.on_bound is not None:
+                self.on_bound(self.graph)
             self.graph.start()
         except BaseException as exc:
             self.error = exc

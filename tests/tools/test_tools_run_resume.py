@@ -1,0 +1,115 @@
+"""`oopscope run` resumes after `kill -9` (issue 25, item 6): a paced run with a kept spool
+and checkpoint is killed while it writes windows, the same command then finishes it, and
+the output equals an uninterrupted run's (every window once, none lost). The same state
+under another query file or another capture is refused, saying why."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+NS = 1_000_000_000
+
+
+@pytest.fixture(scope="module")
+def capture(tmp_path_factory) -> Path:
+    """400k packets over 10 minutes, 2000 groups: ten q8_1 windows of many rows each."""
+    from tools.gen.traffic import TrafficConfig, generate
+
+    out = tmp_path_factory.mktemp("resume") / "main.pcap"
+    cfg = TrafficConfig(packets=400_000, duration_ns=600 * NS, groups=2000, seed=6)
+    return generate(cfg.validate(), out)["l0"]
+
+
+def _cmd(query: str, link: Path, out: Path, spool: Path | None, ck: Path | None,
+         speed: str) -> list[str]:
+    cmd = [sys.executable, "-m", "tools.cli", "run", query, "--link", f"main={link}",
+           "--output", f"q8_1={out}", "--speed", speed]
+    if spool is not None and ck is not None:
+        cmd += ["--spool", str(spool), "--checkpoint", str(ck)]
+    return cmd
+
+
+def _rows(path: Path) -> tuple[list[str], list[tuple[str, ...]]]:
+    with open(path, newline="") as fh:
+        reader = csv.reader(fh)
+        header = next(reader)
+        return header, [tuple(r) for r in reader]
+
+
+def _windows(path: Path) -> int:
+    """Distinct windows in a CSV output being written (its last line may be cut)."""
+    try:
+        lines = path.read_text().splitlines()[1:]
+    except (OSError, UnicodeDecodeError):
+        return 0
+    return len({ln.split(",", 1)[0] for ln in lines[:-1]})
+
+
+@pytest.mark.slow
+def test_kill_9_and_resume_gives_the_uninterrupted_rows(capture, tmp_path):
+    want = tmp_path / "want.csv"
+    ref = subprocess.run(_cmd("q8_1", capture, want, None, None, "max"),
+                         capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert ref.returncode == 0, ref.stderr
+    want_header, want_rows = _rows(want)
+    assert len({r[0] for r in want_rows}) >= 8
+
+    spool, ck, out = tmp_path / "spool", tmp_path / "ck", tmp_path / "out.csv"
+    cmd = _cmd("q8_1", capture, out, spool, ck, "40")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            cwd=REPO, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while _windows(out) < 3:
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            assert time.monotonic() < deadline, "no window written in time"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+    killed_windows = _windows(out)
+    assert killed_windows < len({r[0] for r in want_rows}), "killed too late to tell"
+
+    # the same state under another query file, or another capture, is refused as it is
+    other_query = tmp_path / "q8_1.gsql"
+    other_query.write_text((REPO / "queries/library/q8_1.gsql").read_text() + "\n-- changed\n")
+    refused = subprocess.run(_cmd(str(other_query), capture, out, spool, ck, "40"),
+                             capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert refused.returncode == 1
+    assert "the query differs" in refused.stderr and "Traceback" not in refused.stderr
+    other_capture = tmp_path / "other.pcap"
+    other_capture.write_bytes(capture.read_bytes())
+    refused = subprocess.run(_cmd("q8_1", other_capture, out, spool, ck, "40"),
+                             capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert refused.returncode == 1
+    assert "link main: a different capture file" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr
+
+    resumed = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    # continued from the spool: the packets it holds were read past, not counted again
+    assert "run resumed from its spool and checkpoint; packets already in the spool, read " \
+           "past: link main" in resumed.stderr, resumed.stderr
+    header, rows = _rows(out)
+    assert header == want_header
+    assert len(rows) == len(set(rows)), "a row written twice"
+    assert sorted(rows) == sorted(want_rows)
+    assert rows == want_rows                 # windows in order, as one run writes them
+
+    # a finished run's state resumes to nothing more: the output stays as it is
+    again = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert _rows(out)[1] == want_rows
