@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 from common import settings
@@ -112,3 +113,17 @@ def private_subdir(name: str) -> Path | None:
         _refused(path, why)
         return None
     return path
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: a temporary file of ours, renamed over it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.{os.getpid()}.",
+                               suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

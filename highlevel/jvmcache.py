@@ -49,6 +49,7 @@ from common.cachedir import cache_root as cache_root
 from common.cachedir import open_cache_dir as open_cache_dir
 from common.cachedir import owned as owned
 from common.cachedir import problem as problem
+from common.cachedir import write_private as write_private
 
 log = logging.getLogger(__name__)
 
@@ -82,20 +83,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write `path` whole or not at all: a temporary file of ours, renamed over it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.{os.getpid()}.",
-                               suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def config_file(stem: str, suffix: str, text: str) -> Path:

@@ -20,7 +20,6 @@ generic kernel is used (same results). OOPSCOPE_SPECIALIZE=0 turns this off.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib.util
 import inspect
@@ -29,7 +28,6 @@ import os
 import re
 import stat
 import sys
-import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,15 +110,7 @@ def _write(directory: Path, stem: str, text: str, prefix: str) -> Path:
             raise PermissionError(f"{directory} {why}")
     path = directory / f"{stem}.py"
     if not path.is_file() or path.read_text() != text:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{stem}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(text)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        cachedir.write_private(path, text)
     for old in directory.glob(f"{prefix}*.py"):       # modules of older sources
         if not old.name.startswith(f"{prefix}{_SOURCES[:10]}"):
             old.unlink(missing_ok=True)

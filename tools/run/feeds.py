@@ -115,13 +115,17 @@ class OperatorFeed:
             return
         if not self.buffer and punctuation is None:
             return
-        if self.spool_queue is not None:
-            self.spool_queue.put(self.writer, self.buffer, punctuation)
-        else:
-            self.writer.write(self.buffer, punctuation)
-        self.summary.partial_rows += self.buffered
-        self.summary.spool_files += 1
+        self._send(self.buffer, punctuation)
         self.buffer, self.buffered = [], 0
+
+    def _send(self, rows: list, punctuation: int | None) -> None:
+        """One spool file of `rows` and `punctuation`, on the queue's thread if there is one."""
+        if self.spool_queue is not None:
+            self.spool_queue.put(self.writer, rows, punctuation)
+        else:
+            self.writer.write(rows, punctuation)
+        self.summary.partial_rows += sum(b.num_rows for b in rows)
+        self.summary.spool_files += 1
 
     def _write_complete(self, punctuation: int) -> None:
         """Write the buffered rows of panes ending by `punctuation` with it; keep the rest."""
@@ -145,14 +149,7 @@ class OperatorFeed:
             else:
                 done.append(b.filter(pa.array(closed)))
                 kept.append(b.filter(pa.array(~closed)))
-        self.buffer = done
-        self.buffered = sum(b.num_rows for b in done)
-        if self.spool_queue is not None:
-            self.spool_queue.put(self.writer, self.buffer, punctuation)
-        else:
-            self.writer.write(self.buffer, punctuation)
-        self.summary.partial_rows += self.buffered
-        self.summary.spool_files += 1
+        self._send(done, punctuation)
         self.buffer, self.buffered = kept, sum(b.num_rows for b in kept)
 
     def process(self, batch) -> None:
