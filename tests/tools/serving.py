@@ -4,14 +4,18 @@ outputs and the traffic sender say."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from tests.conftest import REPO
 from tools.serve.testing import Server, free_port, wait_for
 
-__all__ = ["Server", "free_port", "wait_for", "read_output", "per_window", "burst_truth"]
+__all__ = ["Server", "Sender", "free_port", "wait_for", "read_output", "per_window",
+           "burst_truth"]
 
 
 def read_output(directory: Path) -> tuple[pa.Table | None, list[Path]]:
@@ -39,3 +43,40 @@ def burst_truth(lines: list[str]) -> dict:
             rec = json.loads(line)
             out[rec["second"]] = rec["packets"]
     return out
+
+
+class Sender:
+    """`tools.gen.bursts` inside the namespace; `lines` are the bursts sent so far."""
+
+    def __init__(self, pair, seconds: int, per_burst: int = 150):
+        self.proc = subprocess.Popen(pair.inside([sys.executable, "-m", "tools.gen.bursts",
+                                                  pair.inner, "--per-burst", str(per_burst),
+                                                  "--seconds", str(seconds)]),
+                                     cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+        self.lines: list[str] = []
+
+    def read(self, n: int = 1) -> list[str]:
+        """Wait for the next `n` bursts."""
+        assert self.proc.stdout is not None
+        for _ in range(n):
+            line = self.proc.stdout.readline()
+            assert line, f"the sender stopped: {self.proc.stderr.read() if self.proc.stderr else ''}"
+            self.lines.append(line)
+        return self.lines
+
+    def stop_between_bursts(self) -> None:
+        """Read one more burst line, then stop the sender before the next burst begins."""
+        self.read(1)
+        self.proc.kill()
+        self.proc.wait()
+
+    def finish(self) -> None:
+        # through the same buffered reader as `read` (communicate() would bypass its buffer)
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self.lines += [line for line in self.proc.stdout.read().splitlines() if line.strip()]
+        assert self.proc.wait(timeout=120) == 0, self.proc.stderr.read()
+
+    @property
+    def truth(self) -> dict:
+        return burst_truth(self.lines)

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.conftest import REPO
-from tests.tools.serving import Server, burst_truth, per_window, read_output, wait_for
+from tests.tools.serving import Sender, Server, burst_truth, per_window, read_output, wait_for
 from tools.gen.veth import VethPair, can_make_pairs
 
 pytestmark = [pytest.mark.needs_root, pytest.mark.slow]
@@ -32,7 +32,6 @@ SELECT tb, srcIP, count(*) AS packets
 FROM main.UDP
 GROUP BY time AS tb, srcIP;
 """
-PER_BURST = 150
 
 
 @pytest.fixture(scope="module")
@@ -49,43 +48,6 @@ def queries(tmp_path):
     (tmp_path / "persec.gsql").write_text(PER_SECOND)
     (tmp_path / "bysrc.gsql").write_text(PER_SOURCE)
     return tmp_path
-
-
-class Sender:
-    """`tools.gen.bursts` inside the namespace; `lines` are the bursts sent so far."""
-
-    def __init__(self, pair, seconds: int):
-        self.proc = subprocess.Popen(pair.inside([sys.executable, "-m", "tools.gen.bursts",
-                                                  pair.inner, "--per-burst", str(PER_BURST),
-                                                  "--seconds", str(seconds)]),
-                                     cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
-        self.lines: list[str] = []
-
-    def read(self, n: int = 1) -> list[str]:
-        """Wait for the next `n` bursts."""
-        assert self.proc.stdout is not None
-        for _ in range(n):
-            line = self.proc.stdout.readline()
-            assert line, f"the sender stopped: {self.proc.stderr.read() if self.proc.stderr else ''}"
-            self.lines.append(line)
-        return self.lines
-
-    def stop_between_bursts(self) -> None:
-        """Read one more burst line, then stop the sender before the next burst begins."""
-        self.read(1)
-        self.proc.kill()
-        self.proc.wait()
-
-    def finish(self) -> None:
-        # through the same buffered reader as `read` (communicate() would bypass its buffer)
-        assert self.proc.stdout is not None and self.proc.stderr is not None
-        self.lines += [line for line in self.proc.stdout.read().splitlines() if line.strip()]
-        assert self.proc.wait(timeout=120) == 0, self.proc.stderr.read()
-
-    @property
-    def truth(self) -> dict:
-        return burst_truth(self.lines)
 
 
 def test_submit_tail_cancel_while_traffic_flows(pair, queries, tmp_path):

@@ -113,3 +113,99 @@ def test_kill_9_and_resume_gives_the_uninterrupted_rows(capture, tmp_path):
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
     assert again.returncode == 0, again.stderr
     assert _rows(out)[1] == want_rows
+
+
+PER_SECOND = """
+DEFINE { query_name persec; }
+SELECT tb, count(*) AS packets FROM main.IPV4 GROUP BY time AS tb;
+"""
+
+
+def _wait_capturing(proc, timeout: float = 120.0) -> None:
+    """The progress line appears once the capture socket is open."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        if line.startswith(b"oopscope: ") and b" packets (" in line:
+            return
+    raise AssertionError("oopscope run never started capturing")
+
+
+@pytest.mark.slow
+@pytest.mark.needs_root
+def test_a_live_run_resumes_with_the_gap_left_out(tmp_path):
+    """`--interface` over a kept spool and checkpoint: killed under traffic, the same command
+    resumes; windows that had closed are kept, the windows of the time it was down are not
+    written (and the gap is reported), the windows after the restart are exact."""
+    from tests.tools.serving import Sender, burst_truth
+    from tools.gen.veth import VethPair, can_make_pairs
+
+    why = can_make_pairs()
+    if why:
+        pytest.skip(f"a live run needs a veth pair in a namespace: {why}")
+    query = tmp_path / "persec.gsql"
+    query.write_text(PER_SECOND)
+    out, spool, ck = tmp_path / "out.csv", tmp_path / "spool", tmp_path / "ck"
+    with VethPair("oopres") as pair:
+        cmd = [sys.executable, "-m", "tools.cli", "run", str(query), "--interface",
+               f"main={pair.outer}", "--output", f"persec={out}", "--spool", str(spool),
+               "--checkpoint", str(ck), "--progress"]
+
+        def start():
+            proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, start_new_session=True,
+                                    env=dict(os.environ, PYTHONUNBUFFERED="1"))
+            _wait_capturing(proc)
+            return proc
+
+        def windows() -> dict:
+            if not out.exists():
+                return {}
+            lines = out.read_text().splitlines()[1:]
+            return {int(a): int(b) for a, b in (ln.split(",") for ln in lines if ln)}
+
+        first = start()
+        sender = Sender(pair, seconds=120, per_burst=100)
+        try:
+            deadline = time.monotonic() + 90
+            while len(windows()) < 3:
+                assert time.monotonic() < deadline, "no windows written"
+                sender.read(1)
+            before = out.read_bytes()
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+            killed_at = time.time()
+            second = start()
+            restarted_at = time.time()
+            deadline = time.monotonic() + 120
+            while len([w for w in windows() if w > restarted_at + 1]) < 3:
+                assert time.monotonic() < deadline, "no windows after the restart"
+                sender.read(1)
+            sender.stop_between_bursts()
+            sender.lines += [ln for ln in sender.proc.stdout.read().splitlines() if ln.strip()]
+            time.sleep(3)                     # the lull: punctuation passes the last burst
+            second.send_signal(signal.SIGTERM)
+            _, err = second.communicate(timeout=120)
+        finally:
+            if sender.proc.poll() is None:
+                sender.proc.kill()
+            for p in (first, locals().get("second")):
+                if p is not None and p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+    assert second.returncode == 0, err.decode(errors="replace")[-2000:]
+    assert b"gap" in err, err.decode(errors="replace")[-2000:]
+    assert out.read_bytes().startswith(before)          # what was written stays
+    got = windows()
+    lines = out.read_text().splitlines()[1:]
+    assert len(lines) == len(got)                       # no window twice
+    truth = burst_truth(sender.lines)
+    for w, n in got.items():
+        assert truth.get(w) == n, (w, n, truth.get(w))  # every window written is exact
+    missing = sorted(w for w in truth if w not in got)
+    # what is missing is the time it was down (and the windows it cut), in one block
+    assert missing and missing == list(range(missing[0], missing[-1] + 1)), missing
+    assert missing[0] <= killed_at and missing[-1] >= killed_at - 1
+    assert missing[-1] < restarted_at + 3
+    assert max(got) > restarted_at
