@@ -61,6 +61,9 @@ DEFAULTS = {
     "spark.default.parallelism": "4",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.session.timeZone": "UTC",
+    # GSQL's 64-bit integer arithmetic wraps, as the low level, numpy and the reference
+    # evaluator do; Spark 4's ANSI mode would stop the stage on an overflow instead
+    "spark.sql.ansi.enabled": "false",
     # small state and partial files: adaptive re-planning only costs time per micro-batch
     "spark.sql.adaptive.enabled": "false",
     "spark.sql.streaming.metricsEnabled": "false",

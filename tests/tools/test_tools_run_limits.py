@@ -70,3 +70,33 @@ def test_division_by_zero_on_some_rows_does_not_stop_the_run(capture, tmp_path, 
     for name, path in outs.items():
         assert len(want[name]) > 0
         assert_same_rows(path, want[name], plan.query(name))
+
+
+WRAPS = """
+DEFINE { query_name wraps; }
+SELECT tb, SUM(ip_len) * 9223372036854775807 AS big, LLONG(SUM(ip_len)) * -4611686018427387904 AS neg,
+       MAX(ttl) + 18446744073709551615 AS around
+FROM main.IP
+GROUP BY time/60 AS tb;
+"""
+
+
+@pytest.mark.slow
+def test_integer_overflow_wraps_as_in_gsql(capture, tmp_path, capsys):
+    """64-bit integer arithmetic wraps in the Spark stage as in the low level and the
+    reference (Spark's ANSI mode stopped the run with ARITHMETIC_OVERFLOW)."""
+    from capture.reader import read_all
+    from queries.planner import plan_text
+    from tests.oracles.reference import evaluate_file
+
+    gsql = tmp_path / "wraps.gsql"
+    gsql.write_text(WRAPS)
+    out = tmp_path / "wraps.csv"
+    code, _, err = run_cli(["run", str(gsql), "--link", f"main={capture}", "--output",
+                            f"wraps={out}"], capsys)
+    assert code == 0, err
+    assert "Traceback" not in err and "OVERFLOW" not in err
+    plan = plan_text(WRAPS, ["main"])
+    want = evaluate_file(plan, {"main": read_all(capture, "main")})["wraps"]
+    assert len(want) == 3
+    assert_same_rows(out, want, plan.query("wraps"))
