@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import ipaddress
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -45,7 +44,7 @@ from lowlevel.partials import combine_partials
 from lowlevel.testing import finalize
 from queries.parser import parse
 from queries.planner import plan_file
-from tests.conftest import require_tool, shared_pcaps
+from tests.conftest import free_udp_port, require_tool, shared_pcaps
 from tests.oracles.reference import evaluate_file
 
 NETFLOW = Path(__file__).resolve().parents[2] / "queries" / "library" / "netflow.gsql"
@@ -136,18 +135,12 @@ def low_level(qp, batch) -> pd.DataFrame:
     return finalize(qp, combine_partials(out, op.schema))
 
 
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def meter(pcap: Path):
     # a port of its own per capture: with ports shared by turns, a slow capture's collector
     # could still be listening when the next one on that port began (their flows mixed)
     with tempfile.TemporaryDirectory() as t:
         t = Path(t)
-        return run_nfpcapd(pcap, t), run_softflowd(pcap, t, _free_udp_port())
+        return run_nfpcapd(pcap, t), run_softflowd(pcap, t, free_udp_port())
 
 
 @pytest.fixture(scope="module")

@@ -137,7 +137,6 @@ def test_sigkill_under_traffic_then_restart(pair, tmp_path):
         before = {f.name: f.read_bytes() for f in read_output(out)[1]}
         server.kill9()
         killed_at = time.time()
-        assert not list(out.glob(".*.tmp")) or True      # a killed writer may leave one
         time.sleep(2)
         server.start()
         st = server.client.status()

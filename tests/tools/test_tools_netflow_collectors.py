@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
-import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -17,7 +14,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from tests.conftest import require_tool
+from tests.conftest import nfcapd, require_tool
 from tools.netflow.exporter import Exporter, make_encoder
 from tools.netflow.records import address_text, from_table
 
@@ -105,42 +102,18 @@ def _expected(flows: pa.Table, version: int) -> list[tuple]:
     return sorted(out)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session", params=VERSIONS, ids=lambda v: f"v{v}")
 def collected(request, flows, tmp_path_factory):
     """Export `flows` to a fresh nfcapd and to a pcap; (version, nfcapd dir, pcap, port, exporter)."""
-    nfcapd = require_tool("nfcapd")
     version = request.param
     work = tmp_path_factory.mktemp(f"nf{version}")
     flowdir = work / "flows"
     flowdir.mkdir()
-    port = _free_port()
-    proc = subprocess.Popen([nfcapd, "-b", "127.0.0.1", "-p", str(port), "-w", str(flowdir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 10
-        # nfcapd is ready once it has bound its port (a bind of ours then fails)
-        while time.monotonic() < deadline:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    break
-            time.sleep(0.05)
+    with nfcapd(flowdir) as port:
         ex = Exporter(f"127.0.0.1:{port}", version, pcap=str(work / "datagrams.pcap"),
                       template_every_messages=8)
         ex.export(flows)
         ex.close()
-        time.sleep(0.3)  # let nfcapd drain its socket
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        log, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 0, log.decode(errors="replace")
     return version, flowdir, work / "datagrams.pcap", port, ex
 
 

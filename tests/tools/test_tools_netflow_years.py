@@ -14,18 +14,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 import pytest
 
-from tests.conftest import require_tool
+from tests.conftest import nfcapd, require_tool
 from tests.queries.test_queries_netflow_conformance import _ip128, read_nfdump, totals
 from tools.netflow.exporter import Exporter
 from tools.netflow.records import address_text, from_table
@@ -87,36 +83,6 @@ def nfpcapd_totals(years, tmp_path_factory) -> pd.DataFrame:
     subprocess.run(["nfpcapd", "-r", str(years), "-w", str(d)], capture_output=True, timeout=60,
                    check=True)
     return read_nfdump(d)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def nfcapd(flowdir: Path):
-    """A real nfcapd on a free loopback port, stopped (and drained) at the end."""
-    exe = require_tool("nfcapd")
-    port = _free_port()
-    proc = subprocess.Popen([exe, "-b", "127.0.0.1", "-p", str(port), "-w", str(flowdir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:     # ready once it has bound its port
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    break
-            time.sleep(0.05)
-        yield port
-        time.sleep(0.3)                        # let nfcapd drain its socket
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        log, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 0, log.decode(errors="replace")
 
 
 def _nfdump(*args: str) -> str:

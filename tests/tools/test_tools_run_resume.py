@@ -121,18 +121,6 @@ SELECT tb, count(*) AS packets FROM main.IPV4 GROUP BY time AS tb;
 """
 
 
-def _wait_capturing(proc, timeout: float = 120.0) -> None:
-    """The progress line appears once the capture socket is open."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        if line.startswith(b"oopscope: ") and b" packets (" in line:
-            return
-    raise AssertionError("oopscope run never started capturing")
-
-
 @pytest.mark.slow
 @pytest.mark.needs_root
 def test_a_live_run_resumes_with_the_gap_left_out(tmp_path):
@@ -140,6 +128,7 @@ def test_a_live_run_resumes_with_the_gap_left_out(tmp_path):
     resumes; windows that had closed are kept, the windows of the time it was down are not
     written (and the gap is reported), the windows after the restart are exact."""
     from tests.tools.serving import Sender, burst_truth
+    from tests.tools.test_tools_run_live import _wait_for_progress
     from tools.gen.veth import VethPair, can_make_pairs
 
     why = can_make_pairs()
@@ -157,7 +146,7 @@ def test_a_live_run_resumes_with_the_gap_left_out(tmp_path):
             proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, start_new_session=True,
                                     env=dict(os.environ, PYTHONUNBUFFERED="1"))
-            _wait_capturing(proc)
+            _wait_for_progress(proc, timeout=120)
             return proc
 
         def windows() -> dict:

@@ -100,8 +100,10 @@ class OperatorFeed:
         # by the link's last punctuation, and a resumed run replays the packets from there
         # without counting any twice. Rows of open panes (evictions) wait here meanwhile
         self.complete_only = complete_only and plan.flow is None
-        # a resumed run: packets before this were counted in the spool already
+        # packets before this are not this operator's (a resumed run: they are in the spool
+        # already; the appliance: before the query's first window), counted in before_start
         self.start_ns = start_ns
+        self.before_start = 0
 
     def _add(self, parts) -> None:
         for b in parts:
@@ -157,7 +159,9 @@ class OperatorFeed:
             ts = batch["timestamp"]
             if int(ts.min()) < self.start_ns:
                 keep = ts >= self.start_ns
-                if not keep.any():
+                kept = int(keep.sum())
+                self.before_start += len(ts) - kept
+                if not kept:
                     return
                 batch = batch.take(keep)
         self._add(self.op.process(batch))

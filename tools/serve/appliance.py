@@ -25,7 +25,15 @@ from typing import TYPE_CHECKING, Any
 from common.errors import OopscopeError
 from common.units import INT64_MAX, NS_PER_S
 from tools.errors import RunConfigError, RunError
-from tools.serve.submission import NAME_RE, Record, Submission, first_window_start, when
+from tools.serve.submission import (
+    FORMATS,
+    NAME_RE,
+    Record,
+    Submission,
+    first_window_start,
+    remove_generation,
+    when,
+)
 from tools.serve.tail import Hub
 
 if TYPE_CHECKING:
@@ -194,8 +202,8 @@ class Appliance:
     def submit(self, *, text: str, file: str, name: str | None = None, params=None, sets=None,
                outputs=None, fmt: str | None = None) -> dict:
         fmt = fmt or "csv"
-        if fmt not in ("csv", "jsonl", "parquet"):
-            raise ServeError(f"--format {fmt}: allowed csv, jsonl, parquet")
+        if fmt not in FORMATS:
+            raise ServeError(f"--format {fmt}: allowed {', '.join(FORMATS)}")
         stem = Path(file).stem
         with self._lock:
             probe = Record(name=name or "probe", file=file, text=text, params=dict(params or {}),
@@ -280,8 +288,6 @@ class Appliance:
 
     def _resume(self, record: Record) -> None:
         if record.stopped_cleanly:
-            from tools.serve.submission import remove_generation
-
             remove_generation(self.state_dir, record.name, record.generation)
             record.generation += 1
             record.stopped_cleanly = False
@@ -360,8 +366,6 @@ class Appliance:
             sub.record.final = {**info, "state": "cancelled"}
             sub.record.save(self.state_dir)
             self.submissions.pop(name)
-            from tools.serve.submission import remove_generation
-
             remove_generation(self.state_dir, name, sub.record.generation)
         self.hub.publish("queries", None, {})
         return {"name": name, "rows_out": info["rows_out"], "outputs": info["outputs"],

@@ -88,6 +88,7 @@ class ReplayLink(threading.Thread):
         return now + self.period_ns
 
     def _play_once(self, next_tick: int) -> int:
+        from capture.batch import PacketBatch
         from tools.run.replay import FileLink
 
         link = FileLink(self.link, self.path, self.batch_size, prefetch=0)
@@ -106,8 +107,6 @@ class ReplayLink(threading.Thread):
                     ts = batch["timestamp"]
                     cols = dict(batch.columns)
                     cols["timestamp"] = w0 + ((ts - t0) / self.speed).astype(np.int64)
-                    from capture.batch import PacketBatch
-
                     retimed = PacketBatch(self.link, cols)
                     self.ring.push(retimed)
                     self.timer.observe(int(cols["timestamp"].max()))

@@ -25,9 +25,6 @@ from tools.errors import RunConfigError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LISTEN = "127.0.0.1:7405"
-
-
 @dataclass(frozen=True)
 class Listen:
     host: str | None = None

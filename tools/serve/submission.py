@@ -106,29 +106,36 @@ def first_window_start(plan, after_ns: int) -> int:
 
 
 class SubmissionFeed:
-    """A submission's operators on one link: packets before its start are held back."""
+    """A submission's operators on one link: packets before its start are held back (each
+    `OperatorFeed`'s `start_ns`) until the link's punctuation passes the start; from then on
+    an older packet is late, as for any query."""
 
-    def __init__(self, feeds: list, start_ns: int):
+    def __init__(self, feeds: list, start_ns: int | None):
         self.feeds = feeds
-        self.start_ns: int | None = start_ns
-        self.before_start = 0
+        self.start_ns = start_ns
+
+    @property
+    def start_ns(self) -> int | None:
+        return self.feeds[0].start_ns
+
+    @start_ns.setter
+    def start_ns(self, value: int | None) -> None:
+        for f in self.feeds:
+            f.start_ns = value
+
+    @property
+    def before_start(self) -> int:
+        """Packets held back (every operator of the link sees the same packets)."""
+        return self.feeds[0].before_start
 
     def process(self, batch) -> None:
-        if self.start_ns is not None:
-            ts = batch["timestamp"]
-            if int(ts.min()) < self.start_ns:
-                keep = ts >= self.start_ns
-                kept = int(keep.sum())
-                self.before_start += len(ts) - kept
-                if not kept:
-                    return
-                batch = batch.take(keep)
         for f in self.feeds:
             f.process(batch)
 
     def punctuate(self, p: int) -> None:
-        if self.start_ns is not None and p >= self.start_ns:
-            self.start_ns = None    # from here on an older packet is late, as for any query
+        start = self.start_ns
+        if start is not None and p >= start:
+            self.start_ns = None
         for f in self.feeds:
             f.punctuate(p)
 
@@ -223,28 +230,18 @@ class Submission:
     def last_punctuation(self) -> int | None:
         """The smallest over this submission's spools of the last punctuation each link wrote
         (None: some link wrote none): every window ending by then is complete in the spool."""
-        import pyarrow.parquet as pq
-
-        from common.spool import list_spool
+        from common.spool import last_punctuations
 
         spool = self.run_dir / "spool"
         if not spool.is_dir():
             return None
-        lows: list[int] = []
         assert self.graph is not None
-        for lp in self.graph.low_plans():
-            files = [f for f in list_spool(spool, lp.query) if f[0] == lp.link]
-            last = None
-            for _, _, path in sorted(files, key=lambda f: f[1], reverse=True):
-                meta = pq.read_schema(path).metadata or {}
-                value = meta.get(b"oopscope.punct", b"")
-                if value:
-                    last = int(value)
-                    break
-            if last is None:
-                return None
-            lows.append(last)
-        return min(lows) if lows else None
+        plans = self.graph.low_plans()
+        found = {q: last_punctuations(spool, q) for q in {lp.query for lp in plans}}
+        lows = [found[lp.query].get(lp.link, (0, None))[1] for lp in plans]
+        if not lows or any(p is None for p in lows):
+            return None
+        return min(p for p in lows if p is not None)
 
     def start_stages(self, spark) -> None:
         assert self.graph is not None
