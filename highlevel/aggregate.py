@@ -32,6 +32,7 @@ from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -39,7 +40,7 @@ from common.spool import not_kept
 from highlevel.batchfiles import SpoolFileMarker, batch_markers
 from highlevel.combine import Combiner
 from highlevel.errors import HighLevelError
-from highlevel.finalize import having_column, output_columns
+from highlevel.finalize import ZERO_DIVISORS, having_column, output_columns
 from highlevel.flowrecords import FlowRecords
 from highlevel.microbatch import BatchAhead, MicroBatch, start_interpreted
 from highlevel.output import order_columns, order_plan, output_table, raw_output_table, to_output_table
@@ -231,6 +232,8 @@ class AggregateStage(Stage):
         spec = self.spec
         if result is not None and self.suppress:
             result = self._without_suppressed(result)
+        if result is not None and ZERO_DIVISORS in result.column_names:
+            self.zero_divisor_rows += pc.sum(result.column(ZERO_DIVISORS).cast(pa.int64())).as_py() or 0
         if table is None:
             assert result is not None
             if any(sink.raw for sink in self.sinks):

@@ -63,6 +63,10 @@ class Compiler:
         self.keys = {k.name: k for k in spec.keys}
         self.states = {s.name: s for s in spec.states}
         self.finals = dict(spec.finals)
+        # per division or modulo, 1 where its divisor is 0 on a branch the row takes (the
+        # quotient is the defined 0; `zero_divisor_column` counts the rows)
+        self.zero_terms: list[Column] = []
+        self._taken: Column | None = None
 
     def name(self, name: str):
         w = self.spec.window
@@ -134,6 +138,9 @@ class Compiler:
             return same if op == "=" else ~same
         if op in _COMPARE:
             return self._compare(node, op, left, right)
+        if op in ("/", "%") and not self._never_zero(node.right):
+            zero = right == 0
+            self.zero_terms.append(zero if self._taken is None else zero & self._taken)
         ops = {
             "+": lambda: left + right, "-": lambda: left - right, "*": lambda: left * right,
             # a zero divisor gives 0 in every path (queries/types.py), never Spark's
@@ -150,6 +157,12 @@ class Compiler:
             raise StageConfigError(f"query {self.spec.query!r}: operator {node.op!r} is not "
                                    f"supported in the high level")
         return ops[op]()
+
+    def _never_zero(self, node) -> bool:
+        """A COUNT state: at least 1 in every row of a group (AVG's divisor)."""
+        state = self.states.get(getattr(node, "name", None)) \
+            if isinstance(node, (E.Column, E.Field)) else None
+        return state is not None and state.kind == "count"
 
     def _compare(self, node, op: str, left: Column, right: Column) -> Column:
         """`left op right` as the vectorised evaluator compares (`lowlevel.evaluate.compare`):
@@ -187,7 +200,14 @@ class Compiler:
         if name == "ip_str":
             return self.column(args[0])
         if name == "if_else":
-            cond, a, b = (self.column(x) for x in args)
+            cond, outer = self.column(args[0]), self._taken
+            try:
+                self._taken = cond if outer is None else cond & outer
+                a = self.column(args[1])
+                self._taken = ~cond if outer is None else ~cond & outer
+                b = self.column(args[2])
+            finally:
+                self._taken = outer
             return F.when(cond, a).otherwise(b)
         casts = {"int": "long", "llong": "long", "uint": "long", "ullong": "long",
                  "float": "double", "double": "double", "string": "string", "str": "string"}
@@ -249,7 +269,22 @@ def output_columns(spec, window_id: Column | None = None) -> list[Column]:
         spark_type = {"int64": "long", "uint64": "long", "float64": "double",
                       "string": "string", "bool": "boolean", "ip": "string"}[out.type]
         cols.append(c.cast(spark_type).alias(out.name))
+    if spec.having is not None:
+        compiler.column(spec.having)        # for its divisions only
+    if compiler.zero_terms:
+        cols.append(zero_divisor_column(compiler.zero_terms))
     return cols
+
+
+#: the hidden output column that is true on a row whose outputs or HAVING met a zero divisor
+ZERO_DIVISORS = "__zero_divisors"
+
+
+def zero_divisor_column(terms: list[Column]) -> Column:
+    hit = terms[0]
+    for t in terms[1:]:
+        hit = hit | t
+    return F.coalesce(hit, F.lit(False)).alias(ZERO_DIVISORS)
 
 
 def unwrap_ip_str(node):

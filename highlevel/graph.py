@@ -381,6 +381,10 @@ class StageGraph:
         """Correction rows written (late 'correct'; 0 for stages without corrections)."""
         return self.stage(query).state.corrected_rows
 
+    def zero_divisor_rows(self, query: str) -> int:
+        """Rows written whose outputs or HAVING met a zero divisor (the quotient is 0)."""
+        return self.stage(query).state.zero_divisor_rows
+
     def closed_rows(self, query: str) -> int:
         return self.stage(query).state.closed_rows
 

@@ -161,6 +161,9 @@ class JoinStage(RowStage):
                                        + [T.StructField(f"__{t}{c}", T.LongType())
                                           for t in "LR" for c in ("rb", "ri")]
                                        + R.raw_fields(self.outputs))
+        # the rows written: the residual condition and the outputs of the joined rows
+        self.zeros = R.ZeroDivisorCount(self.spark, [join.residual]
+                                        + [e for _, e, _ in self.out_exprs])
 
     # --- schemas and row functions -----------------------------------------------------------
     def _side_schema(self, i: int) -> T.StructType:
@@ -206,6 +209,7 @@ class JoinStage(RowStage):
         sides = [s for t, s in zip("LR", self.sides) if t in mode]
         columns, exprs, schema = self.columns, self.out_exprs, self.out_schema
         residual = self.join.residual if mode == "LR" else None
+        counting, acc = self.zeros.on, self.zeros.acc
 
         def fn(batches):
             for b in batches:
@@ -213,10 +217,12 @@ class JoinStage(RowStage):
                 values = {}
                 for s in sides:
                     values.update(R.to_values(b, columns[s.alias], f"{s.alias}__", s.alias))
-                keep = R.keep_mask(residual, values, n)
+                zeros = R.ZeroDivisorCount.rows(counting, n)
+                keep = R.keep_mask(residual, values, n, zeros)
                 if not keep.all():
                     idx = np.flatnonzero(keep)
                     values, b, n = R.take_values(values, idx), b.take(pa.array(idx)), len(idx)
+                    zeros = None if zeros is None else zeros[idx]
                 names = set(b.schema.names)
                 out = {c: b.column(c) for c in
                        ("__Lrb", "__Lri", "__Rrb", "__Rri") if c in names}
@@ -226,8 +232,10 @@ class JoinStage(RowStage):
                 for name, expr, gsql in exprs:
                     used = {f.table for f in expr.find_all(E.Field)}
                     if used <= aliases:
-                        for c, a in R.from_value(R.evaluate(expr, values, n), gsql, n, name):
+                        for c, a in R.from_value(R.evaluate(expr, values, n, zeros), gsql, n,
+                                                 name):
                             out[c] = a
+                R.ZeroDivisorCount.add(acc, zeros)
                 yield R.batch_table(b, schema, out)
 
         return fn
@@ -311,6 +319,7 @@ class JoinStage(RowStage):
         if results is not None:
             results.unpersist()
         state.extra["bounds"] = b
+        self.zero_divisor_rows += self.zeros.take()
         tables = [x for x in tables if x.num_rows]
         if not tables:
             return None

@@ -139,14 +139,45 @@ def null_columns(columns, n: int, prefix: str = "") -> list[tuple[str, pa.Array]
     return out
 
 
-def evaluate(expr, values: dict, n: int):
-    return V.evaluate_columns(expr, values, n)
+def evaluate(expr, values: dict, n: int, zeros: np.ndarray | None = None):
+    """`expr` over the rows; `zeros`: set where a division met a zero divisor."""
+    return V.evaluate_columns(expr, values, n, zeros=zeros)
 
 
-def keep_mask(predicate, values: dict, n: int) -> np.ndarray:
+def keep_mask(predicate, values: dict, n: int, zeros: np.ndarray | None = None) -> np.ndarray:
     if predicate is None or n == 0:
         return np.ones(n, bool)
-    return np.broadcast_to(V.truthy(evaluate(predicate, values, n)), (n,)).copy()
+    return np.broadcast_to(V.truthy(evaluate(predicate, values, n, zeros)), (n,)).copy()
+
+
+class ZeroDivisorCount:
+    """Rows written whose values met a zero divisor, counted in Spark's Python workers (the
+    kinds over rows evaluate there, `mapInArrow`) through an accumulator the driver reads
+    after each batch's jobs."""
+
+    def __init__(self, spark, exprs):
+        self.on = any(V.divides(e) for e in exprs)
+        self.acc = spark.sparkContext.accumulator(0) if self.on else None
+        self._seen = 0
+
+    # in a worker: `rows` and `add` are static, the closure holds `on` and `acc` only
+    @staticmethod
+    def rows(on: bool, n: int) -> np.ndarray | None:
+        """The zeros array of a worker's batch of n rows (None when nothing divides)."""
+        return np.zeros(n, bool) if on else None
+
+    @staticmethod
+    def add(acc, zeros: np.ndarray | None) -> None:
+        if zeros is not None:
+            acc.add(int(np.count_nonzero(zeros)))
+
+    def take(self) -> int:
+        """Rows counted since the last call (driver side)."""
+        if self.acc is None:
+            return 0
+        value = self.acc.value
+        new, self._seen = value - self._seen, value
+        return new
 
 
 def take_values(values: dict, idx) -> dict:

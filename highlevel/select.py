@@ -114,11 +114,14 @@ class SelectStage(RowStage):
         self.spec: Selection = spec
         self.out_schema = T.StructType([T.StructField("window", T.LongType())]
                                        + R.raw_fields(self.outputs))
+        self.zeros = R.ZeroDivisorCount(self.spark, [spec.predicate]
+                                        + [e for _, e, _ in spec.outputs])
 
     def _function(self):
         spec = self.spec
         cols, link_column, pred = spec.input_columns, spec.link_column, spec.predicate
         exprs, schema = spec.outputs, self.out_schema
+        counting, acc = self.zeros.on, self.zeros.acc
 
         def fn(batches):
             for b in batches:
@@ -126,14 +129,17 @@ class SelectStage(RowStage):
                 values = R.to_values(b, cols)
                 if link_column:
                     values[link_column] = np.asarray(b.column(LINK).to_pylist(), dtype=object)
-                keep = R.keep_mask(pred, values, n)
+                zeros = R.ZeroDivisorCount.rows(counting, n)
+                keep = R.keep_mask(pred, values, n, zeros)
                 if not keep.all():
                     idx = np.flatnonzero(keep)
                     values, b, n = R.take_values(values, idx), b.take(pa.array(idx)), len(idx)
+                    zeros = None if zeros is None else zeros[idx]
                 out = {"window": b.column("window")}
                 for name, expr, gsql in exprs:
-                    for c, a in R.from_value(R.evaluate(expr, values, n), gsql, n, name):
+                    for c, a in R.from_value(R.evaluate(expr, values, n, zeros), gsql, n, name):
                         out[c] = a
+                R.ZeroDivisorCount.add(acc, zeros)
                 yield R.batch_table(b, schema, out)
 
         return fn
@@ -141,4 +147,6 @@ class SelectStage(RowStage):
     def _step(self, state, data, rows, bounds, batch_id):
         if data is None:
             return None
-        return data.mapInArrow(self._function(), self.out_schema).toArrow()
+        table = data.mapInArrow(self._function(), self.out_schema).toArrow()
+        self.zero_divisor_rows += self.zeros.take()
+        return table

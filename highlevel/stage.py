@@ -96,6 +96,9 @@ class Stage:
     #: apply it (`highlevel.aggregate`), and count what they left out in `suppressed_rows`
     suppress: tuple[tuple[int, int], ...] = ()
     suppressed_rows = 0
+    #: rows of this batch written with a value that met a zero divisor (added to the state's
+    #: count at the commit: a replayed batch counts once)
+    zero_divisor_rows = 0
     #: an aggregation's open state is collected and written with Arrow on the driver rather
     #: than by a Spark write job (the appliance: small states, where latency counts)
     open_on_driver = False
@@ -213,6 +216,7 @@ class Stage:
             return
         if self.prepare is not None:
             df = self.prepare(df)
+        self.zero_divisor_rows = 0
         if not self.cache_input:
             self._tick = Ticker(self.clock)
             self._process(df, batch_id)
@@ -230,6 +234,8 @@ class Stage:
         raise NotImplementedError
 
     def _commit(self, state: StageState) -> None:
+        state.zero_divisor_rows += self.zero_divisor_rows
+        self.zero_divisor_rows = 0
         self.store.commit(state, self._end_batch)
         self.state = state
         self.store.collect_garbage(state)

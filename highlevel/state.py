@@ -40,6 +40,7 @@ class StageState:
     late_rows: int = 0
     closed_rows: int = 0
     corrected_rows: int = 0              # late 'correct': correction rows written
+    zero_divisor_rows: int = 0           # rows written whose values met a zero divisor
     extra: dict = field(default_factory=dict)       # what other stage kinds keep (join, merge)
 
     def to_json(self) -> str:

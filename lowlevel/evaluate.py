@@ -8,6 +8,12 @@ Semantics are those of `queries.types` (integer division truncates toward zero, 
 gives 0, 64-bit wrapping arithmetic). `evaluate_columns` does the same over named columns
 (a dict or a pandas DataFrame; an `ip` column may be a (hi, lo) tuple or an object array of
 128-bit Python ints), for the high level's finalisation, HAVING and outputs.
+
+Both take `zeros`, a bool array of one item per row, to learn which rows met a zero divisor
+(their quotient or remainder is the defined 0, and the run counts them): the evaluator sets
+the item of every row whose value depended on such a division. The branch of `if_else` a row
+does not take is evaluated too (vectorised) but does not count: `if_else(n = 0, 0, x / n)` is
+a guarded division, not a fault.
 """
 
 from __future__ import annotations
@@ -69,8 +75,10 @@ def batch_field(batch, name: str, type_: str, columns: tuple | None) -> Value:
     return raw.astype(U64, copy=False)
 
 
-def evaluate(expr: E.Expr, batch, params: Mapping[str, Any] | None = None) -> Value:
-    """Evaluate `expr` over every packet of `batch` (a capture.batch.PacketBatch)."""
+def evaluate(expr: E.Expr, batch, params: Mapping[str, Any] | None = None,
+             zeros: np.ndarray | None = None) -> Value:
+    """Evaluate `expr` over every packet of `batch` (a capture.batch.PacketBatch); `zeros`:
+    see the module's docstring."""
 
     def lookup(node):
         if isinstance(node, E.Field):
@@ -80,7 +88,13 @@ def evaluate(expr: E.Expr, batch, params: Mapping[str, Any] | None = None) -> Va
             raise QueryError.at(node, f"unknown packet field {node.name!r}")
         return batch_field(batch, f.name, f.type, f.columns)
 
-    return Evaluator(lookup, batch.n, params).ev(expr)
+    return Evaluator(lookup, batch.n, params, zeros).ev(expr)
+
+
+def divides(expr) -> bool:
+    """Whether `expr` (None, or an expression tree) holds a division or modulo."""
+    return expr is not None and hasattr(expr, "walk") and any(
+        isinstance(n, E.Binary) and n.op in ("/", "%") for n in expr.walk())
 
 
 def evaluate_predicate(expr: E.Expr | None, batch, params: Mapping[str, Any] | None = None) -> np.ndarray:
@@ -110,7 +124,8 @@ def frame_value(col) -> Value:
 
 
 def evaluate_columns(expr: E.Expr, columns: Mapping[str, Any], n: int | None = None,
-                     params: Mapping[str, Any] | None = None) -> Value:
+                     params: Mapping[str, Any] | None = None,
+                     zeros: np.ndarray | None = None) -> Value:
     """Evaluate `expr` over named result columns; a Field/Column `t.x` reads `t.x`, else `x`."""
     if n is None:
         n = _rows(columns)
@@ -121,7 +136,7 @@ def evaluate_columns(expr: E.Expr, columns: Mapping[str, Any], n: int | None = N
             raise QueryError.at(node, f"no column {key!r} among {', '.join(map(str, columns))}")
         return frame_value(columns[key])
 
-    return Evaluator(lookup, n, params).ev(expr)
+    return Evaluator(lookup, n, params, zeros).ev(expr)
 
 
 def _rows(columns) -> int:
@@ -326,10 +341,13 @@ def if_else(c: Value, a: Value, b: Value) -> Value:
 class Evaluator:
     """Evaluates an expression tree bottom-up; `lookup` gives a Field/Column's value."""
 
-    def __init__(self, lookup: Callable, n: int, params: Mapping[str, Any] | None = None):
+    def __init__(self, lookup: Callable, n: int, params: Mapping[str, Any] | None = None,
+                 zeros: np.ndarray | None = None):
         self.lookup = lookup
         self.n = n
         self.params = params or {}
+        self.zeros = zeros
+        self._taken: np.ndarray | None = None   # rows whose value counts (if_else branches)
 
     def constant(self, value, kind: str) -> Value:
         """A literal as n rows: a read-only view of one value (no n-row temporary; numpy
@@ -372,7 +390,10 @@ class Evaluator:
                     return -v if v.dtype == np.float64 else -(v.astype(I64))
             return ~v
         if isinstance(node, E.Binary):
-            return binary(node.op, self.ev(node.left), self.ev(node.right))
+            left, right = self.ev(node.left), self.ev(node.right)
+            if self.zeros is not None and node.op in ("/", "%"):
+                self._zero_divisors(right)
+            return binary(node.op, left, right)
         if isinstance(node, E.In):
             this = self.ev(node.this)
             out = np.zeros(self.n, bool)
@@ -384,10 +405,34 @@ class Evaluator:
             if node.name == "prefix" and isinstance(args[1], E.Literal):
                 # a constant length: one mask for the whole batch
                 return prefix(self.ev(args[0]), int(args[1].value))
+            if node.name == "if_else" and self.zeros is not None:
+                return self._if_else(*args)
             return self.func(node.name, [self.ev(a) for a in args])
         if isinstance(node, E.Aggregate):
             raise QueryError.at(node, "an aggregate cannot be evaluated per row")
         raise QueryError.at(node, f"cannot evaluate {type(node).__name__}")
+
+    def _zero_divisors(self, divisor: Value) -> None:
+        if isinstance(divisor, tuple):
+            zero = (divisor[0] == 0) & (divisor[1] == 0)
+        else:
+            zero = _num(divisor) == 0
+        if self._taken is not None:
+            zero = zero & self._taken
+        np.logical_or(self.zeros, zero, out=self.zeros)
+
+    def _if_else(self, c: E.Node, a: E.Node, b: E.Node) -> Value:
+        """`if_else` counting the zero divisors of the branch each row takes only."""
+        cond = self.ev(c)
+        taken, outer = truthy(cond), self._taken
+        try:
+            self._taken = taken if outer is None else taken & outer
+            va = self.ev(a)
+            self._taken = ~taken if outer is None else ~taken & outer
+            vb = self.ev(b)
+        finally:
+            self._taken = outer
+        return if_else(cond, va, vb)
 
     def func(self, name: str, args: list[Value]) -> Value:
         if name == "prefix":

@@ -175,7 +175,16 @@ class LowLevelOperator:
         self._in_punct: int | None = None
         self._out_punct: int | None = None
         self._counts = dict(packets_in=0, packets_protocol=0, packets_where=0, malformed=0,
-                            late=0, rows_out=0)
+                            late=0, rows_out=0, zero_divisors=0)
+        # a query that divides learns, per batch, which packets met a zero divisor (their
+        # quotient is the defined 0): `zero_divisors` counts them, once per packet
+        from lowlevel.evaluate import divides
+
+        self._divides = evaluate is None and any(
+            divides(e) for e in [plan.predicate, *(k.expr for k in (*plan.keys,
+                                                                     *plan.projections)),
+                                 *(s.arg for s in plan.subaggs)])
+        self._zeros: np.ndarray | None = None
 
     @property
     def read_columns(self) -> tuple[str, ...] | None:
@@ -214,6 +223,8 @@ class LowLevelOperator:
             return expr(batch)
         if self._evaluate_fn is None:
             self._evaluate_fn = _default_evaluate()
+        if self._zeros is not None:
+            return self._evaluate_fn(expr, batch, zeros=self._zeros)
         return self._evaluate_fn(expr, batch)
 
     def _direct_keys(self) -> list:
@@ -327,6 +338,22 @@ class LowLevelOperator:
     # --- the pipeline steps ------------------------------------------------------------------
     def process(self, batch: PacketBatch) -> list[pa.RecordBatch]:
         """Fold a packet batch in; returns the partial rows that left the table meanwhile."""
+        if not self._divides:
+            return self._process(batch)
+        try:
+            return self._process(batch)
+        finally:
+            self._zeros = None
+
+    def _count_zeros(self, where_zeros: np.ndarray | None, valid: np.ndarray) -> None:
+        """Packets that met a zero divisor: in WHERE (every packet of the protocol), or in a
+        key or argument of a packet WHERE kept."""
+        rows = self._zeros & valid
+        if where_zeros is not None:
+            rows |= where_zeros
+        self._counts["zero_divisors"] += int(np.count_nonzero(rows))
+
+    def _process(self, batch: PacketBatch) -> list[pa.RecordBatch]:
         c = self._counts
         n = len(batch)
         c["packets_in"] += n
@@ -348,6 +375,9 @@ class LowLevelOperator:
         c["packets_protocol"] += nproto
         if nproto == 0:
             return []
+        where_zeros = None
+        if self._divides:
+            self._zeros = where_zeros = np.zeros(nproto, bool)
         if self.plan.predicate is not None:
             valid = np.asarray(self._eval(self.plan.predicate, batch), dtype=bool)
             if valid.shape != (nproto,):
@@ -358,6 +388,16 @@ class LowLevelOperator:
             self._grow(nproto)
             valid = self._ones[:nproto]     # never written: the kernels only read it
             c["packets_where"] += nproto
+        if self._divides:
+            self._zeros = np.zeros(nproto, bool)
+            try:
+                return self._aggregate(batch, valid)
+            finally:
+                self._count_zeros(where_zeros, valid)
+        return self._aggregate(batch, valid)
+
+    def _aggregate(self, batch: PacketBatch, valid: np.ndarray) -> list[pa.RecordBatch]:
+        nproto = len(batch)
         if self.engine is None:
             return self._select(batch, valid)
         if self._flow is not None:
@@ -492,7 +532,7 @@ class LowLevelOperator:
 
     @property
     def counters(self) -> dict[str, int]:
-        """packets_in, packets_protocol, packets_where, malformed, late (dropped),
+        """packets_in, packets_protocol, packets_where, malformed, zero_divisors, late (dropped),
         late_corrected, late_rows_out, rows_out, evictions, flushed, forced_full_flushes,
         windows, resident and rows per cause (the main table's; `rows_out` counts both)."""
         out = dict(self._counts)

@@ -100,3 +100,61 @@ def test_integer_overflow_wraps_as_in_gsql(capture, tmp_path, capsys):
     want = evaluate_file(plan, {"main": read_all(capture, "main")})["wraps"]
     assert len(want) == 3
     assert_same_rows(out, want, plan.query("wraps"))
+
+
+COUNTED = """
+DEFINE { query_name zq; }
+SELECT tb, srcIP, dk, COUNT(*) AS packets, SUM(ip_len) / (COUNT(*) - 1) AS per_extra,
+       if_else(COUNT(*) = 1, 0, SUM(ip_len) % (COUNT(*) - 1)) AS guarded
+FROM main.IP
+WHERE ip_len / (ttl % 2) > 40
+GROUP BY time/60 AS tb, srcIP, destIP, ip_len % (ttl % 3) AS dk;
+
+DEFINE { query_name zsel; }
+SELECT tb, srcIP, packets % (packets - 1) AS m, if_else(packets > 1, 1 / (packets - 1), 7) AS g
+FROM zq;
+"""
+
+
+@pytest.mark.slow
+def test_zero_divisors_are_counted(capture, tmp_path, capsys):
+    """The run counts what met a zero divisor: packets in the low level (WHERE: every packet;
+    a key: the packets WHERE kept), rows written in the Spark stage (outputs) and in a
+    selection over a query's rows (Python workers); a guarded division (`if_else` whose branch
+    the row does not take) does not count. Counts against a brute-force count."""
+    import re
+
+    import numpy as np
+
+    from capture.reader import read_all
+    from capture.schema import L_IP
+    from queries.planner import plan_text
+    from tests.oracles.reference import evaluate_file
+
+    gsql = tmp_path / "counted.gsql"
+    gsql.write_text(COUNTED)
+    outs = {q: tmp_path / f"{q}.csv" for q in ("zq", "zsel")}
+    code, _, err = run_cli(["run", str(gsql), "--link", f"main={capture}",
+                            *[a for q, p in outs.items() for a in ("--output", f"{q}={p}")]],
+                           capsys)
+    assert code == 0, err
+    packets = read_all(capture, "main")
+    plan = plan_text(COUNTED, ["main"])
+    want = evaluate_file(plan, {"main": packets})
+    for name, path in outs.items():
+        assert_same_rows(path, want[name], plan.query(name))
+
+    ip = (packets["layers"] & L_IP) != 0
+    ttl = np.asarray(packets["ttl"], np.int64)[ip]
+    ip_len = np.asarray(packets["ip_len"], np.int64)[ip]
+    even = ttl % 2 == 0
+    kept = ~even & (ip_len // np.where(even, 1, ttl % 2) > 40)
+    want_packets = int(even.sum() + (kept & (ttl % 3 == 0)).sum())
+    zq = want["zq"]
+    want_rows = {"zq": int((zq["packets"] == 1).sum()), "zsel": int((zq["packets"] == 1).sum())}
+    assert want_packets > 0 and want_rows["zq"] > 0 and (zq["packets"] > 1).any()
+
+    found = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in re.finditer(
+        r"query (\w+): .*?, (\d+) packets and (\d+) rows met a zero divisor", err)}
+    assert found["zq"] == (want_packets, want_rows["zq"]), err
+    assert found["zsel"] == (0, want_rows["zsel"]), err

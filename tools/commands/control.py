@@ -82,6 +82,10 @@ def queries(client) -> None:
     for q in client.queries():
         if q.get("error"):
             click.echo(f"{q['name']}: {q['error']}")
+        if q.get("zero_divisor_packets") or q.get("zero_divisor_rows"):
+            click.echo(f"{q['name']}: {q.get('zero_divisor_packets', 0)} packets and "
+                       f"{q.get('zero_divisor_rows', 0)} rows met a zero divisor (the "
+                       f"quotient is 0)")
 
 
 def _table(rows) -> None:

@@ -92,6 +92,10 @@ class QuerySummary:
     late_partial_rows: int = 0
     late_corrected: int = 0         # late 'correct': late packets aggregated apart ...
     correction_rows: int = 0        # ... and the correction rows written for them
+    # a division or modulo by zero gives 0 (docs/gsql.md): the packets (low level) and the
+    # rows written (high level) whose values met one
+    zero_divisor_packets: int = 0
+    zero_divisor_rows: int = 0
 
 
 @dataclass
@@ -137,7 +141,10 @@ class RunSummary:
                          f"{q.late_packets} late packets, {q.late_partial_rows} late partials"
                          + (f", {q.late_corrected} late packets corrected in "
                             f"{q.correction_rows} correction rows"
-                            if q.late_corrected or q.correction_rows else ""))
+                            if q.late_corrected or q.correction_rows else "")
+                         + (f", {q.zero_divisor_packets} packets and {q.zero_divisor_rows} "
+                            f"rows met a zero divisor (the quotient is 0)"
+                            if q.zero_divisor_packets or q.zero_divisor_rows else ""))
         if self.resumed:
             skipped = ", ".join(f"link {n} {v:,}" for n, v in self.skipped.items() if v)
             lines.append("run resumed from its spool and checkpoint"

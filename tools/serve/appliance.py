@@ -438,6 +438,7 @@ class Appliance:
             names = set(self.submissions)
             blank = {"links": [], "streams": [], "columns": [], "numeric": [], "rows_out": 0,
                      "partial_rows": 0, "evictions": 0, "flushes": 0, "late_packets": 0,
+                     "zero_divisor_packets": 0, "zero_divisor_rows": 0,
                      "latency_p50_s": None, "generation": 0}
             others = [{**blank, **r.final, "name": r.name, "file": r.file, "state": r.state,
                        "error": r.error, "first_window_ns": r.first_window_ns,

@@ -10,7 +10,8 @@ Names (Prometheus conventions: `_total` counters, base units, `link` / `query` l
 `oopscope_link_kernel_drops_total`, `oopscope_link_punctuation_seconds`;
 `oopscope_query_rows_total`, `oopscope_query_partial_rows_total`,
 `oopscope_query_evictions_total`, `oopscope_query_flushes_total`,
-`oopscope_query_late_packets_total`, `oopscope_query_running`,
+`oopscope_query_late_packets_total`, `oopscope_query_zero_divisor_packets_total`,
+`oopscope_query_zero_divisor_rows_total`, `oopscope_query_running`,
 `oopscope_query_output_latency_seconds` (histogram); `oopscope_spark_up`,
 `oopscope_uptime_seconds`.
 """
@@ -94,6 +95,12 @@ class _Collector:
         yield per_query("oopscope_query_flushes", "Low-level table entries flushed", "flushes")
         yield per_query("oopscope_query_late_packets", "Packets dropped as late",
                         "late_packets")
+        yield per_query("oopscope_query_zero_divisor_packets",
+                        "Packets whose WHERE, key or argument met a zero divisor (gave 0)",
+                        "zero_divisor_packets")
+        yield per_query("oopscope_query_zero_divisor_rows",
+                        "Rows written whose values met a zero divisor (gave 0)",
+                        "zero_divisor_rows")
         running = GaugeMetricFamily("oopscope_query_running", "1 while the query runs",
                                     labels=["query"])
         for q in queries:

@@ -296,7 +296,7 @@ class Submission:
     # --- reporting -----------------------------------------------------------------------------
     def info(self) -> dict:
         rec = self.record
-        low = {"evictions": 0, "flushed": 0, "late": 0}
+        low = {"evictions": 0, "flushed": 0, "late": 0, "zero_divisors": 0}
         for feed in self.feeds.values():
             for f in feed.feeds:
                 c = f.op.counters
@@ -304,9 +304,10 @@ class Submission:
                     low[k] += int(c.get(k, 0))
         partial = sum(s.partial_rows for s in self.summaries.values())
         streams = [out.info() for out in self.outputs.values()]
-        suppressed = 0
+        suppressed = zero_rows = 0
         if self.graph is not None and self.stages_started:
             suppressed = sum(st.suppressed_rows for _, st in self.graph.stages)
+            zero_rows = sum(st.state.zero_divisor_rows for _, st in self.graph.stages)
         first = streams[0] if streams else {}
         return {"name": rec.name, "file": rec.file, "state": rec.state,
                 "error": self.error, "links": self.links,
@@ -318,6 +319,7 @@ class Submission:
                 "flushes": low["flushed"], "late_packets": low["late"],
                 "before_start_packets": sum(f.before_start for f in self.feeds.values()),
                 "suppressed_rows": suppressed,
+                "zero_divisor_packets": low["zero_divisors"], "zero_divisor_rows": zero_rows,
                 "latency_p50_s": first.get("latency_p50_s"),
                 "latency_p99_s": first.get("latency_p99_s"),
                 "first_window_ns": rec.first_window_ns, "submitted_ns": rec.submitted_ns,
