@@ -208,6 +208,8 @@ class _Lexer:
                 self._error(f"number '{literal}' is out of range", start, j)
                 return
             self._emit(Kind.FLOAT, value, start)
+        elif j - start > 4000:      # past the digits Python converts (far past 64 bits anyway)
+            self._error(f"integer of {j - start} digits does not fit in 64 bits", start, j)
         else:
             self._emit(Kind.INT, int(literal), start)
 

@@ -43,6 +43,8 @@ REFUSED = [
     (agg(having="COUNT(*) > 1208925819614629174706176"), "1208925819614629174706176",
      "does not fit in 64 bits"),
     (agg(", -9223372036854775809 AS x"), "-9223372036854775809", "smallest llong"),
+    # past the digits Python converts to an int (the probe's ValueError traceback)
+    (agg(", " + "9" * 5000 + " AS x"), "9" * 40, "integer of 5000 digits does not fit"),
     ("PARAM { n ullong = 1208925819614629174706176; }\n" + agg(having="COUNT(*) > $n"),
      "1208925819614629174706176", "does not fit in a ullong"),
     ("PARAM { n llong = 9223372036854775808; }\n" + agg(having="COUNT(*) > $n"),
