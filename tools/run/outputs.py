@@ -9,6 +9,11 @@ widths fitted to every row, at the end of a replay at full speed (as is everythi
 queries write to stdout then, one query after the other). All rows are also kept (results are
 small: one row per group per window) for the run summary and the library API.
 
+In a run that can resume after a crash (`tools.run.resume`), a CSV, JSON lines or paced table
+file logs each batch (`resume_log`) and is cut back to its last logged batch when resumed; a
+Parquet output, or one written whole at the end, keeps each batch as a part file under the
+checkpoint instead (`tools.run.batchparts`) and is written from the parts when the run ends.
+
 Output conventions: times are integers, `ipv4` columns dotted quads, `ip` columns text (dotted
 quad for IPv4-mapped addresses, RFC 5952 otherwise, as `highlevel.finalize.ip_text_arrow`
 writes them).
@@ -29,6 +34,7 @@ from typing import Any
 from common.errors import os_error_text
 from highlevel.sinks import Sink
 from tools.errors import RunConfigError, RunError
+from tools.run.batchparts import BatchParts
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +228,8 @@ class QueryOutput(Sink):
 
     def __init__(self, query: str, outputs, fmt: str, out: str, schema, *,
                  buffered: bool = False, title: str | None = None, keep: bool = True,
-                 window: str | None = None, resume_log: Path | None = None):
+                 window: str | None = None, resume_log: Path | None = None,
+                 parts: BatchParts | None = None):
         self.query, self.outputs, self.format, self.out = query, outputs, fmt, out
         self.schema = schema
         self.buffered = buffered
@@ -248,6 +255,11 @@ class QueryOutput(Sink):
         self.resume_log = resume_log
         self.done_batch = -1           # the last batch id the file holds (resumed run)
         self.resumed_rows = 0          # rows the file held from the run before
+        # or (a Parquet output, or one written whole at the end, of a resumable run) each
+        # batch's rows go to a part file of its own, and the output is written from the
+        # parts at `close`: a file that has no footer yet, or nothing at all, until the end
+        # cannot be cut back to its last batch
+        self.parts = parts
 
     # --- the Sink protocol -------------------------------------------------------------------
     def write(self, batch_id: int, table) -> bool:
@@ -257,6 +269,8 @@ class QueryOutput(Sink):
                 return True            # the run is stopping; the fault is reported then
             if batch_id <= self.done_batch:
                 return False           # written before the crash (a replayed batch)
+            if self.parts is not None:
+                return self._write_part(batch_id, table)
             if not self.buffered and (table.num_rows or self.format != "table"):
                 if self._emit(table):
                     self.batches += 1
@@ -274,6 +288,8 @@ class QueryOutput(Sink):
         and that its file system has a free block. Raises `RunError` naming the path and
         the OS error."""
         with self._lock:
+            if self.parts is not None:
+                self._resume_parts()
             if self._file is None and self.out != "-":
                 self._open_file()
                 self._resume()
@@ -318,6 +334,56 @@ class QueryOutput(Sink):
         self.done_batch, self.resumed_rows = batch, rows
         self._started = size > 0        # no header again, no truncation at the first rows
 
+    def _resume_parts(self) -> None:
+        """A resumed run of an output written from part files: an output written whole at
+        the end takes the batches of the run before back (they were never written)."""
+        assert self.parts is not None
+        if not self.buffered:
+            return
+        for _, table in self._read_parts():
+            self._tables.append(table)
+            self.resumed_rows += table.num_rows
+
+    def _write_part(self, batch_id: int, table) -> bool:
+        """A batch of an output written from part files (under the lock)."""
+        assert self.parts is not None
+        if self.parts.holds(batch_id):
+            return False               # written before the crash (a replayed batch)
+        if table.num_rows:             # an empty batch leaves nothing to write at the end
+            try:
+                self.parts.write(batch_id, table)
+            except OSError as exc:
+                self._failed(exc)
+                return True
+        self.batches += 1
+        self.rows += table.num_rows
+        if self.keep:
+            self._tables.append(table)
+        return True
+
+    def _read_parts(self):
+        """Every part's rows in batch order; a part that cannot be read is a `RunError`
+        saying which (the checkpoint was changed or damaged)."""
+        assert self.parts is not None
+        batch = None
+        try:
+            for batch, table in self.parts.tables():
+                yield batch, table
+        except (OSError, ValueError) as exc:    # pyarrow's ArrowInvalid is a ValueError
+            where = self.parts.dir if batch is None else self.parts.path(batch)
+            raise RunError(f"cannot write the output {self.out}: its rows before the end, "
+                           f"kept in {where}, cannot be read ({exc})") from None
+
+    def _emit_parts(self) -> None:
+        """A Parquet output written from its part files, a row group per part."""
+        written = False
+        for _, table in self._read_parts():
+            if not self._emit(table, count=False):
+                return                 # the fault is kept
+            written = True
+        if not written:
+            self._emit(self.display_schema().empty_table(), count=False)
+
     def _log_batch(self, batch_id: int) -> None:
         if self.resume_log is None or self._file is None:
             return
@@ -340,10 +406,17 @@ class QueryOutput(Sink):
             if self._closed:
                 return
             self._closed = True
+            read_error = None
             if self.fault is None:
                 if self.buffered:
-                    if complete or self.rows:
+                    if complete or self.rows or self.resumed_rows:
                         self._emit(self.table(), count=False)
+                elif self.parts is not None:
+                    if complete:       # else the parts wait for the resumed run
+                        try:
+                            self._emit_parts()
+                        except RunError as exc:
+                            read_error = exc
                 elif not self._started and complete:
                     self._emit(self.display_schema().empty_table())   # header / empty file
             if self.fault is None and self._parquet is not None:
@@ -353,13 +426,15 @@ class QueryOutput(Sink):
                     self._file.commit()
                 except OSError as exc:
                     self._failed(exc)
-            if self.fault is not None or (not complete and self._file is not None
-                                          and not self._file.committed):
+            if self.fault is not None or read_error is not None or (
+                    not complete and self._file is not None and not self._file.committed):
                 self._discard()
             elif self._file is not None and self._file.fd is not None:
                 os.close(self._file.fd)
             if self.fault is not None:
                 raise RunError(self.fault_message())
+            if read_error is not None:
+                raise read_error
 
     def fault_message(self) -> str:
         """One line: the path, the OS error, and what the output holds."""

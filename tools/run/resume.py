@@ -17,7 +17,12 @@ The same command over the same non-empty directories then resumes
 - the Spark stages continue from their checkpoint (a batch not committed is replayed with
   the same files);
 - each output is cut back to its last logged batch and appended to; a batch it holds
-  already (the checkpoint's replay) is not written again.
+  already (the checkpoint's replay) is not written again. A Parquet output, or one written
+  whole at the end (a table at full speed), keeps its batches as part files under the
+  checkpoint and is written from them when the run ends (`tools.run.batchparts`).
+
+A query that closes flow records cannot resume (its rows are not panes); a fresh resumable
+run of it says so when it starts, and a rerun over its state is refused.
 
 A live link (`--interface`) resumes with a gap: the windows overlapping [P, the first
 window start after the restart) are not written, and the gap is reported.
@@ -135,9 +140,34 @@ class Resume:
 
 
 def output_log(checkpoint: Path, query: str) -> Path:
+    """Where a resumable run logs an output's last whole batch (CSV, JSON lines, a paced
+    table: `tools.run.outputs.QueryOutput`)."""
     from urllib.parse import quote
 
     return checkpoint / "outputs" / f"{quote(query, safe='')}.json"
+
+
+def output_parts(checkpoint: Path, query: str) -> Path:
+    """Where a resumable run keeps the batches of a Parquet output, or of one written whole
+    at the end (`tools.run.batchparts`)."""
+    from urllib.parse import quote
+
+    return checkpoint / "outputs" / f"{quote(query, safe='')}.parts"
+
+
+def flow_queries(low_plans) -> list[str]:
+    """The queries whose low level closes flow records: their partial rows are not panes
+    a punctuation completes (`OperatorFeed.complete_only`), and the flow records are closed
+    from rows held in memory, so a run of them cannot resume after a crash."""
+    return sorted({lp.query for lp in low_plans if lp.flow is not None})
+
+
+def warn_not_resumable(low_plans) -> None:
+    """A fresh resumable run: say now, not after a crash, which queries cannot resume."""
+    for query in flow_queries(low_plans):
+        log.warning("query %s closes flow records: this run cannot resume after a crash "
+                    "(a rerun over this --spool and --checkpoint is refused; give empty "
+                    "ones to run it again from the start)", query)
 
 
 def prepare(config, chosen, formats: dict[str, str], spool: Path,
@@ -170,14 +200,6 @@ def prepare(config, chosen, formats: dict[str, str], spool: Path,
             raise RunConfigError(f"{option} {d} holds the state of another run and cannot "
                                  f"resume it: {'; '.join(why)}; give an empty or new "
                                  f"directory")
-    not_resumable = [f"{qp.name} ({formats[qp.name]})" for qp, out in chosen
-                     if formats[qp.name] == "parquet"
-                     or (formats[qp.name] == "table" and not config.streaming)]
-    if not_resumable:
-        raise RunConfigError(f"cannot resume the outputs {', '.join(not_resumable)}: a "
-                             f"Parquet file cut by a crash has no footer, and a table at "
-                             f"full speed is written at the end only; give an empty or new "
-                             f"--spool and --checkpoint to run from the start")
     for d in (spool, checkpoint):
         _write_manifest(d, new)
     (checkpoint / "outputs").mkdir(exist_ok=True)
@@ -189,11 +211,13 @@ def find_punctuation(resume: Resume, spool: Path, low_plans) -> None:
     closes flow records (their rows are not panes: `OperatorFeed.complete_only`)."""
     from common.spool import last_punctuations
 
+    flows = flow_queries(low_plans)
+    if flows:
+        raise RunConfigError(f"query {', '.join(flows)} closes flow records: a run of it "
+                             f"cannot resume after a crash; give an empty or new --spool "
+                             f"and --checkpoint to run it from the start")
     seen: dict[str, dict] = {}
     for lp in low_plans:
-        if lp.flow is not None:
-            raise RunConfigError(f"query {lp.query} closes flow records: a run of it cannot "
-                                 f"resume yet; give an empty or new --spool and --checkpoint")
         if lp.query not in seen:
             seen[lp.query] = last_punctuations(spool, lp.query)
         _, p = seen[lp.query].get(lp.link, (None, None))

@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 _INT64_MIN = -(1 << 63)
 
 
-def _check_sources(config: RunConfig) -> None:
+def check_sources(config: RunConfig) -> None:
     if config.links and config.interfaces:
         raise RunConfigError("give capture files (--link) or interfaces (--interface), not "
                              "both: a run has one clock, the data's or the wall's")
@@ -106,7 +106,7 @@ def _workdir(given, prefix, option, temps) -> Path:
 def run(config: RunConfig) -> RunSummary:
     """Run the queries of `config.query_file` over its links; results to the outputs."""
     started = time.perf_counter()
-    _check_sources(config)
+    check_sources(config)
     plan = load_plan(config)
     chosen = choose_queries(plan, config)
     for _, out in chosen:
@@ -153,31 +153,18 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop, resume=None) ->
                               nice=0 if config.streaming else settings.jvm_nice())
     starter.start()
     log.debug("Spark session start asked %.2f s into the run", time.perf_counter() - started)
-    from tools.run.outputs import arrow_schema
-    from tools.run.resume import output_log
-
     several = sum(1 for _, out in chosen if out == "-") > 1
-    formats = {qp.name: output_format(config, out) for qp, out in chosen}
-    outputs = {qp.name: QueryOutput(qp.name, qp.high.outputs, formats[qp.name], out,
-                                    arrow_schema(qp.name, qp.high.outputs),
-                                    buffered=not config.streaming and (
-                                        formats[qp.name] == "table"
-                                        or (several and out == "-")),
-                                    title=qp.name if several and out == "-" else None,
-                                    keep=config.keep_results,
-                                    window=getattr(qp.high.window, "column", None),
-                                    resume_log=None if resume is None or out == "-" else
-                                    output_log(checkpoint, qp.name))
+    outputs = {qp.name: output_for(config, qp, out, several, checkpoint, resume)
                for qp, out in chosen}
     # every output is opened (a read-only or full file system fails here, in one line)
     # before any packet is read
-    _open_outputs(outputs.values())
+    open_outputs(outputs.values())
     try:
         return _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
                            outputs, resume)
     except OopscopeError as exc:
         _close_quietly(outputs.values())      # a buffered output's rows may fault here too
-        raise _fault(exc, outputs) from None
+        raise fault(exc, outputs) from None
     except BaseException:
         _close_quietly(outputs.values())
         raise
@@ -191,7 +178,7 @@ def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
 
     for o in outputs.values():
         # a failed write stops the sources as a stop request does; the windows still open
-        # close (in the other outputs), then the fault is reported (`_fault`)
+        # close (in the other outputs), then the fault is reported (`fault`)
         o.on_fault = lambda: setattr(stop, "asked", True)
     formats = {name: o.format for name, o in outputs.items()}
     sinks: dict[str, list] = {name: [o] for name, o in outputs.items()}   # highlevel Sinks
@@ -221,8 +208,12 @@ def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
 
         find_punctuation(resume, spool, graph.low_plans())
         if config.live:
-            _live_gap(resume, chosen)
+            live_gap(resume, chosen)
         starts = {(lp.query, lp.link): resume.start_of(lp) for lp in graph.low_plans()}
+    elif resume is not None:
+        from tools.run.resume import warn_not_resumable
+
+        warn_not_resumable(graph.low_plans())
     try:
         for lp in graph.low_plans():
             per_link[lp.link].append(OperatorFeed(lp, spool, queries[graph.query_of(lp)],
@@ -242,7 +233,7 @@ def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
     for name, fs in per_link.items():
         known = [s for f in fs if (s := starts.get((f.op.plan.query, name))) is not None]
         skip[name] = min(known) if fs and len(known) == len(fs) else None
-    sources = _open_sources(config, feeds, summary, stop, skip)
+    sources = open_sources(config, feeds, summary, stop, skip)
     continuous = overlap = None
     if config.streaming:
         continuous = ContinuousStages(starter, graph, on_bound=_suppress_gap(resume))
@@ -263,7 +254,7 @@ def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
     resumed = resume is not None and resume.resumed
     try:
         info: dict = {}
-        summary.ended = _drive(config, sources, feeds, stop, info)
+        summary.ended = drive(config, sources, feeds, stop, info)
         summary.clock_origin = info.get("origin")
         low_done = time.perf_counter()
         summary.lowlevel_seconds = low_done - started
@@ -295,7 +286,7 @@ def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
         if progress is not None:
             progress.stop()
         try:
-            _close_outputs(outputs.values(), complete=completed)
+            close_outputs(outputs.values(), complete=completed)
         finally:
             for _name, sink in config.extra_sinks:
                 sink.close()
@@ -304,18 +295,42 @@ def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
     return summary
 
 
-def _open_outputs(outputs) -> None:
+def output_for(config, qp, out: str, several: bool, checkpoint, resume) -> QueryOutput:
+    """A query's output. In a resumable run, one that can be cut back to its last whole batch
+    logs its batches; a Parquet output (no footer until closed) or one written whole at the
+    end keeps its batches as part files under the checkpoint (`tools.run.batchparts`)."""
+    from tools.run.batchparts import BatchParts
+    from tools.run.outputs import arrow_schema
+    from tools.run.resume import output_log, output_parts
+
+    fmt = output_format(config, out)
+    buffered = not config.streaming and (fmt == "table" or (several and out == "-"))
+    resume_log = parts = None
+    if resume is not None:
+        if fmt == "parquet" or buffered:
+            parts = BatchParts(output_parts(checkpoint, qp.name))
+        elif out != "-":
+            resume_log = output_log(checkpoint, qp.name)
+    return QueryOutput(qp.name, qp.high.outputs, fmt, out,
+                       arrow_schema(qp.name, qp.high.outputs), buffered=buffered,
+                       title=qp.name if several and out == "-" else None,
+                       keep=config.keep_results,
+                       window=getattr(qp.high.window, "column", None),
+                       resume_log=resume_log, parts=parts)
+
+
+def open_outputs(outputs) -> None:
     opened = []
     try:
         for o in outputs:
             o.open()
             opened.append(o)
     except BaseException:
-        _close_outputs(opened, complete=False)
+        close_outputs(opened, complete=False)
         raise
 
 
-def _close_outputs(outputs, complete: bool) -> None:
+def close_outputs(outputs, complete: bool) -> None:
     """Close every output (each even when one fails); then raise the first failure."""
     error: BaseException | None = None
     for o in outputs:
@@ -329,7 +344,7 @@ def _close_outputs(outputs, complete: bool) -> None:
 
 def _close_quietly(outputs) -> None:
     """After an error: close what is still open (a no-op for the others); a fault of theirs
-    is kept in the output and reported by `_fault`."""
+    is kept in the output and reported by `fault`."""
     for o in outputs:
         try:
             o.close(complete=False)
@@ -337,7 +352,7 @@ def _close_quietly(outputs) -> None:
             log.debug("closing the output %s after an error: %s", o.out, exc)
 
 
-def _fault(exc: OopscopeError, outputs: dict) -> BaseException:
+def fault(exc: OopscopeError, outputs: dict) -> BaseException:
     """The error a failed run reports, in one line: an output's own fault (its path and OS
     error; the stage's error that followed it says less) and what that output holds, or
     the run's error and what the outputs hold (the windows written before it)."""
@@ -359,7 +374,7 @@ def _fault(exc: OopscopeError, outputs: dict) -> BaseException:
         return RunError(f"{exc}; written before it: {'; '.join(held)}")
 
 
-def _live_gap(resume, chosen) -> None:
+def live_gap(resume, chosen) -> None:
     """A resumed live run: the windows from the last punctuation in the spool to the first
     window start after now are incomplete (the packets in between were never captured) and
     are not written; the operators take packets from that start on."""
@@ -372,11 +387,11 @@ def _live_gap(resume, chosen) -> None:
     resume.gap = (gap_from, start)
     resume.punctuation = {k: start for k in resume.punctuation}
     log.warning("resumed: the windows from %s to %s are a gap (the run was down) and are not "
-                "written", "the start" if gap_from == _INT64_MIN else _when(gap_from),
-                _when(start))
+                "written", "the start" if gap_from == _INT64_MIN else when(gap_from),
+                when(start))
 
 
-def _when(ns: int) -> str:
+def when(ns: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ns / NS)) + " UTC"
 
 
@@ -391,7 +406,7 @@ def _suppress_gap(resume):
     return apply
 
 
-def _open_sources(config: RunConfig, feeds: dict, summary: RunSummary, stop=None,
+def open_sources(config: RunConfig, feeds: dict, summary: RunSummary, stop=None,
                   skip: dict | None = None) -> dict:
     if config.live:
         from tools.run.livelinks import LiveLink
@@ -440,7 +455,7 @@ def _read_share(sources: dict) -> float | None:
     return done / total if total else None
 
 
-def _drive(config: RunConfig, sources: dict, feeds: dict, stop, info: dict) -> str:
+def drive(config: RunConfig, sources: dict, feeds: dict, stop, info: dict) -> str:
     if config.live:
         from tools.run.livelinks import run_live
 
@@ -480,6 +495,21 @@ def _drops(source) -> tuple[int, int]:
 
 
 def _collect(summary: RunSummary, config: RunConfig, sources, feeds, graph, outputs) -> None:
+    collect_links(summary, config, sources, feeds)
+    for name, q in summary.queries.items():
+        q.late_partial_rows = graph.late_rows(name)
+        q.correction_rows = graph.corrected_rows(name)
+        q.zero_divisor_rows = graph.zero_divisor_rows(name)
+        if name in outputs:
+            q.rows = outputs[name].rows
+            if config.keep_results:
+                summary.results[name] = outputs[name].table()
+        else:
+            q.rows = graph.closed_rows(name)
+
+
+def collect_links(summary: RunSummary, config: RunConfig, sources, feeds) -> None:
+    """The links' numbers into `summary.links`, and the low level's into its queries."""
     for name, source in sources.items():
         stats = source.capture.stats if config.live else source.stats
         path = f"interface {dict(config.interfaces)[name]}" if config.live else source.path
@@ -502,12 +532,4 @@ def _collect(summary: RunSummary, config: RunConfig, sources, feeds, graph, outp
             q.forced_full_flushes += c.get("forced_full_flushes", 0)
             q.late_packets += c.get("late", 0)
             q.late_corrected += c.get("late_corrected", 0)
-    for name, q in summary.queries.items():
-        q.late_partial_rows = graph.late_rows(name)
-        q.correction_rows = graph.corrected_rows(name)
-        if name in outputs:
-            q.rows = outputs[name].rows
-            if config.keep_results:
-                summary.results[name] = outputs[name].table()
-        else:
-            q.rows = graph.closed_rows(name)
+            q.zero_divisor_packets += c.get("zero_divisors", 0)

@@ -1,0 +1,105 @@
+"""Helpers of the tests that kill `oopscope run` with SIGKILL and resume it: start the
+command, kill it when a condition holds (its whole process group: Spark's JVM too), and read
+its outputs as rows to compare with an uninterrupted run's."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.conftest import REPO
+
+__all__ = ["run_command", "run_ok", "kill_when", "csv_rows", "csv_windows", "parquet_rows",
+           "table_rows"]
+
+
+def run_command(query: str, links: dict[str, Path], outputs: dict[str, Path | str], *,
+                speed: str, spool: Path | None = None, checkpoint: Path | None = None,
+                extra: tuple[str, ...] = ()) -> list[str]:
+    """The `oopscope run` command line; resumable when given both directories."""
+    cmd = [sys.executable, "-m", "tools.cli", "run", query, "--speed", speed]
+    for name, path in links.items():
+        cmd += ["--link", f"{name}={path}"]
+    for name, out in outputs.items():
+        cmd += ["--output", f"{name}={out}"]
+    if spool is not None and checkpoint is not None:
+        cmd += ["--spool", str(spool), "--checkpoint", str(checkpoint)]
+    return cmd + list(extra)
+
+
+def run_ok(cmd: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run a command to its end; it must succeed."""
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+def kill_when(cmd: list[str], ready: Callable[[], bool], *, timeout: float = 300,
+              poll: float = 0.02) -> str:
+    """Start `cmd`, SIGKILL its process group as soon as `ready()` holds, and return what it
+    wrote to stderr. Fails if it ends first or `ready` does not hold in time."""
+    log = Path(os.environ.get("TMPDIR", "/tmp"))
+    with open(log / f"oopscope-killed-{os.getpid()}-{time.monotonic_ns()}.err", "w+") as err:
+        # stderr to a file: a pipe nobody reads could fill and stall the run
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=REPO,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + timeout
+            while not ready():
+                if proc.poll() is not None:
+                    err.seek(0)
+                    raise AssertionError(f"the run ended before it could be killed "
+                                         f"(exit {proc.returncode}): {err.read()[-4000:]}")
+                assert time.monotonic() < deadline, "the run did not get there in time"
+                time.sleep(poll)
+            os.killpg(proc.pid, signal.SIGKILL)
+        finally:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.wait()
+            err.seek(0)
+            text = err.read()
+        Path(err.name).unlink()
+    assert proc.returncode == -signal.SIGKILL, text[-4000:]
+    return text
+
+
+def csv_rows(path: Path) -> tuple[list[str], list[tuple[str, ...]]]:
+    """A CSV output's header and rows."""
+    with open(path, newline="") as fh:
+        reader = csv.reader(fh)
+        header = next(reader)
+        return header, [tuple(r) for r in reader]
+
+
+def csv_windows(path: Path) -> int:
+    """Distinct windows (first column) in a CSV output being written (its last line may be
+    cut, so it is not counted)."""
+    try:
+        lines = path.read_text().splitlines()[1:]
+    except (OSError, UnicodeDecodeError):
+        return 0
+    return len({ln.split(",", 1)[0] for ln in lines[:-1]})
+
+
+def parquet_rows(path: Path) -> tuple[list[str], list[tuple[str, ...]]]:
+    """A Parquet output's column names and rows (values as text, as a CSV reads)."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    return table.column_names, [tuple(str(v) for v in r.values()) for r in table.to_pylist()]
+
+
+def table_rows(text: str) -> tuple[list[str], list[tuple[str, ...]]]:
+    """An aligned text table's header and rows (no value holds a space)."""
+    lines = [ln.split() for ln in text.splitlines() if ln.strip()]
+    return lines[0], [tuple(ln) for ln in lines[1:]]
