@@ -30,6 +30,33 @@ Choices a user may need to know:
   marked as having lost packets before them.
 - An interface that goes down is reported once in `stats.problems` and capture resumes when
   it comes back; one that is removed ends the capture (`ended`, iteration stops).
+
+Splitting an interface over several captures (PACKET_FANOUT):
+
+    first = LiveCapture("eth0", fanout=Fanout())              # the kernel picks a free group id
+    others = [LiveCapture("eth0", fanout=first.fanout) for _ in range(3)]
+
+Sockets in one fanout group share the interface's packets: each packet goes to exactly one of
+them (so per-socket counts add up to the interface's), while a capture outside the group still
+sees everything. `mode="hash"` (the default) picks the socket from a hash of the addresses,
+protocol and ports, made symmetric in July 2016 (kernel commit eb70db875671, Linux 4.7): both
+directions of a flow go to the same socket, so per-flow state stays in one place (packet(7) and
+packet_mmap.rst only promise "same flow, same socket"). The kernel does not read the ports of an
+IP fragment, the first one included, so a datagram's fragments hash on addresses and protocol
+alone: they stay together, but may go to another socket than the flow's unfragmented packets.
+`defrag=True` (PACKET_FANOUT_FLAG_DEFRAG) has the kernel reassemble IPv4 datagrams before
+choosing; the socket then gets the reassembled datagram instead of the fragments on the wire,
+and nothing of a datagram whose fragments do not all arrive. Off by default: a monitor counts
+what was on the wire. Other modes: "lb" (round robin), "cpu" (the CPU that received the
+packet), "qm" (the NIC's receive queue), "rnd", "rollover"; none keeps flows together.
+
+The group is a number of the network namespace (0-65535) that every member names with the same
+mode, defrag setting and interface. `Fanout()` has the kernel pick one nobody uses (read it
+back as `capture.fanout.group`); `fanout_group_for_process()` derives one from a process id,
+for processes that must agree on it before any of them opens a socket. The hash is taken
+modulo the group's size: while members join or leave, flows move between sockets, so open them
+all before the traffic that matters, and give them the same `direction` (a packet the group
+hands to a member whose direction rejects it is lost: it is not offered to another member).
 """
 
 from __future__ import annotations
@@ -60,7 +87,10 @@ from capture.reader import ReaderStats
 from capture.schema import COLUMNS
 from capture.tpacket import (
     ETH_P_ALL,
+    FANOUT_MODES,
     MAX_SNAPLEN,
+    PACKET_FANOUT_FLAG_DEFRAG,
+    PACKET_FANOUT_FLAG_UNIQUEID,
     PACKET_RX_RING,
     SOL_PACKET,
     W_WRAPPED,
@@ -69,6 +99,7 @@ from capture.tpacket import (
     block_ready,
     capture_program,
     frame_size_for,
+    join_fanout,
     map_ring,
     read_statistics,
     release_blocks,
@@ -106,6 +137,41 @@ def _max_ring() -> int:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
     except (ValueError, OSError):
         return 1 << 34
+
+
+@dataclass(frozen=True)
+class Fanout:
+    """Membership of a PACKET_FANOUT group (see the module doc): `group` 0-65535, or None for a
+    new group whose id the kernel picks; `mode` one of FANOUT_MODES; `defrag` reassembles IPv4
+    datagrams before a member is chosen."""
+
+    group: int | None = None
+    mode: str = "hash"
+    defrag: bool = False
+
+    def __post_init__(self):
+        if self.mode not in FANOUT_MODES:
+            raise ConfigError(f"live capture option fanout mode={self.mode!r} is not valid: "
+                              f"{', '.join(FANOUT_MODES)}")
+        if self.group is not None and (isinstance(self.group, bool) or not isinstance(self.group, int)
+                                       or not 0 <= self.group <= 0xFFFF):
+            raise ConfigError(f"live capture option fanout group={self.group!r} is not valid: "
+                              f"an integer from 0 to 65535, or None to have the kernel pick a free one")
+
+    def describe(self) -> str:
+        group = "a new group" if self.group is None else f"group {self.group}"
+        return f"fanout {group} (mode {self.mode}{', defrag' if self.defrag else ''})"
+
+
+def fanout_group_for_process(pid: int | None = None) -> int:
+    """A fanout group id derived from a process id (this process's by default): `pid & 0xffff`,
+    what the kernel's fanout example does. For worker processes that must agree on a group
+    before any of them opens a socket: each passes the parent's pid (`os.getppid()`). Not
+    guaranteed free: pids above 65535 wrap, so another process may use the same number
+    (joining it fails when its mode or interface differs, and silently shares its packets when
+    they do not); `Fanout()` (no group) is the collision-free way when one process opens the
+    first socket."""
+    return (os.getpid() if pid is None else int(pid)) & 0xFFFF
 
 
 @dataclass
@@ -198,12 +264,18 @@ class LiveCapture:
 
     def __init__(self, interface: str, link: str | None = None, *, snaplen: int = MAX_SNAPLEN,
                  promiscuous: bool = False, block_size: int = 1 << 22, block_count: int = 64,
-                 frame_timeout_ms: int = 100, batch_size: int = 65536, direction: str = "inout"):
+                 frame_timeout_ms: int = 100, batch_size: int = 65536, direction: str = "inout",
+                 fanout: Fanout | None = None):
         self.interface = str(interface)
         self.link = link if link is not None else self.interface
         snaplen, block_size, block_count = int(snaplen), int(block_size), int(block_count)
         frame_timeout_ms, batch_size = int(frame_timeout_ms), int(batch_size)
         _check_options(snaplen, block_size, block_count, frame_timeout_ms, batch_size, direction)
+        if fanout is not None and not isinstance(fanout, Fanout):
+            raise ConfigError(f"live capture option fanout={fanout!r} is not valid: "
+                              f"a capture.live.Fanout or None")
+        #: the fanout group joined, with the id the kernel picked when none was asked for
+        self.fanout: Fanout | None = None
         self.direction = direction
         self.snaplen = snaplen
         self.block_size = block_size
@@ -218,6 +290,8 @@ class LiveCapture:
         self.loopback = _device_type(self.interface) == _ARPHRD_LOOPBACK
         try:
             self._open(promiscuous, frame_timeout_ms)
+            if fanout is not None:
+                self.fanout = self._join_fanout(fanout)
         except BaseException:
             self.close()
             raise
@@ -280,6 +354,39 @@ class LiveCapture:
                  self.block_count, self.block_size >> 10, self.snaplen,
                  "outgoing and incoming" if outgoing and incoming else "outgoing" if outgoing else "incoming",
                  ", promiscuous" if promiscuous else "")
+
+    def _join_fanout(self, fanout: Fanout) -> Fanout:
+        """Join the group once bound: the kernel refuses an unbound socket. A packet arriving in
+        the microseconds between bind and join reaches this socket and the group both; the
+        other order possible (join with a drop-all filter, then attach the real one) would lose
+        such packets instead, the first member's too."""
+        assert self._sock is not None   # _open made it
+        mode = FANOUT_MODES[fanout.mode]
+        flags = PACKET_FANOUT_FLAG_DEFRAG if fanout.defrag else 0
+        if fanout.group is None:
+            flags |= PACKET_FANOUT_FLAG_UNIQUEID
+        where = f"interface {self.interface!r}: cannot join {fanout.describe()}"
+        try:
+            group = join_fanout(self._sock, fanout.group or 0, mode, flags)
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            if exc.errno == errno.EINVAL and fanout.group is None:
+                why = "this kernel cannot pick a free group id (Linux 4.12 or later can); name a group"
+            elif exc.errno == errno.EINVAL:
+                newer = "" if fanout.mode in ("hash", "lb", "cpu") else \
+                    f" (or this kernel lacks mode {fanout.mode!r})"
+                why = (f"group {fanout.group} exists in this network namespace with another mode, defrag "
+                       f"setting or interface{newer}; pick another group or the same options")
+            elif exc.errno == errno.ENOSPC:
+                why = "the group is full"
+            elif exc.errno == errno.ENOMEM and fanout.group is None:
+                why = "every group id is in use"
+            elif exc.errno == errno.ENOPROTOOPT:
+                why = "this kernel has no PACKET_FANOUT (Linux 3.1 or later has)"
+            raise InterfaceError(f"{where}: {why}") from None
+        joined = Fanout(group, fanout.mode, fanout.defrag)
+        log.info("capture on %s joined %s", self.interface, joined.describe())
+        return joined
 
     def _warm(self) -> None:
         """Load (or compile) the kernels now, with calls that touch nothing: a first poll takes
@@ -424,7 +531,8 @@ def open_interface(interface: str, link: str | None = None, **options) -> LiveCa
     """Open a live capture on `interface` (the link is named after it unless `link` is given).
 
     Options: snaplen, promiscuous, block_size, block_count, frame_timeout_ms, batch_size,
-    direction ("in", "out" or "inout"; see LiveCapture and the module doc). Raises InterfaceError (missing interface, no permission, undecodable device
-    type) and ConfigError (invalid ring options), both with a one-line message.
+    direction ("in", "out" or "inout"), fanout (a `Fanout`; see LiveCapture and the module doc).
+    Raises InterfaceError (missing interface, no permission, undecodable device type, a fanout
+    group that cannot be joined) and ConfigError (invalid options), both with a one-line message.
     """
     return LiveCapture(interface, link, **options)

@@ -34,12 +34,19 @@ PACKET_RX_RING = 5
 PACKET_STATISTICS = 6
 PACKET_VERSION = 10
 PACKET_RESERVE = 12
+PACKET_FANOUT = 18
 PACKET_MR_PROMISC = 1
 TPACKET_V3 = 2
 SO_ATTACH_FILTER = 26
 ETH_P_ALL = 0x0003
 #: sockaddr_ll.sll_pkttype of a packet the host sends (linux/if_packet.h)
 PACKET_OUTGOING = 4
+#: PACKET_FANOUT modes (linux/if_packet.h PACKET_FANOUT_*), by the names `capture.live.Fanout` takes
+FANOUT_MODES = {"hash": 0, "lb": 1, "cpu": 2, "rollover": 3, "rnd": 4, "qm": 5}
+#: the kernel picks a group id nobody uses (Linux 4.12); the group id passed must be 0
+PACKET_FANOUT_FLAG_UNIQUEID = 0x2000
+#: IPv4 fragments are reassembled before the group picks a socket (the socket gets the datagram)
+PACKET_FANOUT_FLAG_DEFRAG = 0x8000
 
 # classic BPF (linux/filter.h): the instructions capture_program uses
 BPF_LDB_ABS = 0x30        # BPF_LD | BPF_B | BPF_ABS: A = the byte at k (k < 0: ancillary data)
@@ -120,6 +127,16 @@ def add_promiscuous(sock: socket.socket, ifindex: int) -> None:
     """PACKET_ADD_MEMBERSHIP PACKET_MR_PROMISC: dropped by the kernel when the socket closes."""
     mreq = struct.pack("iHH8s", ifindex, PACKET_MR_PROMISC, 0, b"")
     sock.setsockopt(SOL_PACKET, PACKET_ADD_MEMBERSHIP, mreq)
+
+
+def join_fanout(sock: socket.socket, group: int, mode: int, flags: int = 0) -> int:
+    """PACKET_FANOUT: join (or create) fanout group `group` of this network namespace with mode
+    `mode` (FANOUT_MODES) and PACKET_FANOUT_FLAG_* `flags`; the socket must be bound. Returns the
+    group id joined, which is the kernel's pick with PACKET_FANOUT_FLAG_UNIQUEID."""
+    # packed unsigned: with DEFRAG the value does not fit the C int Python's int form would use
+    sock.setsockopt(SOL_PACKET, PACKET_FANOUT, struct.pack("I", group | ((mode | flags) << 16)))
+    # getsockopt answers id | mode << 16 | flags >> 8 << 24
+    return struct.unpack("I", sock.getsockopt(SOL_PACKET, PACKET_FANOUT, 4))[0] & 0xFFFF
 
 
 def read_statistics(sock: socket.socket) -> tuple[int, int, int]:
