@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,8 +45,7 @@ def kill_when(cmd: list[str], ready: Callable[[], bool], *, timeout: float = 300
               poll: float = 0.02) -> str:
     """Start `cmd`, SIGKILL its process group as soon as `ready()` holds, and return what it
     wrote to stderr. Fails if it ends first or `ready` does not hold in time."""
-    log = Path(os.environ.get("TMPDIR", "/tmp"))
-    with open(log / f"oopscope-killed-{os.getpid()}-{time.monotonic_ns()}.err", "w+") as err:
+    with tempfile.TemporaryFile("w+") as err:
         # stderr to a file: a pipe nobody reads could fill and stall the run
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=REPO,
                                 start_new_session=True)
@@ -68,7 +68,6 @@ def kill_when(cmd: list[str], ready: Callable[[], bool], *, timeout: float = 300
             proc.wait()
             err.seek(0)
             text = err.read()
-        Path(err.name).unlink()
     assert proc.returncode == -signal.SIGKILL, text[-4000:]
     return text
 

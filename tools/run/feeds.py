@@ -99,7 +99,8 @@ class OperatorFeed:
         # punctuation has closed, so after a crash the spool holds exactly the panes that end
         # by the link's last punctuation, and a resumed run replays the packets from there
         # without counting any twice. Rows of open panes (evictions) wait here meanwhile
-        self.complete_only = complete_only and plan.flow is None
+        # (a flow never outlives its bucket, the pane: its record waits for the pane too)
+        self.complete_only = complete_only
         # packets before this are not this operator's (a resumed run: they are in the spool
         # already; the appliance: before the query's first window), counted in before_start
         self.start_ns = start_ns

@@ -21,8 +21,8 @@ The same command over the same non-empty directories then resumes
   whole at the end (a table at full speed), keeps its batches as part files under the
   checkpoint and is written from them when the run ends (`tools.run.batchparts`).
 
-A query that closes flow records cannot resume (its rows are not panes); a fresh resumable
-run of it says so when it starts, and a rerun over its state is refused.
+Flow records resume like panes: a flow ends by its bucket's end, so its record waits in
+the spool for the punctuation that closes its bucket.
 
 A live link (`--interface`) resumes with a gap: the windows overlapping [P, the first
 window start after the restart) are not written, and the gap is reported.
@@ -155,21 +155,6 @@ def output_parts(checkpoint: Path, query: str) -> Path:
     return checkpoint / "outputs" / f"{quote(query, safe='')}.parts"
 
 
-def flow_queries(low_plans) -> list[str]:
-    """The queries whose low level closes flow records: their partial rows are not panes
-    a punctuation completes (`OperatorFeed.complete_only`), and the flow records are closed
-    from rows held in memory, so a run of them cannot resume after a crash."""
-    return sorted({lp.query for lp in low_plans if lp.flow is not None})
-
-
-def warn_not_resumable(low_plans) -> None:
-    """A fresh resumable run: say now, not after a crash, which queries cannot resume."""
-    for query in flow_queries(low_plans):
-        log.warning("query %s closes flow records: this run cannot resume after a crash "
-                    "(a rerun over this --spool and --checkpoint is refused; give empty "
-                    "ones to run it again from the start)", query)
-
-
 def prepare(config, chosen, formats: dict[str, str], spool: Path,
             checkpoint: Path) -> Resume:
     """Check the kept spool and checkpoint of a resumable run: empty (write the manifest,
@@ -207,15 +192,9 @@ def prepare(config, chosen, formats: dict[str, str], spool: Path,
 
 
 def find_punctuation(resume: Resume, spool: Path, low_plans) -> None:
-    """Each (query, link)'s last punctuation in the spool; refuses a query whose low level
-    closes flow records (their rows are not panes: `OperatorFeed.complete_only`)."""
+    """Each (query, link)'s last punctuation in the spool."""
     from common.spool import last_punctuations
 
-    flows = flow_queries(low_plans)
-    if flows:
-        raise RunConfigError(f"query {', '.join(flows)} closes flow records: a run of it "
-                             f"cannot resume after a crash; give an empty or new --spool "
-                             f"and --checkpoint to run it from the start")
     seen: dict[str, dict] = {}
     for lp in low_plans:
         if lp.query not in seen:

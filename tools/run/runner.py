@@ -210,10 +210,6 @@ def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
         if config.live:
             live_gap(resume, chosen)
         starts = {(lp.query, lp.link): resume.start_of(lp) for lp in graph.low_plans()}
-    elif resume is not None:
-        from tools.run.resume import warn_not_resumable
-
-        warn_not_resumable(graph.low_plans())
     try:
         for lp in graph.low_plans():
             per_link[lp.link].append(OperatorFeed(lp, spool, queries[graph.query_of(lp)],
