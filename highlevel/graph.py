@@ -49,13 +49,27 @@ def output_columns_of(qp) -> list[tuple[str, str]]:
     return [(o.name, _gsql(o.type)) for o in qp.high.outputs]
 
 
+def sublink_names(link: str, n: int) -> tuple[str, ...]:
+    """The spool links of a link captured by n fanout sockets: `NAME#0` .. `NAME#n-1`."""
+    return tuple(f"{link}#{k}" for k in range(n))
+
+
+#: plan kinds whose stages meld their links (a fanout's sub-links are links to them: a join's
+#: sides are selections); the others (MERGE, tuple-count windows) need one ordered stream
+_FANOUT_KINDS = ("aggregate", "select", "join")
+
+
 class StageGraph:
     """Every Spark stage a set of queries needs, wired by spools (see the module docstring)."""
 
     def __init__(self, plan, queries: list[str], spool, checkpoint, *,
                  sinks: dict[str, list[Sink]], spark=None, master=None,
-                 trigger: str = DEFAULT_TRIGGER):
+                 trigger: str = DEFAULT_TRIGGER, fanout: dict[str, int] | None = None):
         self.plan = plan
+        # link -> N: the link is captured by N fanout sockets, each its own low-level
+        # operator and spool sub-link (`sublink_names`), melded by every stage reading it
+        self.sublinks = {link: sublink_names(link, n) for link, n in (fanout or {}).items()
+                         if n > 1}
         self.spool, self.checkpoint = Path(spool), Path(checkpoint)
         self._spark, self._master = spark, master
         self.trigger = trigger
@@ -138,6 +152,8 @@ class StageGraph:
             for name, make in self._makers:
                 stage = make()
                 stage.prune_spool = self.prune_spool
+                if self.sublinks:
+                    stage.sublinks = self.sublinks
                 stages.append((name, stage))
                 self.stage_of[name] = stage
             order = {q: i for i, q in enumerate(self.plan.names)}
@@ -318,7 +334,15 @@ class StageGraph:
 
     def _add_low(self, qp) -> None:
         for lp in qp.low:
-            self._low.append(lp)
+            subs = self.sublinks.get(lp.link)
+            if subs and (qp.high.kind not in _FANOUT_KINDS
+                         or getattr(qp.high, "rows", None) is not None):
+                raise StageConfigError(f"query {qp.name!r}: link {lp.link!r} is captured by "
+                                       f"{len(subs)} fanout sockets, and a {qp.high.kind} "
+                                       f"query needs its packets in one stream; run it "
+                                       f"with --fanout 1")
+            for sub in subs or (lp.link,):
+                self._low.append(lp if sub == lp.link else replace(lp, link=sub))
             self._query_of[lp.query] = qp.name
 
     # --- the API the pipeline calls ----------------------------------------------------------

@@ -99,6 +99,13 @@ class Stage:
     #: rows of this batch written with a value that met a zero divisor (added to the state's
     #: count at the commit: a replayed batch counts once)
     zero_divisor_rows = 0
+    #: link -> its sub-links: a link captured by N fanout sockets spools as N sub-links
+    #: (`highlevel.graph.sublink_names`), each with its own punctuation, and the Meld waits
+    #: for every one of them
+    sublinks: dict = {}
+    #: links left out of the Meld: a collector declares a link silent when its agent's
+    #: heartbeats stop (`tools.cluster`), and windows close without it
+    silent_links: frozenset = frozenset()
     #: an aggregation's open state is collected and written with Arrow on the driver rather
     #: than by a Spark write job (the appliance: small states, where latency counts)
     open_on_driver = False
@@ -264,11 +271,17 @@ class Stage:
             sink.write(batch_id, made[sink.raw])
 
     # --- punctuation in file order -----------------------------------------------------------
+    @property
+    def meld_inputs(self) -> tuple[str, ...]:
+        """The Meld's inputs: the spec's links, each replaced by its sub-links if it has."""
+        return tuple(s for link in self.spec.links for s in self.sublinks.get(link, (link,)))
+
     def _meld(self, state: StageState, files: list[SpoolFileMarker]) -> int | None:
         """Apply each link's punctuation in file order; the combined punctuation after it."""
-        meld = Meld(self.spec.links).build(state.meld)
+        meld = Meld(self.meld_inputs).build(state.meld, self.silent_links)
         for link, p in self._in_order(state, files):
             meld.on_punctuation(link, p)
+        meld.advance()
         state.meld = meld.to_state()
         return meld.output
 
@@ -281,11 +294,12 @@ class Stage:
         """Queue each file's `_file_marker` under its link and sequence number; return the
         markers now due, (link, marker) in sequence order per link (a file after a gap waits
         in `state.pending` for its predecessor)."""
+        names = self.meld_inputs
         for f in files:
-            if f.link not in self.spec.links:
+            if f.link not in names:
                 log.warning("query %s: spool file of link %r, which is not one of the query's "
                             "links %s; its punctuation is ignored", self.spec.query, f.link,
-                            list(self.spec.links))
+                            list(names))
                 continue
             state.pending.setdefault(f.link, {})[int(f.seq)] = self._file_marker(f)
         due = []

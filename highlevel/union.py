@@ -39,17 +39,23 @@ class Meld:
 
     inputs: int | tuple[str, ...]
 
-    def build(self, state: dict | None = None) -> MeldLogic:
-        return MeldLogic(_input_names(self.inputs), state)
+    def build(self, state: dict | None = None, silent=()) -> MeldLogic:
+        return MeldLogic(_input_names(self.inputs), state, silent)
 
 
 class MeldLogic:
-    """State: last punctuation b_i of every input and o of the output (None: none yet)."""
+    """State: last punctuation b_i of every input and o of the output (None: none yet).
 
-    def __init__(self, names: tuple[str, ...], state: dict | None = None):
+    `silent`: inputs declared silent (a capture agent whose heartbeats stopped,
+    docs/deployment.md): the output is the minimum over the others, so windows close
+    without them; what they send later is late for every window closed meanwhile. The
+    output never goes back when a silent input returns."""
+
+    def __init__(self, names: tuple[str, ...], state: dict | None = None, silent=()):
         self.names = names
         self.bounds: dict[str, int | None] = {n: None for n in names}
         self.output: int | None = None
+        self.silent = frozenset(silent) & set(names)
         if state:
             self.bounds.update({k: v for k, v in state["bounds"].items() if k in self.bounds})
             self.output = state["output"]
@@ -71,8 +77,13 @@ class MeldLogic:
         b = self.bounds[name]
         if b is None or p > b:
             self.bounds[name] = int(p)
-        bounds = [v for v in self.bounds.values() if v is not None]
-        if len(bounds) < len(self.bounds):
+        return self.advance()
+
+    def advance(self) -> int | None:
+        """The output punctuation if it rises now (an input's punctuation, or an input
+        declared silent), else None."""
+        bounds = [v for n, v in self.bounds.items() if n not in self.silent]
+        if not bounds or any(v is None for v in bounds):
             return None
         low = min(bounds)
         if self.output is None or low > self.output:

@@ -30,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cancel": ("tools.commands.control", "cancel"),
     "status": ("tools.commands.control", "status"),
     "shutdown": ("tools.commands.control", "shutdown"),
+    "agent": ("tools.commands.cluster", "agent"),
+    "collect": ("tools.commands.cluster", "collect"),
 }
 
 

@@ -30,6 +30,23 @@ def test_meld_silent_input_holds_everything_back_until_it_punctuates():
     assert meld.on_punctuation(2, 1000) == 85         # now bounded by input 1
 
 
+def test_meld_closes_without_an_input_declared_silent_and_never_goes_back():
+    """A capture agent whose heartbeats stopped: the output is the minimum over the others;
+    the input's later punctuation is recorded, and the output does not go back when it
+    rejoins."""
+    meld = Meld(("a", "b")).build()
+    assert meld.on_punctuation("a", 50) is None           # b has not punctuated
+    meld = Meld(("a", "b")).build(meld.to_state(), silent={"b"})
+    assert meld.advance() == 50                           # closes without b
+    assert meld.on_punctuation("a", 70) == 70
+    assert meld.on_punctuation("b", 20) is None           # late: below the output
+    meld = Meld(("a", "b")).build(meld.to_state())        # b is back
+    assert meld.on_punctuation("a", 90) is None           # bounded by b again (20) ...
+    assert meld.output == 70                              # ... and the output stays
+    assert meld.on_punctuation("b", 80) == 80
+    assert Meld(("a",)).build(silent={"a"}).advance() is None   # nothing to close on
+
+
 def test_meld_rows_pass_through_and_state_round_trips():
     meld = Meld(("a", "b")).build()
     rows = pa.table({"time": [3, 1, 2]})

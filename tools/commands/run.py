@@ -57,6 +57,46 @@ def _speed(text: str) -> float | None:
     return value
 
 
+def live_options(command):
+    """The live capture options of `run` and `agent`, handed to the command as one
+    `capture_options` tuple (`RunConfig.capture_options`)."""
+    options = [
+        click.option("--promiscuous", is_flag=True, help="Live capture in promiscuous mode."),
+        click.option("--direction", type=click.Choice(["in", "out", "inout"]),
+                     default="inout", show_default=True,
+                     help="Live capture: packets received, sent, or both (tcpdump's -Q). On "
+                          "a loopback device each packet counts once whatever the "
+                          "direction."),
+        click.option("--snaplen", type=click.IntRange(64, 262144), default=262144,
+                     show_default=True, help="Live capture: bytes kept of each frame."),
+        click.option("--ring-blocks", "ring_blocks", type=click.IntRange(2, 1 << 16),
+                     default=64, show_default=True,
+                     help="Live capture: blocks of the kernel ring (TPACKET_V3)."),
+        click.option("--ring-block-size", "ring_block_size",
+                     type=click.IntRange(4096, 1 << 30), default=1 << 22, show_default=True,
+                     help="Live capture: bytes per kernel ring block (a multiple of the page "
+                          "size)."),
+        click.option("--ring-timeout", "ring_timeout", type=Duration(), default="100ms",
+                     show_default=True, help="Live capture: a partly filled block is handed "
+                                             "over after this long."),
+    ]
+
+    def wrapped(*args, promiscuous, direction, snaplen, ring_blocks, ring_block_size,
+                ring_timeout, **kwargs):
+        kwargs["capture_options"] = (
+            ("promiscuous", promiscuous), ("direction", direction), ("snaplen", snaplen),
+            ("block_count", ring_blocks), ("block_size", ring_block_size),
+            ("frame_timeout_ms", max(1, ring_timeout // 1_000_000)))
+        return command(*args, **kwargs)
+
+    import functools
+
+    wrapped = functools.wraps(command)(wrapped)
+    for option in reversed(options):
+        wrapped = option(wrapped)
+    return wrapped
+
+
 @click.command()
 @click.argument("query_file")
 @click.option("--link", "links", multiple=True, metavar="NAME=PCAP",
@@ -95,21 +135,11 @@ def _speed(text: str) -> float | None:
               help="During a lull a link punctuates the run's clock minus this.")
 @click.option("--progress/--no-progress", default=None,
               help="Progress line on stderr (default: when stderr is a terminal).")
-@click.option("--promiscuous", is_flag=True, help="Live capture in promiscuous mode.")
-@click.option("--direction", type=click.Choice(["in", "out", "inout"]), default="inout",
-              show_default=True,
-              help="Live capture: packets received, sent, or both (tcpdump's -Q). On a "
-                   "loopback device each packet counts once whatever the direction.")
-@click.option("--snaplen", type=click.IntRange(64, 262144), default=262144, show_default=True,
-              help="Live capture: bytes kept of each frame.")
-@click.option("--ring-blocks", "ring_blocks", type=click.IntRange(2, 1 << 16), default=64,
-              show_default=True, help="Live capture: blocks of the kernel ring (TPACKET_V3).")
-@click.option("--ring-block-size", "ring_block_size", type=click.IntRange(4096, 1 << 30),
-              default=1 << 22, show_default=True,
-              help="Live capture: bytes per kernel ring block (a multiple of the page size).")
-@click.option("--ring-timeout", "ring_timeout", type=Duration(), default="100ms",
-              show_default=True, help="Live capture: a partly filled block is handed over "
-                                      "after this long.")
+@click.option("--fanout", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Live capture: each interface captured by N processes in one "
+                   "PACKET_FANOUT group (a flow stays on one), each with its own low level "
+                   "on its own core; the same rows as N = 1.")
+@live_options
 @click.option("--netflow", "netflow", default=None, metavar="HOST:PORT",
               help="Also export the flow records as NetFlow/IPFIX over UDP to this collector "
                    "while the query runs (a collector that is down stops nothing: failed "
@@ -123,8 +153,8 @@ def _speed(text: str) -> float | None:
                                       "nfcapd drops when flooded).")
 def run(query_file: str, links, interfaces, outputs, fmt, speed, duration, sets, params,
         master, spool, checkpoint, punctuate_every: int, lull_slack: int, progress,
-        promiscuous, direction, snaplen, ring_blocks, ring_block_size, ring_timeout, netflow,
-        netflow_version, netflow_query, netflow_pace) -> None:
+        fanout, capture_options, netflow, netflow_version, netflow_query,
+        netflow_pace) -> None:
     """Run QUERY_FILE (a path or a shipped query name such as q8_1) over capture files or
     live interfaces.
 
@@ -153,9 +183,6 @@ def run(query_file: str, links, interfaces, outputs, fmt, speed, duration, sets,
     if not links and not interfaces:
         raise click.UsageError("give --link NAME=PCAP (capture files) or --interface "
                                "NAME=IFACE (live capture)")
-    capture_options = (("promiscuous", promiscuous), ("direction", direction), ("snaplen", snaplen),
-                       ("block_count", ring_blocks), ("block_size", ring_block_size),
-                       ("frame_timeout_ms", max(1, ring_timeout // 1_000_000)))
     extra: tuple = ()                  # (query, Sink) pairs (RunConfig.extra_sinks)
     exporter = None
     if netflow is not None:
@@ -171,7 +198,7 @@ def run(query_file: str, links, interfaces, outputs, fmt, speed, duration, sets,
                        punctuate_every_ns=punctuate_every, speed=_speed(speed),
                        duration_ns=duration, lull_slack_ns=lull_slack, progress=progress,
                        capture_options=capture_options, extra_sinks=extra,
-                       keep_results=False)
+                       keep_results=False, fanout=fanout)
     summary = run_pipeline(config)
     # the summary is the run's report, not a diagnostic: always shown, on stderr
     click.echo(summary.format(), err=True)

@@ -48,6 +48,9 @@ class RunConfig:
     # tests read them); the CLI keeps none: rows are written as windows close, and a live run
     # would otherwise grow without bound
     keep_results: bool = True
+    # each interface captured by this many processes in one PACKET_FANOUT group, melded as
+    # sub-links (`tools.cluster.fanout`)
+    fanout: int = 1
 
     @property
     def link_names(self) -> list[str]:

@@ -65,6 +65,9 @@ def check_sources(config: RunConfig) -> None:
     if not config.links and not config.interfaces:
         raise RunConfigError("give at least one source: --link NAME=PCAP or "
                              "--interface NAME=IFACE")
+    if config.fanout > 1 and config.links:
+        raise RunConfigError(f"--fanout {config.fanout} splits a live interface over capture "
+                             f"processes; a capture file (--link) is read by one")
     from capture.source import STDIN, classify
 
     stdin = [name for name, path in config.links if path == STDIN]
@@ -187,9 +190,19 @@ def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
     try:
         # every stage is planned now, before any packet is read; made once Spark is up
         graph = StageGraph(plan, [qp.name for qp, _ in chosen], spool, checkpoint,
-                           sinks=sinks, master=config.master)
+                           sinks=sinks, master=config.master,
+                           fanout={n: config.fanout for n, _ in config.interfaces})
     except StageConfigError as exc:
         raise UnsupportedQueryError(str(exc)) from None
+    members = None
+    if config.fanout > 1:
+        # the interfaces are captured by member processes writing to this run's spool
+        # (`tools.cluster.fanout`); this process runs the stages
+        import os
+
+        from tools.cluster.fanout import FanoutMembers
+
+        members = FanoutMembers(config, str(spool), f"run-{os.getpid()}", config.fanout)
     readers = {q: [r.name for r in plan.queries if q in graph.inputs_of(r)]
                for q in graph.queries}
     queries = {q: QuerySummary(q, outputs[q].out if q in outputs else
@@ -211,7 +224,7 @@ def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
             live_gap(resume, chosen)
         starts = {(lp.query, lp.link): resume.start_of(lp) for lp in graph.low_plans()}
     try:
-        for lp in graph.low_plans():
+        for lp in [] if members is not None else graph.low_plans():
             per_link[lp.link].append(OperatorFeed(lp, spool, queries[graph.query_of(lp)],
                                                   codec, complete_only=resume is not None,
                                                   start_ns=starts.get((lp.query, lp.link))))
@@ -229,7 +242,7 @@ def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
     for name, fs in per_link.items():
         known = [s for f in fs if (s := starts.get((f.op.plan.query, name))) is not None]
         skip[name] = min(known) if fs and len(known) == len(fs) else None
-    sources = open_sources(config, feeds, summary, stop, skip)
+    sources = {} if members is not None else open_sources(config, feeds, summary, stop, skip)
     continuous = overlap = None
     if config.streaming:
         continuous = ContinuousStages(starter, graph, on_bound=_suppress_gap(resume))
@@ -250,7 +263,11 @@ def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
     resumed = resume is not None and resume.resumed
     try:
         info: dict = {}
-        summary.ended = drive(config, sources, feeds, stop, info)
+        if members is not None:
+            members.start()
+            summary.ended = members.drive(stop, config.duration_ns)
+        else:
+            summary.ended = drive(config, sources, feeds, stop, info)
         summary.clock_origin = info.get("origin")
         low_done = time.perf_counter()
         summary.lowlevel_seconds = low_done - started
@@ -275,6 +292,8 @@ def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
             summary.highlevel_seconds = time.perf_counter() - high_started
         completed = True
     finally:
+        if members is not None:
+            members.stop()
         spool_queue.close()
         if overlap is not None and overlap.started:
             for _, stage in graph.stages:     # after an error: no stream left running
@@ -287,6 +306,8 @@ def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
             for _name, sink in config.extra_sinks:
                 sink.close()
     _collect(summary, config, sources, feeds, graph, outputs)
+    if members is not None:
+        members.summarise(summary, spool)
     summary.total_seconds = time.perf_counter() - started
     return summary
 
@@ -471,17 +492,17 @@ def _progress(config: RunConfig, feeds: dict, sources: dict, outputs: dict):
     def sample():
         packets = sum(f.packets for f in feeds.values())
         rows = sum(o.rows for o in outputs.values())
-        drops = sum(_drops(s)[0] + _drops(s)[1] for s in sources.values())
+        lost = sum(sum(drops(s)) for s in sources.values())
         seen = [f.timer.max_seen for f in feeds.values() if f.timer.max_seen is not None]
         clock = time.strftime("%H:%M:%S", time.gmtime(min(seen) / NS)) if seen else ""
-        return packets, rows, drops, clock
+        return packets, rows, lost, clock
 
     progress = Progress(sample)
     progress.start()
     return progress
 
 
-def _drops(source) -> tuple[int, int]:
+def drops(source) -> tuple[int, int]:
     """(our ring's drops, the kernel's drops) of a source."""
     ring = getattr(source, "ring", None)
     capture = getattr(source, "capture", None)
@@ -517,7 +538,7 @@ def collect_links(summary: RunSummary, config: RunConfig, sources, feeds) -> Non
         if not config.live and source.problem and source.problem not in s.problems:
             s.problems.append(source.problem)
         s.punctuations = feeds[name].timer.count
-        s.ring_drops, s.kernel_drops = _drops(source)
+        s.ring_drops, s.kernel_drops = drops(source)
         summary.links[name] = s
         if summary.resumed:
             summary.skipped[name] = int(getattr(source, "skipped", 0))

@@ -1,0 +1,260 @@
+"""`oopscope agent`: the low level alone, next to its links, writing to a shared spool.
+
+An agent plans the query file as `run` does, keeps the low-level plans of its own links
+(capture, ring, operators, flush policy, timer punctuation: `tools.run.feeds`), and writes
+their partial rows and punctuation to `SPOOL/<query>/partials/<link>-<seq>.parquet`, where a
+collector (`tools.cluster.collector`) on a Spark cluster melds every agent's links. Beside
+them it beats (`tools.cluster.heartbeat`). Its spool files hold only rows of panes its own
+punctuation closed (`OperatorFeed.complete_only`), so an agent killed and started again
+continues: a capture file from the pane holding its last punctuation (nothing written twice),
+an interface from the next window on (the windows in between are the gap it reports).
+
+Replays end with end-of-input punctuation; live agents run until stopped (SIGTERM or Ctrl-C:
+every link flushes and punctuates end of input, exit 0).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from common.errors import SpoolError, os_error_text
+from tools.cluster.fanout import Member
+from tools.errors import RunConfigError, RunLinkError
+from tools.run.config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """One agent: `run` holds the query file, links or interfaces, speed, period, params
+    (its outputs and checkpoint are not used); `spool` is the shared directory."""
+
+    run: RunConfig
+    spool: str
+    host_id: str
+    #: one member of a fanout group (`tools.cluster.fanout`): its interface's sub-link
+    member: Member | None = None
+
+
+@dataclass
+class AgentSummary:
+    host: str
+    links: dict = field(default_factory=dict)      # name -> tools.run.config.LinkSummary
+    queries: dict = field(default_factory=dict)    # name -> tools.run.config.QuerySummary
+    ended: str = "end of input"
+    resumed: dict = field(default_factory=dict)    # link -> packets read past (in the spool)
+    gap: tuple | None = None
+    seconds: float = 0.0
+
+    def format(self) -> str:
+        from tools.run.config import RunSummary
+
+        lines = [line for line in RunSummary(self.links, {}).format().splitlines()
+                 if line.startswith("link ")]
+        for q in self.queries.values():
+            lines.append(f"query {q.name}: {q.partial_rows} partial rows in {q.spool_files} "
+                         f"spool files, {q.evictions} evictions, {q.late_packets} late packets")
+        if self.resumed:
+            lines.append("agent resumed from the spool; packets already in it, read past: "
+                         + ", ".join(f"link {n} {v:,}" for n, v in self.resumed.items()))
+        if self.gap is not None:
+            from tools.run.runner import when
+
+            lines.append(f"gap: the windows from {when(self.gap[0])} to {when(self.gap[1])} "
+                         f"have no rows of this agent's links (it was down)")
+        lines.append(f"agent {self.host} ended: {self.ended}; {self.seconds:.2f} s")
+        return "\n".join(lines)
+
+
+def plan_for_agent(config, text: str, path: str):
+    """The file's plan over the links it names (every agent plans the same stages), or over
+    this agent's links when it names none; this agent's links must be among them."""
+    from queries.explain import mentioned_links
+    from queries.parser import parse
+    from tools.run.config import plan_text
+
+    own = config.link_names
+    wanted = mentioned_links(parse(text, path=path))
+    if wanted:
+        stray = [n for n in own if n not in wanted]
+        if stray:
+            raise RunLinkError(f"{Path(path).name}: {', '.join(stray)} is not a link of the "
+                               f"query file; its links are {', '.join(wanted)}")
+        return plan_text(text, path, list(wanted), dict(config.params),
+                         dict(config.overrides))
+    return plan_text(text, path, own, dict(config.params), dict(config.overrides))
+
+
+def run_agent(agent: AgentConfig, stop) -> AgentSummary:
+    """Run the low level of the query file for the agent's links until end of input or a
+    stop request (`stop()` true)."""
+    from common.spool import last_punctuations
+    from highlevel.graph import StageGraph
+    from queries.explain import find_query_file
+    from tools.cluster.heartbeat import Heartbeat, check_host_id
+    from tools.run.config import QuerySummary, choose_queries
+    from tools.run.feeds import LinkFeeds, OperatorFeed, SpoolQueue
+    from tools.run.resume import Resume
+    from tools.run.runner import (
+        check_sources,
+        collect_links,
+        drive,
+        drops,
+        live_gap,
+        open_sources,
+    )
+
+    started = time.perf_counter()
+    config = agent.run
+    host = check_host_id(agent.host_id)
+    check_sources(config)
+    if config.fanout > 1 and agent.member is None:
+        return _fanout_parent(agent, stop, started)
+    path = find_query_file(config.query_file)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        from queries.errors import QueryError
+
+        raise QueryError(f"cannot read the query file: {exc}", path=str(path)) from None
+    plan = plan_for_agent(config, text, str(path))
+    chosen = choose_queries(plan, replace(config, outputs=()))
+    sub: dict[str, str] = {}            # link -> the sub-link this fanout member spools as
+    if agent.member is not None:
+        from capture.live import Fanout
+
+        ((link, iface),) = config.interfaces
+        sub = {link: agent.member.sublink(link)}
+        # the member's own socket of the group, captured and spooled as the sub-link
+        config = replace(config, interfaces=((sub[link], iface),), capture_options=(
+            *config.capture_options, ("fanout", Fanout(agent.member.group, "hash"))))
+    spool = Path(agent.spool)
+    try:
+        spool.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunConfigError(f"--spool {spool}: cannot create it: {os_error_text(exc)}") \
+            from None
+    own = set(config.link_names)
+    with tempfile.TemporaryDirectory(prefix="oopscope-agent-") as unused:
+        graph = StageGraph(plan, [qp.name for qp, _ in chosen], spool, unused, sinks={})
+        low = [replace(lp, link=sub[lp.link]) if lp.link in sub else lp
+               for lp in graph.low_plans()]
+        low = [lp for lp in low if lp.link in own]
+    if not low:
+        raise RunLinkError(f"no query of {path.name} reads the links "
+                           f"{', '.join(sorted(own))}")
+    # an agent started again over its own spool continues it (module docstring)
+    resume = Resume(resumed=False)
+    seen: dict[str, dict] = {}
+    for lp in low:
+        if lp.query not in seen:
+            seen[lp.query] = last_punctuations(spool, lp.query)
+        if lp.link in seen[lp.query]:
+            resume.resumed = True
+        resume.punctuation[(lp.query, lp.link)] = seen[lp.query].get(lp.link, (None, None))[1]
+    if resume.resumed and config.live:
+        live_gap(resume, chosen)
+    starts = {(lp.query, lp.link): resume.start_of(lp) for lp in low}
+    if resume.resumed:
+        from tools.run.runner import when
+
+        for (query, link), start in sorted(starts.items()):
+            log.warning("query %s, link %s: continuing the spool from %s", query, link,
+                        "the start" if start is None else when(start))
+    queries = {q: QuerySummary(q, "(spool)", "spool") for q in {graph.query_of(lp)
+                                                                for lp in low}}
+    per_link: dict[str, list] = {name: [] for name in config.link_names}
+    try:
+        for lp in low:
+            per_link[lp.link].append(OperatorFeed(lp, spool, queries[graph.query_of(lp)],
+                                                  "snappy", complete_only=True,
+                                                  start_ns=starts.get((lp.query, lp.link))))
+    except OSError as exc:
+        raise SpoolError(f"cannot write the spool {exc.filename or spool}: "
+                         f"{os_error_text(exc)}") from None
+    feeds = {name: LinkFeeds(name, fs, config.lull_slack_ns) for name, fs in per_link.items()}
+    skip: dict[str, int | None] = {}
+    for name, fs in per_link.items():
+        known = [s for f in fs if (s := starts.get((f.op.plan.query, name))) is not None]
+        skip[name] = min(known) if fs and len(known) == len(fs) else None
+    from tools.run.config import RunSummary
+
+    run_summary = RunSummary(links={}, queries=queries)
+    sources = open_sources(config, feeds, run_summary, stop, skip)
+
+    def status() -> dict:
+        out = {}
+        for name, f in feeds.items():
+            src = sources.get(name)
+            stats = getattr(getattr(src, "capture", None), "stats", None) \
+                or getattr(src, "stats", None)
+            puncts = [p for x in f.feeds if (p := x.op.punctuation) is not None]
+            ring, kernel = drops(src) if src is not None else (0, 0)
+            out[name] = {"punctuation": min(puncts) if puncts and len(puncts) == len(f.feeds)
+                         else None,
+                         "packets": f.packets, "bytes": f.bytes,
+                         "malformed": int(getattr(stats, "malformed", 0) or 0),
+                         "ring_drops": ring, "kernel_drops": kernel, "ended": f.finished}
+        return out
+
+    beat = Heartbeat(spool, host, sorted(queries), config.punctuate_every_ns, status)
+    beat.start()
+    spool_queue = SpoolQueue()
+    for f in feeds.values():
+        for feed in f.feeds:
+            feed.spool_queue = spool_queue
+    summary = AgentSummary(host, queries=queries, gap=resume.gap)
+    state = "stopped"
+    try:
+        summary.ended = drive(config, sources, feeds, stop, {})
+        state = "ended" if summary.ended == "end of input" else "stopped"
+    finally:
+        spool_queue.close()
+        beat.finish(state)
+    collect_links(run_summary, config, sources, feeds)
+    summary.links = run_summary.links
+    if resume.resumed:
+        summary.resumed = {n: int(getattr(s, "skipped", 0)) for n, s in sources.items()
+                           if getattr(s, "skipped", 0)}
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def _fanout_parent(agent: AgentConfig, stop, started: float) -> AgentSummary:
+    """`--fanout N`: N member agents, one per socket of the group, supervised here (their
+    summaries are theirs, on the same stderr); a stop request is passed on to them."""
+    from highlevel.errors import StageConfigError
+    from highlevel.graph import StageGraph
+    from queries.explain import find_query_file
+    from tools.cluster.fanout import FanoutMembers
+    from tools.errors import UnsupportedQueryError
+
+    config = agent.run
+    if config.links:
+        raise RunConfigError("--fanout splits live interfaces over capture processes; a "
+                             "capture file (--link) is read by one")
+    path = find_query_file(config.query_file)
+    plan = plan_for_agent(config, path.read_text(encoding="utf-8"), str(path))
+    from tools.run.config import choose_queries
+
+    chosen = choose_queries(plan, replace(config, outputs=()))
+    try:        # what cannot meld sub-links is refused before any process starts
+        with tempfile.TemporaryDirectory(prefix="oopscope-agent-") as unused:
+            StageGraph(plan, [qp.name for qp, _ in chosen], agent.spool, unused, sinks={},
+                       fanout={name: config.fanout for name in config.link_names})
+    except StageConfigError as exc:
+        raise UnsupportedQueryError(str(exc)) from None
+    members = FanoutMembers(config, agent.spool, agent.host_id, config.fanout)
+    members.start()
+    summary = AgentSummary(agent.host_id)
+    try:
+        summary.ended = members.drive(stop, config.duration_ns)
+    finally:
+        members.stop()
+    summary.seconds = time.perf_counter() - started
+    return summary

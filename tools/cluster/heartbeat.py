@@ -1,0 +1,191 @@
+"""Capture agents' heartbeats in the shared spool, and what a collector learns from them.
+
+An agent (`oopscope agent`) writes `SPOOL/agents/<host id>.json` at least once per
+punctuation period, whole or not at all (a temporary file renamed over it): its host id and
+process, the wall-clock time of the beat, its state (`running`, `ended` once every link has
+punctuated end of input, `stopped` after SIGTERM), the queries it runs, and per link the
+punctuation it last wrote, packets, bytes, malformed packets and drops. A file system every
+host and Spark can read (NFS, a cluster file system) is the transport: no network layer of
+our own.
+
+A collector (`oopscope collect`) reads them all (`read_heartbeats`) to learn the links to
+expect, and `Liveness` tells which links have gone silent: their agent's last beat is older
+than the agent timeout and it had not ended. docs/deployment.md says what follows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common.cachedir import write_private
+from common.errors import os_error_text
+from tools.errors import RunConfigError
+
+log = logging.getLogger(__name__)
+
+AGENTS = "agents"
+#: a host id is one path component others can read in a listing
+_HOST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def check_host_id(host: str) -> str:
+    if not _HOST_ID.match(host):
+        raise RunConfigError(f"--host-id {host!r}: use 1-64 letters, digits, '.', '_' or '-', "
+                             f"starting with a letter or digit")
+    return host
+
+
+def default_host_id() -> str:
+    import socket
+
+    name = socket.gethostname().split(".")[0] or "agent"
+    return re.sub(r"[^A-Za-z0-9._-]", "-", name)[:64]
+
+
+def heartbeat_path(spool: Path, host: str) -> Path:
+    return Path(spool) / AGENTS / f"{host}.json"
+
+
+@dataclass
+class Beat:
+    """One agent's last heartbeat as read."""
+
+    host: str
+    pid: int
+    time_ns: int                      # wall clock of the beat
+    state: str                        # running | ended | stopped
+    period_ns: int
+    queries: list[str]
+    links: dict[str, dict] = field(default_factory=dict)
+
+    def age_s(self, now_ns: int | None = None) -> float:
+        return ((now_ns if now_ns is not None else time.time_ns()) - self.time_ns) / 1e9
+
+
+def read_heartbeats(spool: Path) -> dict[str, Beat]:
+    """Every agent's last beat, by host id (an unreadable file is skipped with a warning:
+    it may be mid-rename on a file system without atomic rename)."""
+    out: dict[str, Beat] = {}
+    d = Path(spool) / AGENTS
+    if not d.is_dir():
+        return out
+    for path in sorted(d.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+            out[data["host"]] = Beat(data["host"], int(data["pid"]), int(data["time_ns"]),
+                                     data["state"], int(data["period_ns"]),
+                                     list(data["queries"]), dict(data["links"]))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("heartbeat %s: unreadable (%s); skipped", path, exc)
+    return out
+
+
+def links_of(beats: dict[str, Beat]) -> dict[str, str]:
+    """link -> host id; a link two agents claim is an error naming both."""
+    owner: dict[str, str] = {}
+    for host, beat in sorted(beats.items()):
+        for link in beat.links:
+            if link in owner and owner[link] != host:
+                raise RunConfigError(f"link {link!r} is captured by two agents, {owner[link]} "
+                                     f"and {host}: give each link one agent")
+            owner[link] = host
+    return owner
+
+
+class Heartbeat(threading.Thread):
+    """The agent's beat: `status()` gives the links' numbers; written every `period_ns`."""
+
+    def __init__(self, spool: Path, host: str, queries: list[str], period_ns: int, status):
+        super().__init__(name="oopscope-heartbeat", daemon=True)
+        self.path = heartbeat_path(spool, host)
+        self.host, self.queries, self.period_ns = host, list(queries), int(period_ns)
+        self.status = status
+        self.state = "running"
+        self.started_ns = time.time_ns()
+        self._done = threading.Event()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise RunConfigError(f"--spool {spool}: cannot create {self.path.parent}: "
+                                 f"{os_error_text(exc)}") from None
+        other = read_heartbeats(spool).get(host)
+        if other is not None and other.state == "running" and other.pid != os.getpid() \
+                and other.age_s() * 1e9 < 3 * other.period_ns and _alive_here(other.pid):
+            raise RunConfigError(f"agent {host!r} is running already (pid {other.pid}, last "
+                                 f"beat {other.age_s():.1f} s ago): give another --host-id")
+        self.beat()
+
+    def beat(self) -> None:
+        data = {"host": self.host, "pid": os.getpid(), "time_ns": time.time_ns(),
+                "started_ns": self.started_ns, "state": self.state,
+                "period_ns": self.period_ns, "queries": self.queries,
+                "links": self.status()}
+        try:
+            write_private(self.path, json.dumps(data, indent=1) + "\n")
+        except OSError as exc:
+            # a beat lost is a beat late: the collector may declare the links silent, and
+            # they rejoin with the next beat that gets through
+            log.warning("heartbeat %s: cannot write it: %s", self.path, os_error_text(exc))
+
+    def run(self) -> None:
+        while not self._done.wait(self.period_ns / 1e9 / 2):
+            self.beat()
+
+    def finish(self, state: str) -> None:
+        """The last beat: `ended` (every link punctuated end of input) or `stopped`."""
+        self._done.set()
+        if self.is_alive():
+            self.join()
+        self.state = state
+        self.beat()
+
+
+def _alive_here(pid: int) -> bool:
+    """Whether `pid` is a live process on this host (another host's pid means nothing here;
+    a host id names one host, so a live pid of ours is the agent itself)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Liveness:
+    """Which links are silent: their agent's last beat is older than `timeout_s` and it had
+    not ended. A link turns silent once (one warning naming it and the time of its last
+    beat) and live again when a newer beat arrives."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self.silent: dict[str, int] = {}        # link -> time of its agent's last beat
+
+    def update(self, beats: dict[str, Beat], now_ns: int | None = None) -> frozenset:
+        now_ns = now_ns if now_ns is not None else time.time_ns()
+        for host, beat in beats.items():
+            dead = beat.state == "running" and beat.age_s(now_ns) > self.timeout_s
+            for link in beat.links:
+                if dead and link not in self.silent:
+                    self.silent[link] = beat.time_ns
+                    log.warning("link %s: agent %s silent since %s (no heartbeat for %.1f s): "
+                                "windows close without it; its rows that come later are late",
+                                link, host, _utc(beat.time_ns), beat.age_s(now_ns))
+                elif not dead and link in self.silent:
+                    del self.silent[link]
+                    log.warning("link %s: agent %s is back (heartbeat at %s)", link, host,
+                                _utc(beat.time_ns))
+        return frozenset(self.silent)
+
+
+def _utc(ns: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ns / 1e9))

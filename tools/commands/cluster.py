@@ -1,0 +1,132 @@
+"""`oopscope agent` and `oopscope collect`: the two levels on different hosts, joined by a
+shared spool directory (docs/deployment.md)."""
+
+from __future__ import annotations
+
+import click
+
+from tools.commands.params import Duration
+from tools.commands.run import _interfaces, _links, _pairs, _speed, live_options
+
+
+@click.command()
+@click.argument("query_file")
+@click.option("--link", "links", multiple=True, metavar="NAME=PCAP",
+              help="A capture file this agent replays as link NAME (repeatable).")
+@click.option("--interface", "interfaces", multiple=True, metavar="NAME=IFACE",
+              help="Capture live on IFACE as link NAME (repeatable). Needs root or "
+                   "CAP_NET_RAW.")
+@click.option("--spool", required=True, type=click.Path(file_okay=False),
+              help="The shared spool directory (every agent and the collector see it).")
+@click.option("--host-id", "host_id", default=None,
+              help="This agent's name in the spool and the heartbeats (default: the host "
+                   "name). Two agents never share one.")
+@click.option("--speed", default="max", show_default=True, metavar="max|N",
+              help="Replay capture files as fast as possible, or at N x real time.")
+@click.option("--duration", type=Duration(), default=None,
+              help="Stop after this long; every link still punctuates end of input.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a DEFINE key (as on run; the collector must be given the same).")
+@click.option("--param", "params", multiple=True, metavar="NAME=VALUE",
+              help="Give a PARAM its value (as on run).")
+@click.option("--punctuate-every", "punctuate_every", type=Duration(), default="1s",
+              show_default=True, help="Timer punctuation and heartbeat period.")
+@click.option("--lull-slack", "lull_slack", type=Duration(), default="1s", show_default=True,
+              help="During a lull a link punctuates the clock minus this.")
+@click.option("--fanout", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Capture each interface with N processes in one PACKET_FANOUT group (a "
+                   "flow stays on one), each with its own low level on its own core.")
+@click.option("--fanout-member", "fanout_member", default=None, hidden=True,
+              help="K/N/GROUP: run as member K of an N-way fanout group (set by --fanout).")
+@live_options
+def agent(query_file, links, interfaces, spool, host_id, speed, duration, sets, params,
+          punctuate_every, lull_slack, fanout, fanout_member, capture_options) -> None:
+    """Run only the low level of QUERY_FILE for this host's links, writing partial rows,
+    punctuation and a heartbeat to the shared --spool for `oopscope collect`.
+
+    A replay ends with end-of-input punctuation; a live agent runs until SIGTERM or Ctrl-C
+    (every link flushes and punctuates end of input, exit 0). Started again over the same
+    spool with the same --host-id, it continues where its spool ends.
+
+    \b
+    Examples:
+      oopscope agent q8_1 --link l0=site-a.pcap --spool /shared/spool --host-id a
+      sudo oopscope agent netflow --interface main=eth0 --spool /shared/spool
+    """
+    from tools.cluster.agent import AgentConfig, run_agent
+    from tools.cluster.fanout import Member
+    from tools.cluster.heartbeat import default_host_id
+    from tools.run.config import RunConfig
+    from tools.run.threads import StopRequest
+
+    if punctuate_every <= 0:
+        raise click.BadParameter("must be positive", param_hint="--punctuate-every")
+    if not links and not interfaces:
+        raise click.UsageError("give --link NAME=PCAP or --interface NAME=IFACE")
+    config = RunConfig(query_file=query_file, links=_links(links),
+                       interfaces=_interfaces(interfaces), overrides=_pairs(sets, "--set"),
+                       params=_pairs(params, "--param"), punctuate_every_ns=punctuate_every,
+                       speed=_speed(speed), duration_ns=duration, lull_slack_ns=lull_slack,
+                       capture_options=capture_options, progress=False, keep_results=False,
+                       fanout=fanout)
+    member = None if fanout_member is None else Member.parse(fanout_member)
+    with StopRequest() as stop:
+        summary = run_agent(AgentConfig(config, spool, host_id or default_host_id(), member),
+                            stop)
+    click.echo(summary.format(), err=True)
+
+
+@click.command()
+@click.argument("query_file")
+@click.option("--spool", required=True, type=click.Path(file_okay=False),
+              help="The shared spool directory the agents write.")
+@click.option("--links", "links", default=None, metavar="A,B,...",
+              help="The links to expect (default: learnt from the heartbeats of "
+                   "--expect-agents agents).")
+@click.option("--expect-agents", "expect_agents", type=click.IntRange(1), default=None,
+              help="Wait for this many agents' heartbeats and meld their links.")
+@click.option("--agent-timeout", "agent_timeout", type=Duration(), default=None,
+              help="A link whose agent has not beaten for this long is silent: windows close "
+                   "without it (default: 3 of the agents' punctuation periods).")
+@click.option("--output", "outputs", multiple=True, metavar="QUERY=PATH",
+              help="Write QUERY's rows to PATH (as on run).")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "jsonl", "parquet"]),
+              default=None, help="Output format (default: from the file suffix).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a DEFINE key (the agents' values).")
+@click.option("--param", "params", multiple=True, metavar="NAME=VALUE",
+              help="Give a PARAM its value (the agents' values).")
+@click.option("--master", default=None, metavar="URL",
+              help="Spark master URL (default local[*]; spark://HOST:7077 for a cluster).")
+@click.option("--checkpoint", default=None, type=click.Path(file_okay=False),
+              help="Spark checkpoint directory (default: temporary).")
+def collect(query_file, spool, links, expect_agents, agent_timeout, outputs, fmt, sets,
+            params, master, checkpoint) -> None:
+    """Run only the high level of QUERY_FILE over every agent's partial rows in --spool:
+    Meld across all links of all agents, each window closed once, outputs as `run` writes
+    them. Ends when every expected link has punctuated end of input, or at SIGTERM.
+
+    \b
+    Example:
+      oopscope collect q8_1 --spool /shared/spool --expect-agents 2 \\
+          --master spark://master:7077 --output q8_1=q8_1.csv
+    """
+    from tools.cluster.collector import CollectConfig, run_collector
+    from tools.errors import RunError
+    from tools.run.config import RunConfig
+    from tools.run.threads import StopRequest
+
+    names = tuple(n.strip() for n in (links or "").split(",") if n.strip())
+    # a speed makes the run a continuous one (`RunConfig.streaming`): rows are written as
+    # windows close, never held to the end
+    config = RunConfig(query_file=query_file, outputs=_pairs(outputs, "--output"),
+                       format=fmt, overrides=_pairs(sets, "--set"),
+                       params=_pairs(params, "--param"), master=master,
+                       checkpoint=checkpoint, speed=1.0, progress=False, keep_results=False)
+    with StopRequest() as stop:
+        summary = run_collector(CollectConfig(
+            config, spool, names, expect_agents,
+            None if agent_timeout is None else agent_timeout / 1e9), stop)
+    click.echo(summary.format(), err=True)
+    if summary.problems:
+        raise RunError(f"{len(summary.problems)} link problem(s), see above")
