@@ -50,6 +50,7 @@ from common.cachedir import open_cache_dir as open_cache_dir
 from common.cachedir import owned as owned
 from common.cachedir import problem as problem
 from common.cachedir import write_private as write_private
+from common.processes import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -73,16 +74,6 @@ def _tmp_pid(name: str) -> int | None:
         if part.isdigit():
             return int(part)
     return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def config_file(stem: str, suffix: str, text: str) -> Path:
@@ -170,7 +161,7 @@ def tidy(cache: Path, locked: bool) -> list[Path]:
     for path in cache.glob("*.tmp"):
         pid = _tmp_pid(path.name)
         stale = locked if path.name.endswith(".jsa.tmp") else \
-            pid is not None and pid != os.getpid() and not _alive(pid)
+            pid is not None and pid != os.getpid() and not pid_alive(pid)
         if stale:
             with contextlib.suppress(OSError):
                 path.unlink()

@@ -1,5 +1,6 @@
-"""Fixtures of the appliance's tests: a generated capture, and a real `oopscope serve` that
-replays it in a loop with a per-second query running (the live page's test reads it)."""
+"""Fixtures of the tools' tests: a veth pair in a namespace for the live tests, a generated
+capture, and a real `oopscope serve` that replays it in a loop with a per-second query
+running (the live page's test reads it)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,19 @@ import pytest
 
 from tests.conftest import REPO
 from tests.tools.serving import Server, wait_for
+
+
+def veth_pair(name: str):
+    """A module's veth pair (`tools.gen.veth.VethPair`), or the test skipped saying why
+    none can be made here; use in a module fixture: `yield from veth_pair("oopxyz")`."""
+    from tools.gen.veth import VethPair, can_make_pairs
+
+    why = can_make_pairs()
+    if why:
+        pytest.skip(f"live capture needs a network namespace and a veth pair: {why}")
+    with VethPair(name) as p:
+        yield p
+
 
 PER_SECOND = """
 DEFINE { query_name persec; }

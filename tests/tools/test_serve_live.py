@@ -15,8 +15,8 @@ import time
 import pytest
 
 from tests.conftest import REPO
+from tests.tools.conftest import veth_pair
 from tests.tools.serving import Sender, Server, burst_truth, per_window, read_output, wait_for
-from tools.gen.veth import VethPair, can_make_pairs
 
 pytestmark = [pytest.mark.needs_root, pytest.mark.slow]
 
@@ -36,11 +36,7 @@ GROUP BY time AS tb, srcIP;
 
 @pytest.fixture(scope="module")
 def pair():
-    why = can_make_pairs()
-    if why:
-        pytest.skip(f"the appliance's live tests need a veth pair in a namespace: {why}")
-    with VethPair("oopsrv") as p:
-        yield p
+    yield from veth_pair("oopsrv")
 
 
 @pytest.fixture

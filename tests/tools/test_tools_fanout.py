@@ -18,25 +18,15 @@ import pandas as pd
 import pytest
 
 from tests.conftest import REPO, require_tool
-from tools.gen.veth import VethPair, can_make_pairs
+from tests.tools.conftest import veth_pair
+from tests.tools.test_tools_run_live import QUERY
 
 pytestmark = pytest.mark.needs_root
-
-QUERY = """
-DEFINE { query_name flows; }
-SELECT tb, srcIP, destIP, srcPort, destPort, COUNT(*) AS packets, SUM(len) AS bytes
-FROM main.UDP
-GROUP BY time/60 AS tb, srcIP, destIP, srcPort, destPort;
-"""
 
 
 @pytest.fixture(scope="module")
 def pair():
-    why = can_make_pairs()
-    if why:
-        pytest.skip(f"live capture needs a network namespace and a veth pair: {why}")
-    with VethPair("oopfan") as p:
-        yield p
+    yield from veth_pair("oopfan")
 
 
 @pytest.fixture(scope="module")

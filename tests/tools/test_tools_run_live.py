@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from tests.conftest import REPO, require_tool
-from tools.gen.veth import VethPair, can_make_pairs
+from tests.tools.conftest import veth_pair
 
 pytestmark = pytest.mark.needs_root
 
@@ -29,11 +29,7 @@ GROUP BY time/60 AS tb, srcIP, destIP, srcPort, destPort;
 
 @pytest.fixture(scope="module")
 def pair():
-    why = can_make_pairs()
-    if why:
-        pytest.skip(f"live capture needs a network namespace and a veth pair: {why}")
-    with VethPair("ooprun") as p:
-        yield p
+    yield from veth_pair("ooprun")
 
 
 def _traffic(path: Path) -> Counter:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from common.cachedir import write_private
 from common.errors import os_error_text
+from common.processes import pid_alive
 from tools.errors import RunConfigError
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,8 @@ class Heartbeat(threading.Thread):
                                  f"{os_error_text(exc)}") from None
         other = read_heartbeats(spool).get(host)
         if other is not None and other.state == "running" and other.pid != os.getpid() \
-                and other.age_s() * 1e9 < 3 * other.period_ns and _alive_here(other.pid):
+                and other.age_s() * 1e9 < 3 * other.period_ns and pid_alive(other.pid):
+            # (a host id names one host: a live pid of this host is that agent)
             raise RunConfigError(f"agent {host!r} is running already (pid {other.pid}, last "
                                  f"beat {other.age_s():.1f} s ago): give another --host-id")
         self.beat()
@@ -147,18 +149,6 @@ class Heartbeat(threading.Thread):
             self.join()
         self.state = state
         self.beat()
-
-
-def _alive_here(pid: int) -> bool:
-    """Whether `pid` is a live process on this host (another host's pid means nothing here;
-    a host id names one host, so a live pid of ours is the agent itself)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Liveness:
