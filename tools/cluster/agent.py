@@ -93,21 +93,12 @@ def plan_for_agent(config, text: str, path: str):
 def run_agent(agent: AgentConfig, stop) -> AgentSummary:
     """Run the low level of the query file for the agent's links until end of input or a
     stop request (`stop()` true)."""
-    from common.spool import last_punctuations
     from highlevel.graph import StageGraph
     from queries.explain import find_query_file
     from tools.cluster.heartbeat import Heartbeat, check_host_id
     from tools.run.config import QuerySummary, choose_queries
     from tools.run.feeds import LinkFeeds, OperatorFeed, SpoolQueue
-    from tools.run.resume import Resume
-    from tools.run.runner import (
-        check_sources,
-        collect_links,
-        drive,
-        drops,
-        live_gap,
-        open_sources,
-    )
+    from tools.run.runner import check_sources, collect_links, drive, open_sources, skip_points
 
     started = time.perf_counter()
     config = agent.run
@@ -148,24 +139,7 @@ def run_agent(agent: AgentConfig, stop) -> AgentSummary:
     if not low:
         raise RunLinkError(f"no query of {path.name} reads the links "
                            f"{', '.join(sorted(own))}")
-    # an agent started again over its own spool continues it (module docstring)
-    resume = Resume(resumed=False)
-    seen: dict[str, dict] = {}
-    for lp in low:
-        if lp.query not in seen:
-            seen[lp.query] = last_punctuations(spool, lp.query)
-        if lp.link in seen[lp.query]:
-            resume.resumed = True
-        resume.punctuation[(lp.query, lp.link)] = seen[lp.query].get(lp.link, (None, None))[1]
-    if resume.resumed and config.live:
-        live_gap(resume, chosen)
-    starts = {(lp.query, lp.link): resume.start_of(lp) for lp in low}
-    if resume.resumed:
-        from tools.run.runner import when
-
-        for (query, link), start in sorted(starts.items()):
-            log.warning("query %s, link %s: continuing the spool from %s", query, link,
-                        "the start" if start is None else when(start))
+    resume, starts = _continue_from(spool, low, config, chosen)
     queries = {q: QuerySummary(q, "(spool)", "spool") for q in {graph.query_of(lp)
                                                                 for lp in low}}
     per_link: dict[str, list] = {name: [] for name in config.link_names}
@@ -178,31 +152,12 @@ def run_agent(agent: AgentConfig, stop) -> AgentSummary:
         raise SpoolError(f"cannot write the spool {exc.filename or spool}: "
                          f"{os_error_text(exc)}") from None
     feeds = {name: LinkFeeds(name, fs, config.lull_slack_ns) for name, fs in per_link.items()}
-    skip: dict[str, int | None] = {}
-    for name, fs in per_link.items():
-        known = [s for f in fs if (s := starts.get((f.op.plan.query, name))) is not None]
-        skip[name] = min(known) if fs and len(known) == len(fs) else None
     from tools.run.config import RunSummary
 
     run_summary = RunSummary(links={}, queries=queries)
-    sources = open_sources(config, feeds, run_summary, stop, skip)
-
-    def status() -> dict:
-        out = {}
-        for name, f in feeds.items():
-            src = sources.get(name)
-            stats = getattr(getattr(src, "capture", None), "stats", None) \
-                or getattr(src, "stats", None)
-            puncts = [p for x in f.feeds if (p := x.op.punctuation) is not None]
-            ring, kernel = drops(src) if src is not None else (0, 0)
-            out[name] = {"punctuation": min(puncts) if puncts and len(puncts) == len(f.feeds)
-                         else None,
-                         "packets": f.packets, "bytes": f.bytes,
-                         "malformed": int(getattr(stats, "malformed", 0) or 0),
-                         "ring_drops": ring, "kernel_drops": kernel, "ended": f.finished}
-        return out
-
-    beat = Heartbeat(spool, host, sorted(queries), config.punctuate_every_ns, status)
+    sources = open_sources(config, feeds, run_summary, stop, skip_points(per_link, starts))
+    beat = Heartbeat(spool, host, sorted(queries), config.punctuate_every_ns,
+                     lambda: _status(feeds, sources))
     beat.start()
     spool_queue = SpoolQueue()
     for f in feeds.values():
@@ -223,6 +178,50 @@ def run_agent(agent: AgentConfig, stop) -> AgentSummary:
                            if getattr(s, "skipped", 0)}
     summary.seconds = time.perf_counter() - started
     return summary
+
+
+def _continue_from(spool: Path, low, config, chosen):
+    """An agent started again over its own spool continues it (module docstring): the
+    `Resume` and, per (query, link), the first packet time its operator takes."""
+    from common.spool import last_punctuations
+    from tools.run.resume import Resume
+    from tools.run.runner import live_gap, when
+
+    resume = Resume(resumed=False)
+    seen: dict[str, dict] = {}
+    for lp in low:
+        if lp.query not in seen:
+            seen[lp.query] = last_punctuations(spool, lp.query)
+        if lp.link in seen[lp.query]:
+            resume.resumed = True
+        resume.punctuation[(lp.query, lp.link)] = seen[lp.query].get(lp.link, (None, None))[1]
+    if resume.resumed and config.live:
+        live_gap(resume, chosen)
+    starts = {(lp.query, lp.link): resume.start_of(lp) for lp in low}
+    if resume.resumed:
+        for (query, link), start in sorted(starts.items()):
+            log.warning("query %s, link %s: continuing the spool from %s", query, link,
+                        "the start" if start is None else when(start))
+    return resume, starts
+
+
+def _status(feeds: dict, sources: dict) -> dict:
+    """Per link, what the heartbeat says: punctuation, packets, bytes, malformed, drops."""
+    from tools.run.runner import drops
+
+    out = {}
+    for name, f in feeds.items():
+        src = sources.get(name)
+        stats = getattr(getattr(src, "capture", None), "stats", None) \
+            or getattr(src, "stats", None)
+        puncts = [p for x in f.feeds if (p := x.op.punctuation) is not None]
+        ring, kernel = drops(src) if src is not None else (0, 0)
+        out[name] = {"punctuation": min(puncts) if puncts and len(puncts) == len(f.feeds)
+                     else None,
+                     "packets": f.packets, "bytes": f.bytes,
+                     "malformed": int(getattr(stats, "malformed", 0) or 0),
+                     "ring_drops": ring, "kernel_drops": kernel, "ended": f.finished}
+    return out
 
 
 def _fanout_parent(agent: AgentConfig, stop, started: float) -> AgentSummary:

@@ -236,12 +236,7 @@ def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
     if resume is not None and resume.resumed:
         summary.resumed = True
         summary.gap = resume.gap
-    # a file link is read past, unpaced, up to the earliest packet one of its operators
-    # takes; an operator with no punctuation in the spool takes every packet
-    skip: dict[str, int | None] = {}
-    for name, fs in per_link.items():
-        known = [s for f in fs if (s := starts.get((f.op.plan.query, name))) is not None]
-        skip[name] = min(known) if fs and len(known) == len(fs) else None
+    skip = skip_points(per_link, starts)
     sources = {} if members is not None else open_sources(config, feeds, summary, stop, skip)
     continuous = overlap = None
     if config.streaming:
@@ -310,6 +305,16 @@ def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
         members.summarise(summary, spool)
     summary.total_seconds = time.perf_counter() - started
     return summary
+
+
+def skip_points(per_link: dict, starts: dict) -> dict[str, int | None]:
+    """A resumed file link is read past, unpaced, up to the earliest packet one of its
+    operators takes; an operator with no punctuation in the spool takes every packet."""
+    skip: dict[str, int | None] = {}
+    for name, fs in per_link.items():
+        known = [s for f in fs if (s := starts.get((f.op.plan.query, name))) is not None]
+        skip[name] = min(known) if fs and len(known) == len(fs) else None
+    return skip
 
 
 def output_for(config, qp, out: str, several: bool, checkpoint, resume) -> QueryOutput:
