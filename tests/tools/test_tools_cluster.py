@@ -135,7 +135,9 @@ def test_a_killed_agent_goes_silent_and_resumes(two_links, reference, tmp_path):
                                      cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
                                      start_new_session=True)
     try:
-        pace = ("--speed", "8", "--punctuate-every", "500ms")
+        # paced so that the killed agent is back (some 10 s later) long before the other
+        # ends (30 s): the last windows then wait for it again and are whole
+        pace = ("--speed", "4", "--punctuate-every", "500ms")
         logs = {link: tmp_path / f"{link}.log" for link in two_links}
         b = _agent(query, "l1", two_links["l1"], spool, "b", logs["l1"], *pace)
         a = _agent(query, "l0", two_links["l0"], spool, "a", logs["l0"], *pace)
