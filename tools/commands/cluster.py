@@ -10,7 +10,7 @@ from tools.commands.run import _interfaces, _links, _pairs, _speed, live_options
 
 
 @click.command()
-@click.argument("query_file")
+@click.argument("query_file", required=False)
 @click.option("--link", "links", multiple=True, metavar="NAME=PCAP",
               help="A capture file this agent replays as link NAME (repeatable).")
 @click.option("--interface", "interfaces", multiple=True, metavar="NAME=IFACE",
@@ -22,7 +22,10 @@ from tools.commands.run import _interfaces, _links, _pairs, _speed, live_options
               help="This agent's name in the spool and the heartbeats (default: the host "
                    "name). Two agents never share one.")
 @click.option("--speed", default="max", show_default=True, metavar="max|N",
-              help="Replay capture files as fast as possible, or at N x real time.")
+              help="Replay capture files as fast as possible, or at N x real time (without "
+                   "QUERY_FILE: always paced, max meaning 1).")
+@click.option("--loop", is_flag=True,
+              help="Without QUERY_FILE: replay --link files over and over.")
 @click.option("--duration", type=Duration(), default=None,
               help="Stop after this long; every link still punctuates end of input.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
@@ -39,10 +42,15 @@ from tools.commands.run import _interfaces, _links, _pairs, _speed, live_options
 @click.option("--fanout-member", "fanout_member", default=None, hidden=True,
               help="K/N/GROUP: run as member K of an N-way fanout group (set by --fanout).")
 @live_options
-def agent(query_file, links, interfaces, spool, host_id, speed, duration, sets, params,
+def agent(query_file, links, interfaces, spool, host_id, speed, loop, duration, sets, params,
           punctuate_every, lull_slack, fanout, fanout_member, capture_options) -> None:
     """Run only the low level of QUERY_FILE for this host's links, writing partial rows,
     punctuation and a heartbeat to the shared --spool for `oopscope collect`.
+
+    Without QUERY_FILE the agent works for `oopscope serve --spool` over the same
+    directory: it keeps its links open (capture files paced, stamped with the wall clock)
+    and runs the low level of every query submitted to the server that reads them, until
+    SIGTERM or Ctrl-C.
 
     A replay ends with end-of-input punctuation; a live agent runs until SIGTERM or Ctrl-C
     (every link flushes and punctuates end of input, exit 0). Started again over the same
@@ -52,6 +60,7 @@ def agent(query_file, links, interfaces, spool, host_id, speed, duration, sets, 
     Examples:
       oopscope agent q8_1 --link l0=site-a.pcap --spool /shared/spool --host-id a
       sudo oopscope agent netflow --interface main=eth0 --spool /shared/spool
+      oopscope agent --link edge=trace.pcap --loop --spool /shared/oops --host-id b
     """
     from tools.cluster.agent import AgentConfig, run_agent
     from tools.cluster.fanout import Member
@@ -63,6 +72,13 @@ def agent(query_file, links, interfaces, spool, host_id, speed, duration, sets, 
         raise click.BadParameter("must be positive", param_hint="--punctuate-every")
     if not links and not interfaces:
         raise click.UsageError("give --link NAME=PCAP or --interface NAME=IFACE")
+    if query_file is None:
+        _watch(links, interfaces, spool, host_id, speed, loop, duration, sets, params,
+               punctuate_every, lull_slack, fanout, capture_options)
+        return
+    if loop:
+        raise click.UsageError("--loop is for an agent without QUERY_FILE (one that works "
+                               "for `oopscope serve`)")
     config = RunConfig(query_file=query_file, links=_links(links),
                        interfaces=_interfaces(interfaces), overrides=_pairs(sets, "--set"),
                        params=_pairs(params, "--param"), punctuate_every_ns=punctuate_every,
@@ -74,6 +90,28 @@ def agent(query_file, links, interfaces, spool, host_id, speed, duration, sets, 
         summary = run_agent(AgentConfig(config, spool, host_id or default_host_id(), member),
                             stop)
     click.echo(summary.format(), err=True)
+
+
+def _watch(links, interfaces, spool, host_id, speed, loop, duration, sets, params,
+           punctuate_every, lull_slack, fanout, capture_options) -> None:
+    """`oopscope agent` without a query file: watch --spool for the server's work."""
+    from tools.cluster.heartbeat import default_host_id
+    from tools.cluster.watch import WatchConfig, run_watch
+    from tools.run.threads import StopRequest
+
+    if sets or params:
+        raise click.UsageError("--set and --param come with each query submitted to the "
+                               "server; an agent without QUERY_FILE takes none")
+    if fanout > 1:
+        raise click.UsageError("--fanout needs QUERY_FILE (an agent working for the server "
+                               "captures each interface with one process)")
+    config = WatchConfig(spool=spool, host_id=host_id or default_host_id(),
+                         links=_links(links), interfaces=_interfaces(interfaces),
+                         speed=_speed(speed) or 1.0, loop=loop,
+                         punctuate_every_ns=punctuate_every, lull_slack_ns=lull_slack,
+                         capture_options=capture_options, duration_ns=duration)
+    with StopRequest() as stop:
+        click.echo(run_watch(config, stop), err=True)
 
 
 @click.command()

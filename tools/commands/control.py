@@ -146,7 +146,7 @@ def cancel(name, client) -> None:
 @click.command()
 @_client_options
 def status(client) -> None:
-    """The server's links (rates, drops), Spark state and gaps."""
+    """The server's links (rates, drops), its agents and their links, Spark state and gaps."""
     st = client.status()
     spark = st["spark"]
     click.echo(f"up {st['uptime_s']:.0f} s; Spark {spark['state']} ({spark['master']})"
@@ -158,10 +158,33 @@ def status(client) -> None:
         rows.append((link["name"], link["source"], f"{link['pps']:.0f}", str(link["packets"]),
                      str(link["bytes"]), str(link["malformed"]), str(link["ring_drops"]),
                      str(link["kernel_drops"]), _when(link["punctuation_ns"])))
-    _table(rows)
+    if len(rows) > 1:
+        _table(rows)
+    _agents(st.get("agents") or [], st.get("spool"))
     for gap in st["gaps"]:
         click.echo(f"gap: no capture from {_when(gap['from_ns'])} to {_when(gap['to_ns'])} "
                    f"UTC ({gap['reason']})")
+
+
+def _agents(agents: list[dict], spool: str | None) -> None:
+    """The capture agents of a server with --spool: one row per agent link."""
+    if spool is None:
+        return
+    if not agents:
+        click.echo(f"no agents in {spool}")
+        return
+    rows = [("AGENT", "STATE", "LAST BEAT", "LINK", "PKT/S", "PACKETS", "MALFORMED",
+             "RING DROPS", "KERNEL DROPS", "PUNCTUATION", "QUERIES")]
+    for a in agents:
+        state = a["state"] if a["live"] or a["state"] != "running" else "silent"
+        work = ",".join(f"{n}" + ("(failed)" if r.get("state") == "failed" else "")
+                        for n, r in sorted(a.get("work", {}).items())) or "-"
+        for name, st in sorted(a["links"].items()) or [("-", {})]:
+            rows.append((a["host"], state, f"{a['age_s']:.1f}s ago", name,
+                         f"{st.get('pps', 0) or 0:.0f}", str(st.get("packets", 0)),
+                         str(st.get("malformed", 0)), str(st.get("ring_drops", 0)),
+                         str(st.get("kernel_drops", 0)), _when(st.get("punctuation")), work))
+    _table(rows)
 
 
 @click.command()

@@ -29,6 +29,14 @@ from tools.commands.params import Duration
 @click.option("--token-file", default=None, type=click.Path(dir_okay=False),
               help="A file holding the token every request must carry.")
 @click.option("--master", default=None, metavar="URL", help="Spark master (default local[*]).")
+@click.option("--spool", default=None, type=click.Path(file_okay=False),
+              help="A directory shared with capture agents (`oopscope agent --spool DIR` "
+                   "without a query file): their links are the server's too, and a query "
+                   "reading one has its low level run by its agent.")
+@click.option("--agent-timeout", "agent_timeout", type=Duration(), default=None,
+              help="An agent link whose agent has not beaten for this long is silent: "
+                   "windows close without it (default: 3 of the agent's punctuation periods, "
+                   "at least 2s).")
 @click.option("--punctuate-every", "punctuate_every", type=Duration(), default="1s",
               show_default=True, help="Timer punctuation period of every link.")
 @click.option("--lull-slack", "lull_slack", type=Duration(), default="1s", show_default=True,
@@ -46,7 +54,7 @@ from tools.commands.params import Duration
 @click.option("--ready-file", default=None, hidden=True,
               help="Write the server's URL here once it listens (for scripts and tests).")
 def serve(interfaces, links, speed, loop, state, output_root, listen, token_file, master,
-          punctuate_every, lull_slack, promiscuous, snaplen, ring_blocks, ring_block_size,
+          spool, agent_timeout, punctuate_every, lull_slack, promiscuous, snaplen, ring_blocks, ring_block_size,
           direction, ready_file) -> None:
     """Run the appliance: capture on the links, run the queries submitted to it.
 
@@ -60,6 +68,7 @@ def serve(interfaces, links, speed, loop, state, output_root, listen, token_file
     Examples:
       sudo oopscope serve --interface main=eth0 --state /var/lib/oopscope
       oopscope serve --link main=trace.pcap --loop --state /tmp/oops
+      oopscope serve --spool /shared/oops --state /var/lib/oopscope   # agents' links
     """
     from pathlib import Path
 
@@ -68,14 +77,16 @@ def serve(interfaces, links, speed, loop, state, output_root, listen, token_file
     from tools.serve.server import parse_listen, read_token
     from tools.serve.server import serve as run_server
 
-    if not links and not interfaces:
-        raise click.UsageError("give --interface NAME=IFACE (live) or --link NAME=PCAP")
+    if not links and not interfaces and not spool:
+        raise click.UsageError("give --interface NAME=IFACE (live), --link NAME=PCAP, or "
+                               "--spool DIR (the agents' links)")
     capture_options = (("promiscuous", promiscuous), ("snaplen", snaplen),
                        ("block_count", ring_blocks), ("block_size", ring_block_size),
                        ("frame_timeout_ms", 100), ("direction", direction))
     config = ServeConfig(state=state, links=_links(links), interfaces=_interfaces(interfaces),
                          speed=speed, loop=loop, master=master, output_root=output_root,
                          punctuate_every_ns=punctuate_every, lull_slack_ns=lull_slack,
-                         capture_options=capture_options)
+                         capture_options=capture_options, spool=spool,
+                         agent_timeout_s=None if agent_timeout is None else agent_timeout / 1e9)
     run_server(config, parse_listen(listen, Path(state).resolve()), read_token(token_file),
                ready_file)

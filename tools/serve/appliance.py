@@ -9,6 +9,11 @@ methods). `shutdown()` closes every window of every query and writes it, as SIGT
 
 A heartbeat in the state directory (`server.json`, rewritten every second) tells a restart
 when the previous server was last alive: the time between is reported as a gap.
+
+With a shared directory (`spool`), capture agents in watch mode lend it their links
+(`tools.serve.agents`): a submission reading one is published there as a work item, its
+agents run that link's low level into the submission's spool on the shared directory, and
+the server's stages meld it with the server's own links.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from tools.serve.tail import Hub
 
 if TYPE_CHECKING:
     from tools.run.threads import SessionStarter
+    from tools.serve.agents import Agents
     from tools.serve.links import LinkRouter, ServedLink
     from tools.serve.metrics import Metrics
 
@@ -66,6 +72,8 @@ class ServeConfig:
     punctuate_every_ns: int = NS_PER_S
     lull_slack_ns: int = NS_PER_S
     capture_options: tuple[tuple[str, object], ...] = ()
+    spool: str | None = None                          # the directory shared with agents
+    agent_timeout_s: float | None = None              # None: 3 of the agent's periods
 
     @property
     def link_names(self) -> list[str]:
@@ -86,6 +94,7 @@ class Appliance:
         self.gaps: list[dict] = []
         self.started_ns = time.time_ns()
         self.metrics: Metrics | None = None      # set by the server
+        self.agents: Agents | None = None        # with a shared directory (`--spool`)
         self._lock = threading.RLock()
         self._stopping = threading.Event()
         self._heartbeat: threading.Thread | None = None
@@ -99,6 +108,16 @@ class Appliance:
             except OSError as exc:
                 raise RunConfigError(f"{d}: cannot create it: {exc}") from None
         self._note_downtime()
+        if self.config.spool:
+            from tools.serve.agents import Agents
+
+            shared = Path(self.config.spool)
+            try:
+                (shared / "work").mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise RunConfigError(f"--spool {shared}: cannot create it: {exc}") from None
+            self.agents = Agents(shared, self.config.agent_timeout_s)
+            self.agents.refresh()
         self._open_links()
         from tools.run.threads import SessionStarter
         from tools.serve.links import LinkRouter
@@ -122,12 +141,15 @@ class Appliance:
                     log.error("query %s: cannot resume: %s", record.name, exc)
         threading.Thread(target=self._start_stages_when_up, name="oopscope-stages",
                          daemon=True).start()
+        if self.agents is not None:
+            threading.Thread(target=self._watch_agents, name="oopscope-agents",
+                             daemon=True).start()
 
     def _check_config(self) -> None:
         names = self.config.link_names
-        if not names:
+        if not names and not self.config.spool:
             raise RunConfigError("give at least one link: --interface NAME=IFACE or "
-                                 "--link NAME=PCAP")
+                                 "--link NAME=PCAP (or --spool DIR for agents' links)")
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise RunConfigError(f"link {', '.join(dup)} is given twice")
@@ -138,29 +160,12 @@ class Appliance:
             raise RunConfigError("--speed must be positive")
 
     def _open_links(self) -> None:
-        from capture.punctuation import LinkTimer
-        from tools.run.livelinks import LiveLink
-        from tools.serve.links import ReplayLink, ServedLink
+        from tools.serve.links import open_links
 
         cfg = self.config
-        try:
-            for name, iface in cfg.interfaces:
-                timer = LinkTimer(0, cfg.lull_slack_ns)
-                holder = type("Timer", (), {"timer": timer})
-                live = LiveLink(name, iface, holder, period_ns=cfg.punctuate_every_ns,
-                                options=dict(cfg.capture_options))
-                self.links[name] = ServedLink(name, f"interface {iface}", live, timer)
-            for name, path in cfg.links:
-                timer = LinkTimer(0, cfg.lull_slack_ns)
-                replay = ReplayLink(name, path, timer, period_ns=cfg.punctuate_every_ns,
-                                    speed=cfg.speed, loop=cfg.loop)
-                self.links[name] = ServedLink(name, str(Path(path).resolve()), replay, timer)
-        except BaseException:
-            for link in self.links.values():
-                link.producer.close()
-            raise
-        for link in self.links.values():
-            link.producer.start()
+        self.links = open_links(cfg.links, cfg.interfaces, period_ns=cfg.punctuate_every_ns,
+                                slack_ns=cfg.lull_slack_ns, speed=cfg.speed, loop=cfg.loop,
+                                capture_options=cfg.capture_options)
 
     def _note_downtime(self) -> None:
         beat = self.state_dir / "server.json"
@@ -208,10 +213,11 @@ class Appliance:
         with self._lock:
             probe = Record(name=name or "probe", file=file, text=text, params=dict(params or {}),
                            sets=dict(sets or {}), format=fmt)
+            names, remote = self._available_links()
             try:
-                sub = Submission(probe, self.state_dir, self.config.link_names)
+                sub = Submission(probe, self.state_dir, names, remote)
             except OopscopeError as exc:     # the planner's message, with line and column
-                raise ServeError(str(exc)) from None
+                raise ServeError(self._no_link_hint(str(exc))) from None
             if name is None:
                 name = sub.chosen[0].name if len(sub.chosen) == 1 else stem
             if not NAME_RE.match(name):
@@ -231,16 +237,23 @@ class Appliance:
             record = Record(name=name, file=file, text=text, params=dict(params or {}),
                             sets=dict(sets or {}), format=fmt,
                             generation=(old.generation + 1) if old else 1)
+            if sub.remote:
+                assert self.agents is not None
+                record.agents = dict(sub.remote)
+                record.spool_root = str(self.agents.shared)
             if out_dirs:
                 record.outputs = out_dirs
-                sub = Submission(record, self.state_dir, self.config.link_names)
+                sub = Submission(record, self.state_dir, names, remote)
             else:
                 sub.record = record
             for qp in sub.chosen:
                 default = self.output_root / sub.stream_name(qp.name)
                 record.outputs.setdefault(qp.name, str(self._output_path(str(default))))
             now = self._now()
-            start = first_window_start(sub.chosen, now + NS_PER_S // 5)
+            from tools.serve.agents import ATTACH_MARGIN_NS
+
+            margin = ATTACH_MARGIN_NS if sub.remote else NS_PER_S // 5
+            start = first_window_start(sub.chosen, now + margin)
             record.submitted_ns, record.first_window_ns = now, start
             record.suppress = [[INT64_MIN, start]]
             sub.record = record
@@ -248,12 +261,37 @@ class Appliance:
             self.records[name] = record
             log.info("query %s submitted: first window starts at %s", name, when(start))
             return {"name": name, "streams": list(sub.streams), "links": sub.links,
+                    "agents": dict(sub.remote),
                     "first_window_ns": start,
                     "outputs": {q: p for q, p in record.outputs.items()},
                     "message": f"query {name} runs on {', '.join(sub.links)}; its first "
                                f"window starts at {when(start)} (in "
                                f"{max(0.0, (start - time.time_ns()) / 1e9):.1f} s): "
                                f"packets before it are not counted"}
+
+    def _available_links(self) -> tuple[list[str], dict[str, str]]:
+        """Every link a submission may read (the server's, then its live agents'), and
+        link -> agent host of the agents' ones. A link of the server's own is the server's
+        even if an agent captures one of that name."""
+        own = self.config.link_names
+        if self.agents is None:
+            return own, {}
+        lent, _ = self.agents.links()
+        remote = {n: h for n, h in sorted(lent.items()) if n not in own}
+        return own + list(remote), remote
+
+    def _no_link_hint(self, message: str) -> str:
+        """The planner's message, plus what the agents say of a link it did not find."""
+        if self.agents is None or "no link" not in message:
+            return message
+        _, twice = self.agents.links()
+        notes = [f"link {n} is captured by two agents ({', '.join(h)}): give each link one "
+                 f"agent" for n, h in sorted(twice.items())]
+        dead = [f"{b['host']} ({', '.join(b['links'])}: {b['state']}, last beat "
+                f"{b['age_s']:.0f} s ago)" for b in self.agents.status() if not b["live"]]
+        if dead:
+            notes.append("agents not running: " + "; ".join(dead))
+        return message + ("; " + "; ".join(notes) if notes else "")
 
     def _output_path(self, path: str) -> Path:
         p = Path(path)
@@ -282,16 +320,33 @@ class Appliance:
         assert self.router is not None
         self.router.call(attach)
         self.submissions[sub.name] = sub
+        if sub.remote:
+            assert self.agents is not None
+            try:
+                self.agents.publish(sub)
+            except OSError as exc:
+                self._fail(sub, f"cannot publish it for its agents: {exc}")
+                raise ServeError(f"query {sub.name}: cannot publish it for its agents in "
+                                 f"{self.agents.shared}: {exc}") from None
         if self.starter is not None and self.starter.ready():
             threading.Thread(target=self._start_stages, args=(sub,),
                              name=f"oopscope-start-{sub.name}", daemon=True).start()
 
     def _resume(self, record: Record) -> None:
         if record.stopped_cleanly:
-            remove_generation(self.state_dir, record.name, record.generation)
+            remove_generation(self.state_dir, record.name, record.generation,
+                              record.spool_root)
             record.generation += 1
             record.stopped_cleanly = False
-        sub = Submission(record, self.state_dir, self.config.link_names)
+        remote = dict(record.agents)
+        if remote and self.agents is None:
+            raise RunConfigError(f"it reads the agents' links {', '.join(remote)}: start the "
+                                 f"server with --spool (the directory shared with them)")
+        if remote and self.agents is not None and record.spool_root != str(self.agents.shared):
+            log.warning("query %s: its spool stays in %s (the server's --spool is now %s)",
+                        record.name, record.spool_root, self.agents.shared)
+        sub = Submission(record, self.state_dir, self.config.link_names + list(remote),
+                         remote)
         sub.build(self.hub, self._punctuated_at)     # to find its spools
         gap_from = sub.last_punctuation()
         start = first_window_start(sub.chosen, self._now() + NS_PER_S // 5)
@@ -335,9 +390,17 @@ class Appliance:
                              daemon=True).start()
 
     def _fail(self, sub: Submission, why: str) -> None:
-        log.error("query %s failed: %s", sub.name, why)
         with self._lock:
+            if self.submissions.get(sub.name) is not sub:    # cancelled or failed already
+                return
+            log.error("query %s failed: %s", sub.name, why)
             self._detach(sub)
+            if sub.remote and self.agents is not None:
+                try:
+                    self.agents.withdraw(sub)        # its agents end their part
+                except OSError as exc:
+                    log.error("query %s: cannot withdraw it from the agents: %s", sub.name,
+                              exc)
             sub.abandon_stages()
             sub.error = why
             sub.record.state, sub.record.error = "failed", why
@@ -360,13 +423,19 @@ class Appliance:
             if sub is None:
                 known = ", ".join(sorted(self.submissions)) or "none"
                 raise ServeError(f"no running query {name!r} (running: {known})", status=404)
+            # what its agents report, read before they end it (their reports go with it)
+            lent = {} if self.agents is None or not sub.remote else \
+                self.agents.counters(name, sub.record.generation)
             self._stop(sub)
             sub.record.state = "cancelled"
             info = sub.info()
+            for key, value in lent.items():
+                info[key] += value
             sub.record.final = {**info, "state": "cancelled"}
             sub.record.save(self.state_dir)
             self.submissions.pop(name)
-            remove_generation(self.state_dir, name, sub.record.generation)
+            remove_generation(self.state_dir, name, sub.record.generation,
+                              sub.record.spool_root)
         self.hub.publish("queries", None, {})
         return {"name": name, "rows_out": info["rows_out"], "outputs": info["outputs"],
                 "message": f"query {name} cancelled: its open windows were closed and "
@@ -375,7 +444,11 @@ class Appliance:
     def _stop(self, sub: Submission) -> None:
         """Detach, close every window, write it, stop the stages (cancel and shutdown)."""
         self._detach(sub)
+        if sub.remote and self.agents is not None:
+            self.agents.cancel(sub)      # the agents end their part meanwhile
         sub.finish_low()
+        if sub.remote and self.agents is not None:
+            self.agents.finish(sub)      # their end of input is in the spool
         spark = None
         if self.starter is not None and self.starter.ready() and self.starter.error is None:
             spark = self.starter.result()
@@ -396,6 +469,13 @@ class Appliance:
             self.router.join(timeout=10)
             self.router.drain_all()
         with self._lock:
+            if self.agents is not None:      # every agent ends its part at once
+                for sub in self.submissions.values():
+                    if sub.remote:
+                        try:
+                            self.agents.cancel(sub)
+                        except OSError as exc:
+                            log.error("query %s: %s", sub.name, exc)
             for sub in list(self.submissions.values()):
                 try:
                     self._stop(sub)
@@ -406,6 +486,37 @@ class Appliance:
             link.producer.join(timeout=5)
             link.producer.close()
         self._write_beat(clean=True)
+
+    def _watch_agents(self) -> None:
+        """Every POLL_S: the agents' heartbeats; their silent links left out of the Meld of
+        the stages that read them; a query an agent cannot run fails."""
+        from tools.serve.agents import POLL_S
+
+        assert self.agents is not None
+        warned: set[tuple[str, str]] = set()
+        while not self._stopping.wait(POLL_S):
+            try:
+                self.agents.refresh()
+            except Exception as exc:  # noqa: BLE001 - tried again at the next poll
+                log.warning("agents in %s: %s", self.agents.shared, exc)
+                continue
+            for sub in list(self.submissions.values()):
+                if not sub.remote:
+                    continue
+                silent = self.agents.silent_links(sub.remote)
+                if sub.graph is not None and sub.stages_started:
+                    for _, stage in sub.graph.stages:
+                        stage.silent_links = silent
+                for host in self.agents.late(sub.name, sub.record.generation):
+                    if (sub.name, host) not in warned:
+                        warned.add((sub.name, host))
+                        log.warning("query %s: agent %s attached after its first window "
+                                    "began: that window lacks some of its packets", sub.name,
+                                    host)
+                failed = self.agents.failures(sub.name, sub.record.generation)
+                if failed:
+                    host, why = failed[0]
+                    self._fail(sub, f"agent {host}: {why}")
 
     # --- reading -------------------------------------------------------------------------------
     def _punctuated_at(self, links: list[str], p: int) -> int | None:
@@ -430,11 +541,13 @@ class Appliance:
                 "links": [link.stats() for link in self.links.values()],
                 "spark": self.spark_state(), "gaps": self.gaps,
                 "queries": len(self.submissions), "state_dir": str(self.state_dir),
-                "output_root": str(self.output_root)}
+                "output_root": str(self.output_root),
+                "spool": None if self.agents is None else str(self.agents.shared),
+                "agents": [] if self.agents is None else self.agents.status()}
 
     def queries(self) -> list[dict]:
         with self._lock:
-            running = [s.info() for s in self.submissions.values()]
+            running = [self._info(s) for s in self.submissions.values()]
             names = set(self.submissions)
             blank = {"links": [], "streams": [], "columns": [], "numeric": [], "rows_out": 0,
                      "partial_rows": 0, "evictions": 0, "flushes": 0, "late_packets": 0,
@@ -445,6 +558,14 @@ class Appliance:
                        "gaps": r.gaps, "outputs": r.outputs}
                       for r in self.records.values() if r.name not in names]
         return running + others
+
+    def _info(self, sub: Submission) -> dict:
+        """A submission's counters, with those its agents report of their links."""
+        info = sub.info()
+        if sub.remote and self.agents is not None:
+            for key, value in self.agents.counters(sub.name, sub.record.generation).items():
+                info[key] = info.get(key, 0) + value
+        return info
 
     def stream_of(self, name: str) -> str:
         """The stream `name` names: a stream, or a submission with one stream."""

@@ -26,6 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from pathlib import Path
 
 import numpy as np
 
@@ -99,6 +100,9 @@ class ReplayLink(threading.Thread):
             w0 = time.time_ns()
             if self.timer.max_seen is not None:
                 w0 = max(w0, self.timer.max_seen + 1)    # a new loop never goes back in time
+            # where this pass of the file lies in wall-clock time (a test's truth reads it)
+            log.info("link %s: pass %d of %s: capture time %d ns is wall time %d ns at "
+                     "speed %g", self.link, self.loops, self.path, t0, w0, self.speed)
             while not self.stopping.is_set():
                 now = time.time_ns()
                 due = t0 + int((now - w0) * self.speed)       # capture time due by now
@@ -194,6 +198,33 @@ class ServedLink:
             if value >= p:
                 return wall
         return None
+
+
+def open_links(links, interfaces, *, period_ns: int, slack_ns: int, speed: float = 1.0,
+               loop: bool = False, capture_options=()) -> dict[str, ServedLink]:
+    """Open and start the producers of `links` ((name, capture file): replayed) and
+    `interfaces` ((name, interface): live): the appliance's links, and a watching agent's."""
+    from tools.run.livelinks import LiveLink
+
+    out: dict[str, ServedLink] = {}
+    try:
+        for name, iface in interfaces:
+            timer = LinkTimer(0, slack_ns)
+            holder = type("Timer", (), {"timer": timer})
+            live = LiveLink(name, iface, holder, period_ns=period_ns,
+                            options=dict(capture_options))
+            out[name] = ServedLink(name, f"interface {iface}", live, timer)
+        for name, path in links:
+            timer = LinkTimer(0, slack_ns)
+            replay = ReplayLink(name, path, timer, period_ns=period_ns, speed=speed, loop=loop)
+            out[name] = ServedLink(name, str(Path(path).resolve()), replay, timer)
+    except BaseException:
+        for link in out.values():
+            link.producer.close()
+        raise
+    for link in out.values():
+        link.producer.start()
+    return out
 
 
 class LinkRouter(threading.Thread):

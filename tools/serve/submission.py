@@ -72,6 +72,10 @@ class Record:
     stopped_cleanly: bool = False               # the generation's windows were all written
     #: the counters when it stopped running (cancelled or failed), for `queries`
     final: dict = field(default_factory=dict)
+    #: link -> host id of each link a capture agent runs the low level of
+    #: (`tools.serve.agents`); its spool is then below `spool_root`, the shared directory
+    agents: dict = field(default_factory=dict)
+    spool_root: str = ""
 
     def save(self, state_dir: Path) -> None:
         d = state_dir / "queries"
@@ -147,7 +151,8 @@ class SubmissionFeed:
 class Submission:
     """A running submission (module docstring). Made by the appliance, which owns its life."""
 
-    def __init__(self, record: Record, state_dir: Path, link_names: list[str]):
+    def __init__(self, record: Record, state_dir: Path, link_names: list[str],
+                 remote: dict[str, str] | None = None):
         from tools.run.config import QuerySummary, plan_text
 
         self.record = record
@@ -164,6 +169,9 @@ class Submission:
                                      f"queries are {', '.join(self.plan.names)}") from None
         self.chosen = [self.plan.query(q) for q in names]
         self.links = list(self.plan.links)
+        #: link -> agent host of the links whose low level an agent runs (the others are
+        #: the server's own)
+        self.remote = {n: h for n, h in (remote or {}).items() if n in self.links}
         self.summaries = {q: QuerySummary(q, "", record.format) for q in self.plan.names}
         self.outputs: dict[str, StreamOutput] = {}
         self.feeds: dict[str, SubmissionFeed] = {}
@@ -188,6 +196,16 @@ class Submission:
     def run_dir(self) -> Path:
         return self.state_dir / "run" / self.name / f"g{self.record.generation}"
 
+    @property
+    def spool_dir(self) -> Path:
+        """Its spool: in the state directory, or on the shared directory when agents write
+        to it (`tools.cluster.work.spool_of`)."""
+        if self.record.spool_root:
+            from tools.cluster.work import spool_of
+
+            return spool_of(Path(self.record.spool_root), self.name, self.record.generation)
+        return self.run_dir / "spool"
+
     # --- building ------------------------------------------------------------------------------
     def build(self, hub, clock) -> None:
         """Make the stage graph, the outputs and the low-level feeds (no Spark needed yet)."""
@@ -197,10 +215,12 @@ class Submission:
         from tools.run.feeds import OperatorFeed, SpoolQueue
         from tools.run.outputs import arrow_schema
 
-        spool, checkpoint = self.run_dir / "spool", self.run_dir / "checkpoint"
+        spool, checkpoint = self.spool_dir, self.run_dir / "checkpoint"
         spool.mkdir(parents=True, exist_ok=True)
         checkpoint.mkdir(parents=True, exist_ok=True)
-        for d in (spool, checkpoint, *map(Path, self.record.outputs.values())):
+        # a shared spool's temporaries may be an agent's file being written: left alone
+        mine = () if self.record.spool_root else (spool,)
+        for d in (*mine, checkpoint, *map(Path, self.record.outputs.values())):
             _remove_temporaries(d)
         sinks: dict[str, list] = {}
         for qp in self.chosen:
@@ -216,8 +236,10 @@ class Submission:
         except StageConfigError as exc:
             raise UnsupportedQueryError(str(exc)) from None
         self.spool_queue = SpoolQueue()
-        per_link: dict[str, list] = {n: [] for n in self.links}
+        per_link: dict[str, list] = {n: [] for n in self.links if n not in self.remote}
         for lp in self.graph.low_plans():
+            if lp.link in self.remote:          # its agent runs it (tools.cluster.watch)
+                continue
             summary = self.summaries[self.graph.query_of(lp)]
             # latency first: a pane's groups leave the table as its punctuation closes it
             feed = OperatorFeed(lp, spool, summary, "snappy", punctuation_flush=True)
@@ -232,7 +254,7 @@ class Submission:
         (None: some link wrote none): every window ending by then is complete in the spool."""
         from common.spool import last_punctuations
 
-        spool = self.run_dir / "spool"
+        spool = self.spool_dir
         if not spool.is_dir():
             return None
         assert self.graph is not None
@@ -310,7 +332,7 @@ class Submission:
             zero_rows = sum(st.state.zero_divisor_rows for _, st in self.graph.stages)
         first = streams[0] if streams else {}
         return {"name": rec.name, "file": rec.file, "state": rec.state,
-                "error": self.error, "links": self.links,
+                "error": self.error, "links": self.links, "agents": dict(self.remote),
                 "queries": [q.name for q in self.chosen],
                 "streams": streams,
                 "columns": first.get("columns", []), "numeric": first.get("numeric", []),
@@ -339,8 +361,13 @@ def _remove_temporaries(d: Path) -> None:
             pass
 
 
-def remove_generation(state_dir: Path, name: str, generation: int) -> None:
+def remove_generation(state_dir: Path, name: str, generation: int,
+                      spool_root: str = "") -> None:
     shutil.rmtree(state_dir / "run" / name / f"g{generation}", ignore_errors=True)
+    if spool_root:
+        from tools.cluster.work import spool_of
+
+        shutil.rmtree(spool_of(Path(spool_root), name, generation).parent, ignore_errors=True)
 
 
 def when(ns: int) -> str:

@@ -131,8 +131,19 @@
       g.title = gaps.map((x) => `${fmtUTC(x.from_ns)} – ${fmtUTC(x.to_ns)} UTC: ${x.reason}`).join("\n");
     }
 
+    // the agents' links (`serve --spool`) beside the server's own
+    const lent = [];
+    for (const a of st.agents || []) {
+      const state = a.live ? a.state : (a.state === "running" ? "silent" : a.state);
+      for (const [name, l] of Object.entries(a.links || {})) {
+        lent.push({ name, source: `agent ${a.host} (${state}, beat ${a.age_s.toFixed(1)} s ago)`,
+          pps: l.pps, bps: null, packets: l.packets, malformed: l.malformed,
+          ring_drops: l.ring_drops, kernel_drops: l.kernel_drops, punctuation_ns: l.punctuation,
+          error: a.live ? l.error : `agent ${a.host} ${state}` });
+      }
+    }
     const body = $("links").tBodies[0];
-    body.replaceChildren(...(st.links || []).map((l) => el("tr", null,
+    body.replaceChildren(...[...(st.links || []), ...lent].map((l) => el("tr", null,
       el("td", l.error ? { class: "warn", title: l.error } : null, l.name), td(l.source, "dim"),
       td(fmtSI(l.pps), "num"), td(fmtSI(isNum(l.bps) ? l.bps / 8 : null, "B"), "num"),   // bps: bits/s
       td(fmtInt(l.packets), "num"), td(fmtInt(l.malformed), l.malformed ? "num warn" : "num"),
