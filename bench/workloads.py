@@ -68,3 +68,43 @@ def warm_file(path: Path) -> None:
     with open(path, "rb", buffering=0) as f:
         while f.read(16 << 20):
             pass
+
+
+def flow_split_captures(config, whole: Path, parts: list[Path]) -> list[Path]:
+    """One link of a `TrafficConfig` written whole to `whole` and split by flow over `parts`
+    (packet i goes to part hash(5-tuple) % len(parts), the same for both directions, as
+    PACKET_FANOUT's hash mode gives one socket every packet of a flow); kept while the
+    configuration is the same."""
+    import numpy as np
+
+    from tools.gen.frames import build_frames
+    from tools.gen.pcapwrite import PcapAppender
+    from tools.gen.traffic import flow_table, iter_link_packets
+
+    def make(_target: Path) -> None:
+        n = np.uint64(len(parts))
+        outs = [PcapAppender(whole, snaplen=config.snaplen)] + \
+            [PcapAppender(p, snaplen=config.snaplen) for p in parts]
+        try:
+            for cols in iter_link_packets(config, 0, flow_table(config)):
+                frames = build_frames(cols)
+                outs[0].append(cols["timestamp"], frames, cols["len"], cols["caplen"])
+                # symmetric in the direction: XOR of the addresses and of the ports
+                h = ((cols["srcIP_lo"] ^ cols["destIP_lo"]).astype(np.uint64)
+                     ^ (cols["srcPort"].astype(np.uint64) ^ cols["destPort"].astype(np.uint64))
+                     ^ cols["protocol"].astype(np.uint64))
+                h = (h * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32)
+                part = h % n
+                for k, out in enumerate(outs[1:]):
+                    m = part == k
+                    out.append(cols["timestamp"][m], frames[m], cols["len"][m], cols["caplen"][m])
+        finally:
+            for out in outs:
+                out.close()
+
+    stamp = f"{config!r} parts={len(parts)}"
+    kept_capture(whole, stamp, make)
+    if not all(p.exists() for p in parts):       # a kept whole whose parts were removed
+        whole.with_name(whole.name + ".params").unlink()
+        kept_capture(whole, stamp, make)
+    return parts
