@@ -238,3 +238,15 @@ def test_liveness_declares_a_silent_link_once_and_brings_it_back(caplog):
     beats["d"] = _beat("d", ["l0"], 0)
     with pytest.raises(Exception, match="captured by two agents"):
         links_of(beats)
+
+
+def test_an_agent_refuses_a_link_another_agent_captures(tmp_path):
+    from tools.cluster.heartbeat import Heartbeat
+    from tools.errors import RunConfigError
+
+    first = Heartbeat(tmp_path, "a", ["q"], NS, lambda: {"l0": {}})
+    with pytest.raises(RunConfigError, match="link l0 is captured by agent a already"):
+        Heartbeat(tmp_path, "b", ["q"], NS, lambda: {"l0": {}, "l1": {}})
+    Heartbeat(tmp_path, "c", ["q"], NS, lambda: {"l1": {}})       # another link: fine
+    first.finish("stopped")
+    Heartbeat(tmp_path, "b", ["q"], NS, lambda: {"l0": {}})       # a stopped agent's link

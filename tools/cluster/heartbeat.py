@@ -118,12 +118,22 @@ class Heartbeat(threading.Thread):
         except OSError as exc:
             raise RunConfigError(f"--spool {spool}: cannot create {self.path.parent}: "
                                  f"{os_error_text(exc)}") from None
-        other = read_heartbeats(spool).get(host)
+        beats = read_heartbeats(spool)
+        other = beats.get(host)
         if other is not None and other.state == "running" and other.pid != os.getpid() \
                 and other.age_s() * 1e9 < 3 * other.period_ns and pid_alive(other.pid):
             # (a host id names one host: a live pid of this host is that agent)
             raise RunConfigError(f"agent {host!r} is running already (pid {other.pid}, last "
                                  f"beat {other.age_s():.1f} s ago): give another --host-id")
+        mine = set(self.status())
+        for name, beat in sorted(beats.items()):
+            shared = sorted(mine & set(beat.links))
+            if name != host and shared and beat.state == "running" \
+                    and beat.age_s() * 1e9 < 3 * beat.period_ns:
+                # two writers of one link's spool files would clash on their numbers
+                raise RunConfigError(f"link {', '.join(shared)} is captured by agent {name} "
+                                     f"already (last beat {beat.age_s():.1f} s ago): give "
+                                     f"each link one agent")
         self.beat()
 
     def beat(self) -> None:
