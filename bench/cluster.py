@@ -76,7 +76,7 @@ _LINK_LINE = re.compile(r"link (?P<link>\S+): (?P<packets>\d+) packets, \d+ byte
                         r"(?P<ring>\d+) ring drops, (?P<kernel>\d+) kernel drops")
 
 
-def spread(values: list[float]) -> dict:
+def spread(values: list[float] | list[int]) -> dict:
     """Median, min and max of repeated measurements."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values),
             "runs": list(values)}
@@ -309,7 +309,8 @@ def _wait_quiet(proc: subprocess.Popen, timeout: float, least: float = 3.0) -> f
     while time.monotonic() - t0 < timeout:
         time.sleep(0.5)
         if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[3]} exited with {proc.returncode} while starting")
+            raise RuntimeError(f"the process {proc.pid} exited with {proc.returncode} while "
+                               f"starting")
         now = _session_cpu(proc.pid)
         if now - last < 0.15 and time.monotonic() - t0 > least:
             break
@@ -705,14 +706,13 @@ def report(doc: dict) -> None:
     elif live:
         print(f"\n1b. Fanout, live: tcpreplay into a veth pair, {live['seconds']:.0f} s per run, "
               f"64-byte packets; oopscope run q8_1 --interface --fanout N, stopped by SIGTERM")
-        head = (f"  {'offered':<9}{'capturer':<10}{'sent K/s':>18}{'captured K/s':>18}"
-                f"{'drops (k+ring)':>22}{'drop %':>8}  drops per run")
-        print(head)
+        print(f"  {'offered':<9}{'capturer':<10}{'sent K/s':>18}{'captured K/s':>18}"
+              f"{'drops (k+ring)':>22}{'drop %':>8}  drops per run")
         for r in live["rows"]:
-            per = ",".join(str(k + g) for k, g in zip(r["kernel_drops"], r["ring_drops"]))
+            runs = ",".join(str(k + g) for k, g in zip(r["kernel_drops"], r["ring_drops"]))
             print(f"  {r['offered']:<9}{r['capturer']:<10}{fmt(r['sent_pps'], 1e3, 0):>18}"
                   f"{fmt(r['captured_pps'], 1e3, 0):>18}{fmt(r['drops'], 1, 0):>22}"
-                  f"{100 * r['drop_share']['median']:>8.2f}  {per}")
+                  f"{100 * r['drop_share']['median']:>8.2f}  {runs}")
     col = doc.get("collector")
     if col:
         print(f"\n2. Two agents + one collector (local[*]) vs one `oopscope run`: Q8-2 shape "

@@ -82,8 +82,9 @@ class MeldLogic:
     def advance(self) -> int | None:
         """The output punctuation if it rises now (an input's punctuation, or an input
         declared silent), else None."""
-        bounds = [v for n, v in self.bounds.items() if n not in self.silent]
-        if not bounds or any(v is None for v in bounds):
+        waited = [n for n in self.bounds if n not in self.silent]
+        bounds = [v for n in waited if (v := self.bounds[n]) is not None]
+        if not bounds or len(bounds) < len(waited):
             return None
         low = min(bounds)
         if self.output is None or low > self.output:

@@ -419,6 +419,7 @@ class Evaluator:
             zero = _num(divisor) == 0
         if self._taken is not None:
             zero = zero & self._taken
+        assert self.zeros is not None       # called only when counting
         np.logical_or(self.zeros, zero, out=self.zeros)
 
     def _if_else(self, c: E.Node, a: E.Node, b: E.Node) -> Value:
