@@ -58,7 +58,7 @@ def test_overlapped_stage_gives_the_rows_of_one_final_stage(overlap_capture, tmp
             seen["started"] = self.started
             decided.set()
 
-    real_drive = pipeline._drive
+    real_drive = pipeline.drive
 
     def drive_after_start(config, sources, feeds, stop, info):
         assert decided.wait(120)
@@ -73,7 +73,7 @@ def test_overlapped_stage_gives_the_rows_of_one_final_stage(overlap_capture, tmp
 
     monkeypatch.setattr(threads.OverlappedStages, "MIN_BYTES", 0)
     monkeypatch.setattr(threads.OverlappedStages, "run", run_and_tell)
-    monkeypatch.setattr(pipeline, "_drive", drive_after_start)
+    monkeypatch.setattr(pipeline, "drive", drive_after_start)
     caplog.set_level(logging.INFO, logger="highlevel.aggregate")
     overlapped = _run(overlap_capture, tmp_path / "overlap.csv")
     assert seen["started"] is True

@@ -10,7 +10,10 @@ punctuation; the stages meld the sub-links of NAME as they meld links, so the ro
 one socket (a group is exact per window whichever socket its packets came through, as it is
 across links).
 
-`FanoutMembers` starts, watches and stops the member processes of one parent.
+`FanoutMembers` starts, watches and stops the member processes of one parent. The appliance
+(`oopscope serve --fanout N`) uses it too: its members are agents in watch mode (no query
+file, `tools.cluster.watch`), each offering its share of the interface as `NAME#K` and running
+the low level of the submitted queries that read NAME.
 """
 
 from __future__ import annotations
@@ -57,19 +60,22 @@ class Member:
 
 
 def member_argv(config, spool: str, host: str, member: Member) -> list[str]:
-    """The command line of one member agent for the run or agent `config` (one interface)."""
+    """The command line of one member agent for the run or agent `config` (one interface),
+    or for the appliance's `ServeConfig` (no query file: a member in watch mode)."""
     from tools.cluster.heartbeat import check_host_id
 
     ((link, iface),) = config.interfaces
-    argv = [sys.executable, "-m", "tools.cli", "agent", str(config.query_file),
+    query_file = getattr(config, "query_file", None)
+    argv = [sys.executable, "-m", "tools.cli", "agent",
+            *([str(query_file)] if query_file is not None else []),
             "--interface", f"{link}={iface}", "--spool", str(spool),
             "--host-id", check_host_id(f"{host}.{member.k}"),
             "--fanout-member", str(member),
             "--punctuate-every", f"{config.punctuate_every_ns}ns",
             "--lull-slack", f"{config.lull_slack_ns}ns"]
-    for key, value in config.overrides:
+    for key, value in getattr(config, "overrides", ()):
         argv += ["--set", f"{key}={value}"]
-    for key, value in config.params:
+    for key, value in getattr(config, "params", ()):
         argv += ["--param", f"{key}={value}"]
     options = dict(config.capture_options)
     flags = {"promiscuous": "--promiscuous"}
@@ -87,8 +93,10 @@ def member_argv(config, spool: str, host: str, member: Member) -> list[str]:
 
 
 class FanoutMembers:
-    """The member processes of every fanned-out interface of one parent (a run or an agent).
-    Each runs in its own process group, gets SIGTERM at `stop`, and dies with the parent."""
+    """The member processes of every fanned-out interface of one parent (a run, an agent or
+    the appliance). Each runs in its own process group, gets SIGTERM at `stop`, and dies with
+    the parent (start them from a thread that lives as long as the parent: the kernel's
+    parent-death signal follows the thread that forked)."""
 
     def __init__(self, config, spool: str, host: str, fanout: int):
         from capture.live import fanout_group_for_process
@@ -100,6 +108,8 @@ class FanoutMembers:
                                  "give --interface NAME=IFACE")
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.commands: list[tuple[str, list[str]]] = []
+        #: sub-link -> (link, member host id) of every member
+        self.members: dict[str, tuple[str, str]] = {}
         base = fanout_group_for_process(os.getpid())
         for i, (link, iface) in enumerate(config.interfaces):
             group = (base + i) & 0xFFFF
@@ -108,6 +118,7 @@ class FanoutMembers:
                 member = Member(k, fanout, group)
                 self.commands.append((member.sublink(link),
                                       member_argv(one, spool, host, member)))
+                self.members[member.sublink(link)] = (link, f"{host}.{k}")
 
     def start(self) -> None:
         from highlevel.cluster import _die_with_parent
@@ -124,6 +135,13 @@ class FanoutMembers:
 
     def running(self) -> bool:
         return any(p.poll() is None for _, p in self.procs)
+
+    def exited(self) -> dict[str, tuple[int, int]]:
+        """Sub-link -> (pid, exit code) of every member that has ended."""
+        return {sub: (p.pid, p.returncode) for sub, p in self.procs if p.poll() is not None}
+
+    def pids(self) -> dict[str, int]:
+        return {sub: p.pid for sub, p in self.procs}
 
     def stop(self) -> None:
         for _, p in self.procs:

@@ -16,6 +16,13 @@ reads the work items (`tools.cluster.work`):
 - an item of its that is `cancelled` or gone: its operators are detached, flushed and
   punctuate end of input, so every open window closes at the server.
 
+A member of a fanout group (`--fanout-member K/N/GROUP`, started by `oopscope serve --fanout
+N`: `tools.cluster.fanout`) captures its one interface through its own socket of the group
+and offers its share as the sub-link `NAME#K`. A work item names such sub-links among its
+links (`Submission.spool_links`): the item's text is planned over the links themselves, its
+stages' fanout (`highlevel.graph.StageGraph(fanout=...)`) counted from the sub-links, and the
+member runs the low level of its own sub-link.
+
 Stopped (SIGTERM, Ctrl-C), the agent detaches everything *without* end-of-input punctuation:
 its links fall silent at the server, which closes windows without them, and an agent started
 again under the same host id attaches again (its links' windows from there on are whole).
@@ -34,6 +41,7 @@ from typing import TYPE_CHECKING
 
 from common.errors import os_error_text
 from common.units import NS_PER_S as NS
+from tools.cluster.fanout import Member
 from tools.cluster.heartbeat import Heartbeat, check_host_id
 from tools.cluster.work import RUNNING, WorkItem, read_work
 from tools.errors import RunConfigError
@@ -60,6 +68,23 @@ class WatchConfig:
     capture_options: tuple[tuple[str, object], ...] = ()
     duration_ns: int | None = None
     poll_s: float = POLL_S
+    #: one member of a fanout group: its one interface offered as the sub-link NAME#K
+    member: Member | None = None
+
+
+def plan_links(links) -> tuple[list[str], dict[str, int]]:
+    """A work item's links as the plan names them, and link -> N of those captured by N
+    fanout sockets (named by their sub-links `NAME#K` in the item)."""
+    names: list[str] = []
+    fanout: dict[str, int] = {}
+    for link in links:
+        base, sep, _ = link.rpartition("#")
+        name = base if sep else link
+        if name not in names:
+            names.append(name)
+        if sep:
+            fanout[name] = fanout.get(name, 0) + 1
+    return names, fanout
 
 
 class WatchBeat(Heartbeat):
@@ -93,14 +118,16 @@ class Work:
         self.item = item
         self.links = list(links)
         self.error: str | None = None
-        plan = plan_text(item.text, item.file, list(item.links), dict(item.params),
+        names, fanout = plan_links(item.links)
+        plan = plan_text(item.text, item.file, names, dict(item.params),
                          dict(item.sets), subset=True)
         spool = Path(item.spool)
         spool.mkdir(parents=True, exist_ok=True)
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix="oopscope-agent-") as unused:
-            graph = StageGraph(plan, list(item.queries), spool, unused, sinks={})
+            graph = StageGraph(plan, list(item.queries), spool, unused, sinks={},
+                               fanout=fanout)
             low = [lp for lp in graph.low_plans() if lp.link in self.links]
         if not low:
             raise RunConfigError(f"query {item.name}: no low-level operator reads "
@@ -177,6 +204,17 @@ class Watcher:
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise RunConfigError(f"link {', '.join(dup)} is given twice")
+        interfaces, options = cfg.interfaces, cfg.capture_options
+        if cfg.member is not None:
+            from capture.live import Fanout
+
+            if cfg.links or len(cfg.interfaces) != 1:
+                raise RunConfigError("--fanout-member captures one interface: give one "
+                                     "--interface NAME=IFACE and no --link")
+            ((name, iface),) = cfg.interfaces
+            # its own socket of the group, offered as the sub-link
+            interfaces = ((cfg.member.sublink(name), iface),)
+            options = (*options, ("fanout", Fanout(cfg.member.group, "hash")))
         for name, path in cfg.links:
             if not Path(path).is_file():
                 raise RunConfigError(f"--link {name}={path}: no such capture file")
@@ -188,9 +226,9 @@ class Watcher:
         # the heartbeat first: a host id whose agent still beats is refused before capture
         self.beat = WatchBeat(self.shared, self.host, [], cfg.punctuate_every_ns,
                               self._link_status)
-        self.links = open_links(cfg.links, cfg.interfaces, period_ns=cfg.punctuate_every_ns,
+        self.links = open_links(cfg.links, interfaces, period_ns=cfg.punctuate_every_ns,
                                 slack_ns=cfg.lull_slack_ns, speed=cfg.speed, loop=cfg.loop,
-                                capture_options=cfg.capture_options)
+                                capture_options=options)
         # what planning a work item needs, imported now: the agent must attach before the
         # item's first window begins (the server leaves it ATTACH_MARGIN_NS)
         import highlevel.graph  # noqa: F401

@@ -74,7 +74,8 @@ def agent(query_file, links, interfaces, spool, host_id, speed, loop, duration, 
         raise click.UsageError("give --link NAME=PCAP or --interface NAME=IFACE")
     if query_file is None:
         _watch(links, interfaces, spool, host_id, speed, loop, duration, sets, params,
-               punctuate_every, lull_slack, fanout, capture_options)
+               punctuate_every, lull_slack, fanout, capture_options,
+               None if fanout_member is None else Member.parse(fanout_member))
         return
     if loop:
         raise click.UsageError("--loop is for an agent without QUERY_FILE (one that works "
@@ -93,7 +94,7 @@ def agent(query_file, links, interfaces, spool, host_id, speed, loop, duration, 
 
 
 def _watch(links, interfaces, spool, host_id, speed, loop, duration, sets, params,
-           punctuate_every, lull_slack, fanout, capture_options) -> None:
+           punctuate_every, lull_slack, fanout, capture_options, member=None) -> None:
     """`oopscope agent` without a query file: watch --spool for the server's work."""
     from tools.cluster.heartbeat import default_host_id
     from tools.cluster.watch import WatchConfig, run_watch
@@ -104,12 +105,14 @@ def _watch(links, interfaces, spool, host_id, speed, loop, duration, sets, param
                                "server; an agent without QUERY_FILE takes none")
     if fanout > 1:
         raise click.UsageError("--fanout needs QUERY_FILE (an agent working for the server "
-                               "captures each interface with one process)")
+                               "captures each interface with one process; the server's own "
+                               "interfaces are fanned out by `oopscope serve --fanout N`)")
     config = WatchConfig(spool=spool, host_id=host_id or default_host_id(),
                          links=_links(links), interfaces=_interfaces(interfaces),
                          speed=_speed(speed) or 1.0, loop=loop,
                          punctuate_every_ns=punctuate_every, lull_slack_ns=lull_slack,
-                         capture_options=capture_options, duration_ns=duration)
+                         capture_options=capture_options, duration_ns=duration,
+                         member=member)
     with StopRequest() as stop:
         click.echo(run_watch(config, stop), err=True)
 

@@ -37,6 +37,10 @@ from tools.commands.params import Duration
               help="An agent link whose agent has not beaten for this long is silent: "
                    "windows close without it (default: 3 of the agent's punctuation periods, "
                    "at least 2s).")
+@click.option("--fanout", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Capture each --interface with N processes in one PACKET_FANOUT group (a "
+                   "flow stays on one), each running the low level of the queries on its "
+                   "own core; their rows are melded (the same rows as N = 1).")
 @click.option("--punctuate-every", "punctuate_every", type=Duration(), default="1s",
               show_default=True, help="Timer punctuation period of every link.")
 @click.option("--lull-slack", "lull_slack", type=Duration(), default="1s", show_default=True,
@@ -54,8 +58,8 @@ from tools.commands.params import Duration
 @click.option("--ready-file", default=None, hidden=True,
               help="Write the server's URL here once it listens (for scripts and tests).")
 def serve(interfaces, links, speed, loop, state, output_root, listen, token_file, master,
-          spool, agent_timeout, punctuate_every, lull_slack, promiscuous, snaplen, ring_blocks, ring_block_size,
-          direction, ready_file) -> None:
+          spool, agent_timeout, fanout, punctuate_every, lull_slack, promiscuous, snaplen,
+          ring_blocks, ring_block_size, direction, ready_file) -> None:
     """Run the appliance: capture on the links, run the queries submitted to it.
 
     Queries are submitted (`oopscope submit`), listed (`queries`), tailed (`tail`) and
@@ -69,6 +73,7 @@ def serve(interfaces, links, speed, loop, state, output_root, listen, token_file
       sudo oopscope serve --interface main=eth0 --state /var/lib/oopscope
       oopscope serve --link main=trace.pcap --loop --state /tmp/oops
       oopscope serve --spool /shared/oops --state /var/lib/oopscope   # agents' links
+      sudo oopscope serve --interface main=eth0 --fanout 4 --state /var/lib/oopscope
     """
     from pathlib import Path
 
@@ -80,6 +85,10 @@ def serve(interfaces, links, speed, loop, state, output_root, listen, token_file
     if not links and not interfaces and not spool:
         raise click.UsageError("give --interface NAME=IFACE (live), --link NAME=PCAP, or "
                                "--spool DIR (the agents' links)")
+    if fanout > 1 and (links or not interfaces):
+        raise click.UsageError("--fanout splits live interfaces over capture processes: give "
+                               "--interface NAME=IFACE (a capture file, --link, is read by "
+                               "one)")
     capture_options = (("promiscuous", promiscuous), ("snaplen", snaplen),
                        ("block_count", ring_blocks), ("block_size", ring_block_size),
                        ("frame_timeout_ms", 100), ("direction", direction))
@@ -87,6 +96,7 @@ def serve(interfaces, links, speed, loop, state, output_root, listen, token_file
                          speed=speed, loop=loop, master=master, output_root=output_root,
                          punctuate_every_ns=punctuate_every, lull_slack_ns=lull_slack,
                          capture_options=capture_options, spool=spool,
-                         agent_timeout_s=None if agent_timeout is None else agent_timeout / 1e9)
+                         agent_timeout_s=None if agent_timeout is None else agent_timeout / 1e9,
+                         fanout=fanout)
     run_server(config, parse_listen(listen, Path(state).resolve()), read_token(token_file),
                ready_file)

@@ -12,6 +12,10 @@
   agents have punctuated end of input in its spool, and writes that punctuation itself for
   an agent that does not answer, so every window closes;
 - what each agent says of its work (a low level that cannot start there fails the query).
+
+The members of `oopscope serve --fanout N` are such agents too (`tools.cluster.fanout`):
+each offers its share of an interface as the sub-link `NAME#K`, and an item names them by
+their sub-links (`Submission.spool_links`).
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ class Agents:
         self.beats: dict = {}                   # host -> tools.cluster.heartbeat.Beat
         self.work: dict[str, dict] = {}         # host -> its heartbeat's work reports
         self.silent: dict[str, int] = {}        # link -> time of its agent's last beat
+        #: hosts known to have died whatever their last beat says (the server's own fanout
+        #: members that exited: `Appliance._check_members`)
+        self.gone: set[str] = set()
         self._lock = threading.Lock()
 
     def refresh(self) -> None:
@@ -81,7 +88,8 @@ class Agents:
         return max(MIN_TIMEOUT_S, TIMEOUT_PERIODS * beat.period_ns / NS)
 
     def _live(self, beat, now_ns: int) -> bool:
-        return beat.state == "running" and beat.age_s(now_ns) <= self._timeout_s(beat)
+        return beat.state == "running" and beat.age_s(now_ns) <= self._timeout_s(beat) \
+            and beat.host not in self.gone
 
     def links(self) -> tuple[dict[str, str], dict[str, list[str]]]:
         """(link -> host of each live agent's links, link -> hosts of a link two live agents
@@ -143,7 +151,7 @@ class Agents:
         rec = sub.record
         item = WorkItem(name=rec.name, generation=rec.generation, file=Path(rec.file).name,
                         text=rec.text, params=dict(rec.params), sets=dict(rec.sets),
-                        queries=[qp.name for qp in sub.chosen], links=list(sub.links),
+                        queries=[qp.name for qp in sub.chosen], links=list(sub.spool_links),
                         agents=dict(sub.remote), spool=str(sub.spool_dir),
                         start_ns=int(rec.first_window_ns))
         publish(self.shared, item)

@@ -14,6 +14,9 @@ With a shared directory (`spool`), capture agents in watch mode lend it their li
 (`tools.serve.agents`): a submission reading one is published there as a work item, its
 agents run that link's low level into the submission's spool on the shared directory, and
 the server's stages meld it with the server's own links.
+
+With `fanout` N > 1 its interfaces are captured by N member agents each, their shares
+melded as sub-links (`tools.serve.fanout`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from common.errors import OopscopeError
 from common.units import INT64_MAX, NS_PER_S
 from tools.errors import RunConfigError, RunError
+from tools.serve.fanout import ServedFanout
 from tools.serve.submission import (
     FORMATS,
     NAME_RE,
@@ -74,6 +78,8 @@ class ServeConfig:
     capture_options: tuple[tuple[str, object], ...] = ()
     spool: str | None = None                          # the directory shared with agents
     agent_timeout_s: float | None = None              # None: 3 of the agent's periods
+    #: each interface captured by this many member processes (`serve --fanout N`)
+    fanout: int = 1
 
     @property
     def link_names(self) -> list[str]:
@@ -98,6 +104,10 @@ class Appliance:
         self._lock = threading.RLock()
         self._stopping = threading.Event()
         self._heartbeat: threading.Thread | None = None
+        #: the interfaces captured by fanout members (`serve --fanout N`), and the members
+        self.fanout = ServedFanout(config, self.state_dir, self._stopping)
+        #: link -> N of the interfaces captured by N fanout members
+        self.fanned: dict[str, int] = self.fanout.fanned
 
     # --- start -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -108,16 +118,21 @@ class Appliance:
             except OSError as exc:
                 raise RunConfigError(f"{d}: cannot create it: {exc}") from None
         self._note_downtime()
-        if self.config.spool:
+        shared_dir = self.config.spool or (str(self.state_dir / "shared") if self.fanned
+                                           else None)
+        if shared_dir:
             from tools.serve.agents import Agents
 
-            shared = Path(self.config.spool)
+            shared = Path(shared_dir)
             try:
                 (shared / "work").mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise RunConfigError(f"--spool {shared}: cannot create it: {exc}") from None
             self.agents = Agents(shared, self.config.agent_timeout_s)
             self.agents.refresh()
+        if self.fanned:
+            assert self.agents is not None
+            self.fanout.start(self.agents)
         self._open_links()
         from tools.run.threads import SessionStarter
         from tools.serve.links import LinkRouter
@@ -146,6 +161,10 @@ class Appliance:
                              daemon=True).start()
 
     def _check_config(self) -> None:
+        if self.config.fanout > 1 and (self.config.links or not self.config.interfaces):
+            raise RunConfigError(f"--fanout {self.config.fanout} splits live interfaces over "
+                                 f"capture processes: give --interface NAME=IFACE (a capture "
+                                 f"file, --link, is read by one)")
         names = self.config.link_names
         if not names and not self.config.spool:
             raise RunConfigError("give at least one link: --interface NAME=IFACE or "
@@ -163,7 +182,9 @@ class Appliance:
         from tools.serve.links import open_links
 
         cfg = self.config
-        self.links = open_links(cfg.links, cfg.interfaces, period_ns=cfg.punctuate_every_ns,
+        # fanned-out interfaces are captured by the members (`tools.serve.fanout`)
+        interfaces = () if self.fanned else cfg.interfaces
+        self.links = open_links(cfg.links, interfaces, period_ns=cfg.punctuate_every_ns,
                                 slack_ns=cfg.lull_slack_ns, speed=cfg.speed, loop=cfg.loop,
                                 capture_options=cfg.capture_options)
 
@@ -215,7 +236,8 @@ class Appliance:
                            sets=dict(sets or {}), format=fmt)
             names, remote = self._available_links()
             try:
-                sub = Submission(probe, self.state_dir, names, remote)
+                sub = Submission(probe, self.state_dir, names, remote, self.fanned)
+                sub.check_fanout()
             except OopscopeError as exc:     # the planner's message, with line and column
                 raise ServeError(self._no_link_hint(str(exc))) from None
             if name is None:
@@ -241,6 +263,7 @@ class Appliance:
                 assert self.agents is not None
                 record.agents = dict(sub.remote)
                 record.spool_root = str(self.agents.shared)
+            record.fanout = dict(sub.fanout)
             if out_dirs:
                 record.outputs = out_dirs
                 sub = Submission(record, self.state_dir, names, remote)
@@ -277,8 +300,9 @@ class Appliance:
         if self.agents is None:
             return own, {}
         lent, _ = self.agents.links()
-        remote = {n: h for n, h in sorted(lent.items()) if n not in own}
-        return own + list(remote), remote
+        members = self.fanout.member_links()
+        remote = {n: h for n, h in sorted(lent.items()) if n not in own and n not in members}
+        return own + list(remote), {**remote, **members}
 
     def _no_link_hint(self, message: str) -> str:
         """The planner's message, plus what the agents say of a link it did not find."""
@@ -333,11 +357,16 @@ class Appliance:
                              name=f"oopscope-start-{sub.name}", daemon=True).start()
 
     def _resume(self, record: Record) -> None:
+        cleanly = record.stopped_cleanly
         if record.stopped_cleanly:
             remove_generation(self.state_dir, record.name, record.generation,
                               record.spool_root)
             record.generation += 1
             record.stopped_cleanly = False
+        if self.fanned or record.fanout:
+            links = Submission(record, self.state_dir, self._plan_names(record), {}, {}).links
+            self.fanout.refan(record, links, cleanly,
+                              None if self.agents is None else str(self.agents.shared))
         remote = dict(record.agents)
         if remote and self.agents is None:
             raise RunConfigError(f"it reads the agents' links {', '.join(remote)}: start the "
@@ -345,8 +374,7 @@ class Appliance:
         if remote and self.agents is not None and record.spool_root != str(self.agents.shared):
             log.warning("query %s: its spool stays in %s (the server's --spool is now %s)",
                         record.name, record.spool_root, self.agents.shared)
-        sub = Submission(record, self.state_dir, self.config.link_names + list(remote),
-                         remote)
+        sub = Submission(record, self.state_dir, self._plan_names(record), remote)
         sub.build(self.hub, self._punctuated_at)     # to find its spools
         gap_from = sub.last_punctuation()
         start = first_window_start(sub.chosen, self._now() + NS_PER_S // 5)
@@ -361,6 +389,12 @@ class Appliance:
         for feed in sub.feeds.values():      # packets held back until the new start
             feed.start_ns = start
         self._launch(sub, built=True)
+
+    def _plan_names(self, record: Record) -> list[str]:
+        """The links a record is planned over: the server's, and its agents' (not their
+        fanout sub-links)."""
+        own = self.config.link_names
+        return own + [n for n in record.agents if "#" not in n and n not in own]
 
     def _start_stages_when_up(self) -> None:
         assert self.starter is not None
@@ -485,6 +519,12 @@ class Appliance:
         for link in self.links.values():
             link.producer.join(timeout=5)
             link.producer.close()
+        self.fanout.stop()            # after every query's part of theirs ended
+        if self.fanout.members is not None and self.agents is not None:
+            try:
+                self.agents.refresh()     # their last beats, for the summary
+            except Exception as exc:  # noqa: BLE001 - the summary only
+                log.debug("agents: %s", exc)
         self._write_beat(clean=True)
 
     def _watch_agents(self) -> None:
@@ -500,10 +540,11 @@ class Appliance:
             except Exception as exc:  # noqa: BLE001 - tried again at the next poll
                 log.warning("agents in %s: %s", self.agents.shared, exc)
                 continue
+            gone = self.fanout.check()
             for sub in list(self.submissions.values()):
                 if not sub.remote:
                     continue
-                silent = self.agents.silent_links(sub.remote)
+                silent = self.agents.silent_links(sub.remote) | (gone & set(sub.remote))
                 if sub.graph is not None and sub.stages_started:
                     for _, stage in sub.graph.stages:
                         stage.silent_links = silent
@@ -536,9 +577,11 @@ class Appliance:
         return {"state": state, "master": self.config.master or "local[*]", "error": error}
 
     def status(self) -> dict:
+        fanned, members = self.fanout.status()
         return {"started": self.started_ns / 1e9,
                 "uptime_s": (time.time_ns() - self.started_ns) / 1e9,
-                "links": [link.stats() for link in self.links.values()],
+                "links": [link.stats() for link in self.links.values()] + fanned,
+                "fanout": members,
                 "spark": self.spark_state(), "gaps": self.gaps,
                 "queries": len(self.submissions), "state_dir": str(self.state_dir),
                 "output_root": str(self.output_root),

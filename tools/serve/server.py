@@ -147,8 +147,11 @@ def serve(config, listen: Listen, token: str | None, ready_file: str | None = No
                                   name="oopscope-http", daemon=True)
         thread.start()
         log.warning("serving on %s (state %s; links %s)", listen.url, appliance.state_dir,
-                    ", ".join(f"{link.name}={link.source}" for link in
-                              appliance.links.values()))
+                    ", ".join([f"{link.name}={link.source}" for link in
+                               appliance.links.values()]
+                              + [f"{n}=interface {i} (fanout of {appliance.config.fanout})"
+                                 for n, i in appliance.config.interfaces
+                                 if n in appliance.fanned]))
         if ready_file:
             Path(ready_file).write_text(listen.url)
         while not stop.wait(0.5):

@@ -76,6 +76,10 @@ class Record:
     #: (`tools.serve.agents`); its spool is then below `spool_root`, the shared directory
     agents: dict = field(default_factory=dict)
     spool_root: str = ""
+    #: link -> N of the links the server captures with N fanout members (`serve --fanout`):
+    #: its spool holds their sub-links `NAME#K`, melded by the stages; `agents` names the
+    #: member of each sub-link
+    fanout: dict = field(default_factory=dict)
 
     def save(self, state_dir: Path) -> None:
         d = state_dir / "queries"
@@ -152,7 +156,7 @@ class Submission:
     """A running submission (module docstring). Made by the appliance, which owns its life."""
 
     def __init__(self, record: Record, state_dir: Path, link_names: list[str],
-                 remote: dict[str, str] | None = None):
+                 remote: dict[str, str] | None = None, fanout: dict[str, int] | None = None):
         from tools.run.config import QuerySummary, plan_text
 
         self.record = record
@@ -169,9 +173,14 @@ class Submission:
                                      f"queries are {', '.join(self.plan.names)}") from None
         self.chosen = [self.plan.query(q) for q in names]
         self.links = list(self.plan.links)
-        #: link -> agent host of the links whose low level an agent runs (the others are
-        #: the server's own)
-        self.remote = {n: h for n, h in (remote or {}).items() if n in self.links}
+        #: link -> N of its links captured by N fanout members (`Record.fanout`)
+        self.fanout = {n: int(k) for n, k in (record.fanout if fanout is None
+                                              else fanout).items()
+                       if n in self.links and int(k) > 1}
+        #: spool link -> agent host of the spool links whose low level an agent runs (the
+        #: others are the server's own); a fanned-out link's are its sub-links, one member
+        #: each
+        self.remote = {n: h for n, h in (remote or {}).items() if n in self.spool_links}
         self.summaries = {q: QuerySummary(q, "", record.format) for q in self.plan.names}
         self.outputs: dict[str, StreamOutput] = {}
         self.feeds: dict[str, SubmissionFeed] = {}
@@ -191,6 +200,32 @@ class Submission:
 
     def stream_name(self, query: str) -> str:
         return self.name if len(self.chosen) == 1 else f"{self.name}.{query}"
+
+    @property
+    def spool_links(self) -> list[str]:
+        """The links its spool has: its links, a fanned-out one as its sub-links."""
+        from highlevel.graph import sublink_names
+
+        return [s for n in self.links
+                for s in (sublink_names(n, self.fanout[n]) if n in self.fanout else (n,))]
+
+    def check_fanout(self) -> None:
+        """Refuse, before anything starts, what cannot meld a fanned-out link's sub-links
+        (MERGE, tuple-count windows need one ordered stream per link)."""
+        import tempfile
+
+        from highlevel.errors import StageConfigError
+        from highlevel.graph import StageGraph
+        from tools.errors import UnsupportedQueryError
+
+        if not self.fanout:
+            return
+        try:
+            with tempfile.TemporaryDirectory(prefix="oopscope-serve-") as unused:
+                StageGraph(self.plan, [qp.name for qp in self.chosen], unused, unused,
+                           sinks={}, fanout=self.fanout)
+        except StageConfigError as exc:
+            raise UnsupportedQueryError(str(exc)) from None
 
     @property
     def run_dir(self) -> Path:
@@ -232,11 +267,11 @@ class Submission:
             sinks[qp.name] = [self.outputs[stream]]
         try:
             self.graph = StageGraph(self.plan, [qp.name for qp in self.chosen], spool,
-                                    checkpoint, sinks=sinks)
+                                    checkpoint, sinks=sinks, fanout=self.fanout or None)
         except StageConfigError as exc:
             raise UnsupportedQueryError(str(exc)) from None
         self.spool_queue = SpoolQueue()
-        per_link: dict[str, list] = {n: [] for n in self.links if n not in self.remote}
+        per_link: dict[str, list] = {n: [] for n in self.spool_links if n not in self.remote}
         for lp in self.graph.low_plans():
             if lp.link in self.remote:          # its agent runs it (tools.cluster.watch)
                 continue
