@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import REPO, require_tool
 from tests.tools.conftest import veth_pair
-from tests.tools.test_tools_run_live import QUERY
+from tests.tools.test_tools_run_live import QUERY, udp_flows
 
 pytestmark = pytest.mark.needs_root
 
@@ -32,22 +32,8 @@ def pair():
 @pytest.fixture(scope="module")
 def traffic(tmp_path_factory) -> tuple[Path, Counter]:
     """A pcap of UDP frames on 240 flows; packets and bytes per flow."""
-    from scapy.all import IP, UDP, Ether, Raw, wrpcap
-
-    frames, expect = [], Counter()
-    for i in range(1440):
-        flow = i % 240
-        src, dst = f"198.51.{100 + flow // 120}.{1 + flow % 120}", "203.0.113.9"
-        sport, dport = 40000 + flow, 5000 + flow % 7
-        f = (Ether(src="02:00:5e:00:53:01", dst="02:00:5e:00:53:02") /
-             IP(src=src, dst=dst) / UDP(sport=sport, dport=dport) / Raw(b"x" * (10 + i % 50)))
-        frames.append(f)
-        key = (src, dst, sport, dport)
-        expect[key + ("packets",)] += 1
-        expect[key + ("bytes",)] += len(f)
     path = tmp_path_factory.mktemp("fanout") / "sent.pcap"
-    wrpcap(str(path), frames)
-    return path, expect
+    return path, udp_flows(path, packets=1440, flows=240)
 
 
 def _run(pair, pcap: Path, tmp_path: Path, fanout: int) -> tuple[Counter, str]:

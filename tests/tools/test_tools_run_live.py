@@ -32,14 +32,16 @@ def pair():
     yield from veth_pair("ooprun")
 
 
-def _traffic(path: Path) -> Counter:
-    """A pcap of UDP frames on 4 known flows; returns packets and bytes per flow."""
+def udp_flows(path: Path, packets: int = 240, flows: int = 4) -> Counter:
+    """A pcap of UDP frames on `flows` known flows (198.51.100.1 .. onwards, a port each);
+    returns packets and bytes per flow."""
     from scapy.all import IP, UDP, Ether, Raw, wrpcap
 
     frames, expect = [], Counter()
-    for i in range(240):
-        src, dst = f"198.51.100.{1 + i % 4}", "203.0.113.9"
-        sport, dport = 40000 + i % 4, 5000 + (i % 2)
+    for i in range(packets):
+        flow = i % flows
+        src, dst = f"198.51.{100 + flow // 120}.{1 + flow % 120}", "203.0.113.9"
+        sport, dport = 40000 + flow, 5000 + flow % 2
         f = (Ether(src="02:00:5e:00:53:01", dst="02:00:5e:00:53:02") /
              IP(src=src, dst=dst) / UDP(sport=sport, dport=dport) / Raw(b"x" * (10 + i % 50)))
         frames.append(f)
@@ -66,7 +68,7 @@ def _wait_for_progress(proc, timeout: float = 60.0) -> None:
 def test_run_on_an_interface_counts_exactly_the_sent_packets(pair, tmp_path):
     require_tool("tcpreplay")
     pcap = tmp_path / "sent.pcap"
-    expect = _traffic(pcap)
+    expect = udp_flows(pcap)
     query = tmp_path / "flows.gsql"
     query.write_text(QUERY)
     out = tmp_path / "flows.csv"
