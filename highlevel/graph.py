@@ -54,6 +54,26 @@ def sublink_names(link: str, n: int) -> tuple[str, ...]:
     return tuple(f"{link}#{k}" for k in range(n))
 
 
+def base_link(name: str) -> str:
+    """The link a spool link belongs to: NAME for a sub-link `NAME#K`, else the name."""
+    base, sep, k = name.rpartition("#")
+    return base if sep and k.isdigit() else name
+
+
+def split_sublinks(names) -> tuple[list[str], dict[str, int]]:
+    """Spool links as the plan names them (each sub-link `NAME#K` as NAME, in order), and
+    link -> N of those that come as N sub-links (`StageGraph(fanout=...)`)."""
+    links: list[str] = []
+    fanout: dict[str, int] = {}
+    for name in names:
+        link = base_link(name)
+        if link not in links:
+            links.append(link)
+        if link != name:
+            fanout[link] = fanout.get(link, 0) + 1
+    return links, {link: n for link, n in fanout.items() if n > 1}
+
+
 #: plan kinds whose stages meld their links (a fanout's sub-links are links to them: a join's
 #: sides are selections); the others (MERGE, tuple-count windows) need one ordered stream
 _FANOUT_KINDS = ("aggregate", "select", "join")

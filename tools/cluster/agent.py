@@ -117,13 +117,9 @@ def run_agent(agent: AgentConfig, stop) -> AgentSummary:
     chosen = choose_queries(plan, replace(config, outputs=()))
     sub: dict[str, str] = {}            # link -> the sub-link this fanout member spools as
     if agent.member is not None:
-        from capture.live import Fanout
-
-        ((link, iface),) = config.interfaces
-        sub = {link: agent.member.sublink(link)}
-        # the member's own socket of the group, captured and spooled as the sub-link
-        config = replace(config, interfaces=((sub[link], iface),), capture_options=(
-            *config.capture_options, ("fanout", Fanout(agent.member.group, "hash"))))
+        interfaces, options = agent.member.capture(config.interfaces, config.capture_options)
+        sub = {config.interfaces[0][0]: interfaces[0][0]}
+        config = replace(config, interfaces=interfaces, capture_options=options)
     spool = Path(agent.spool)
     try:
         spool.mkdir(parents=True, exist_ok=True)

@@ -108,21 +108,15 @@ def _sublinks(names: list[str], beats: dict) -> tuple[list[str], dict[str, int]]
     """(links, link -> N) from the names to expect: an agent with `--fanout N` spools a link
     as N sub-links `NAME#K` (`tools.cluster.fanout`); a link named by `--links` whose agent
     has beaten with sub-links is taken as they are."""
+    from highlevel.graph import base_link, split_sublinks
     from tools.cluster.heartbeat import links_of
 
     beaten = list(links_of(beats))
-    counts: dict[str, int] = {}
-    links: list[str] = []
+    spooled: list[str] = []
     for name in names:
-        subs = [b for b in beaten if b.rpartition("#")[0] == name] if "#" not in name else []
-        for sub in subs or [name]:
-            base, sep, k = sub.rpartition("#")
-            if sep and k.isdigit():
-                counts[base] = counts.get(base, 0) + 1
-                sub = base
-            if sub not in links:
-                links.append(sub)
-    return links, {link: n for link, n in counts.items() if n > 1}
+        subs = [b for b in beaten if b != name and base_link(b) == name]
+        spooled += subs or [name]
+    return split_sublinks(spooled)
 
 
 def _collect(config, run_config, plan, links, fanout, checkpoint: Path, stop, started):
@@ -130,10 +124,10 @@ def _collect(config, run_config, plan, links, fanout, checkpoint: Path, stop, st
     from highlevel.errors import StageConfigError
     from highlevel.graph import StageGraph
     from highlevel.session import get_session
-    from tools.cluster.heartbeat import Liveness, read_heartbeats
+    from tools.cluster.heartbeat import Liveness, add_link_totals, read_heartbeats
     from tools.errors import UnsupportedQueryError
     from tools.run.config import LinkSummary, QuerySummary, RunSummary, choose_queries
-    from tools.run.runner import close_outputs, fault, open_outputs, output_for
+    from tools.run.runner import close_outputs, close_quietly, fault, open_outputs, output_for
 
     spool = Path(config.spool)
     chosen = choose_queries(plan, run_config)
@@ -141,7 +135,6 @@ def _collect(config, run_config, plan, links, fanout, checkpoint: Path, stop, st
     outputs = {qp.name: output_for(run_config, qp, out, several, checkpoint, None)
                for qp, out in chosen}
     open_outputs(outputs.values())
-    completed = False
     try:
         try:
             graph = StageGraph(plan, [qp.name for qp, _ in chosen], spool, checkpoint,
@@ -168,14 +161,12 @@ def _collect(config, run_config, plan, links, fanout, checkpoint: Path, stop, st
                 break
             time.sleep(POLL_S)
         graph.stop()
-        completed = True
     except OopscopeError as exc:
-        close_outputs(outputs.values(), complete=False)
+        close_quietly(outputs.values())
         raise fault(exc, outputs) from None
-    finally:
-        if not completed:
-            for o in outputs.values():
-                o.close(complete=False)
+    except BaseException:
+        close_quietly(outputs.values())
+        raise
     close_outputs(outputs.values(), complete=True)
     queries = {qp.name: QuerySummary(qp.name, out, outputs[qp.name].format)
                for qp, out in chosen}
@@ -184,16 +175,7 @@ def _collect(config, run_config, plan, links, fanout, checkpoint: Path, stop, st
         q.late_partial_rows = graph.late_rows(name)
         q.zero_divisor_rows = graph.zero_divisor_rows(name)
     summary = RunSummary(links={}, queries=queries, ended=ended)
-    for host, beat in sorted(read_heartbeats(spool).items()):
-        for name, st in beat.links.items():
-            link = name.rpartition("#")[0] if name.rpartition("#")[0] in fanout else name
-            if link in links:
-                s = summary.links.setdefault(link, LinkSummary(link, f"agent {host}"))
-                s.packets += int(st.get("packets", 0))
-                s.bytes += int(st.get("bytes", 0))
-                s.malformed += int(st.get("malformed", 0))
-                s.ring_drops += int(st.get("ring_drops", 0))
-                s.kernel_drops += int(st.get("kernel_drops", 0))
+    add_link_totals(summary.links, read_heartbeats(spool), wanted=set(links))
     for name in sorted(set(liveness.silent)):
         summary.links.setdefault(name, LinkSummary(name, "agent ?")).problems.append(
             "declared silent: its agent stopped beating; windows closed without it")

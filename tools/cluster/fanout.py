@@ -58,6 +58,17 @@ class Member:
     def sublink(self, link: str) -> str:
         return SUBLINK.format(link=link, k=self.k)
 
+    def capture(self, interfaces, options) -> tuple[tuple, tuple]:
+        """(interfaces, capture options) of this member: its one interface offered as the
+        sub-link, captured through its own socket of the group."""
+        from capture.live import Fanout
+
+        if len(interfaces) != 1:
+            raise RunConfigError("--fanout-member captures one interface: give one "
+                                 "--interface NAME=IFACE and no --link")
+        ((link, iface),) = interfaces
+        return ((self.sublink(link), iface),), (*options, ("fanout", Fanout(self.group, "hash")))
+
 
 def member_argv(config, spool: str, host: str, member: Member) -> list[str]:
     """The command line of one member agent for the run or agent `config` (one interface),
@@ -166,18 +177,10 @@ class FanoutMembers:
     def summarise(self, summary, spool) -> None:
         """Each fanned-out link's numbers in `summary.links`: its members' last heartbeats,
         added up (the members' own summaries are on stderr before)."""
-        from tools.cluster.heartbeat import read_heartbeats
-        from tools.run.config import LinkSummary
+        from tools.cluster.heartbeat import add_link_totals, read_heartbeats
 
-        for beat in read_heartbeats(spool).values():
-            for sub, st in beat.links.items():
-                link = sub.rsplit("#", 1)[0]
-                s = summary.links.setdefault(link, LinkSummary(link, f"fanout of {len(self.procs)}"))
-                s.packets += int(st.get("packets", 0))
-                s.bytes += int(st.get("bytes", 0))
-                s.malformed += int(st.get("malformed", 0))
-                s.ring_drops += int(st.get("ring_drops", 0))
-                s.kernel_drops += int(st.get("kernel_drops", 0))
+        n = len(self.procs)
+        add_link_totals(summary.links, read_heartbeats(spool), source=lambda _: f"fanout of {n}")
 
     def drive(self, stop, duration_ns: int | None) -> str:
         """Until a stop request, the duration, or a member failing; then stop them all."""

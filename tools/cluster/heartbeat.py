@@ -21,6 +21,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +66,8 @@ class Beat:
     period_ns: int
     queries: list[str]
     links: dict[str, dict] = field(default_factory=dict)
+    #: a watch-mode agent's reports of the work items it runs (`tools.cluster.watch`)
+    work: dict[str, dict] = field(default_factory=dict)
 
     def age_s(self, now_ns: int | None = None) -> float:
         return ((now_ns if now_ns is not None else time.time_ns()) - self.time_ns) / 1e9
@@ -82,7 +85,8 @@ def read_heartbeats(spool: Path) -> dict[str, Beat]:
             data = json.loads(path.read_text())
             out[data["host"]] = Beat(data["host"], int(data["pid"]), int(data["time_ns"]),
                                      data["state"], int(data["period_ns"]),
-                                     list(data["queries"]), dict(data["links"]))
+                                     list(data["queries"]), dict(data["links"]),
+                                     dict(data.get("work") or {}))
         except FileNotFoundError:
             continue
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -136,13 +140,16 @@ class Heartbeat(threading.Thread):
                                      f"each link one agent")
         self.beat()
 
-    def beat(self) -> None:
-        data = {"host": self.host, "pid": os.getpid(), "time_ns": time.time_ns(),
+    def payload(self) -> dict:
+        """What a beat says (a watch-mode agent's adds its work items)."""
+        return {"host": self.host, "pid": os.getpid(), "time_ns": time.time_ns(),
                 "started_ns": self.started_ns, "state": self.state,
                 "period_ns": self.period_ns, "queries": self.queries,
                 "links": self.status()}
+
+    def beat(self) -> None:
         try:
-            write_private(self.path, json.dumps(data, indent=1) + "\n")
+            write_private(self.path, json.dumps(self.payload(), indent=1) + "\n")
         except OSError as exc:
             # a beat lost is a beat late: the collector may declare the links silent, and
             # they rejoin with the next beat that gets through
@@ -162,29 +169,54 @@ class Heartbeat(threading.Thread):
 
 
 class Liveness:
-    """Which links are silent: their agent's last beat is older than `timeout_s` and it had
-    not ended. A link turns silent once (one warning naming it and the time of its last
-    beat) and live again when a newer beat arrives."""
+    """Which links are silent: by default, their agent's last beat is older than
+    `timeout_s` and it had not ended (`update` takes another rule). A link turns silent once
+    (one warning naming it and the time of its last beat) and live again when its agent is
+    (another warning)."""
 
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
         self.silent: dict[str, int] = {}        # link -> time of its agent's last beat
 
-    def update(self, beats: dict[str, Beat], now_ns: int | None = None) -> frozenset:
-        now_ns = now_ns if now_ns is not None else time.time_ns()
+    def update(self, beats: dict[str, Beat], now_ns: int | None = None,
+               dead: Callable[[Beat], bool] | None = None) -> frozenset:
+        now = now_ns if now_ns is not None else time.time_ns()
+        if dead is None:
+            def dead(beat: Beat) -> bool:
+                return beat.state == "running" and beat.age_s(now) > self.timeout_s
         for host, beat in beats.items():
-            dead = beat.state == "running" and beat.age_s(now_ns) > self.timeout_s
+            gone = dead(beat)
             for link in beat.links:
-                if dead and link not in self.silent:
+                if gone and link not in self.silent:
                     self.silent[link] = beat.time_ns
-                    log.warning("link %s: agent %s silent since %s (no heartbeat for %.1f s): "
-                                "windows close without it; its rows that come later are late",
-                                link, host, _utc(beat.time_ns), beat.age_s(now_ns))
-                elif not dead and link in self.silent:
+                    why = f"stopped ({beat.state})" if beat.state != "running" else \
+                        f"silent since {_utc(beat.time_ns)} (no heartbeat for " \
+                        f"{beat.age_s(now):.1f} s)"
+                    log.warning("link %s: agent %s %s: windows close without it; its rows "
+                                "that come later are late", link, host, why)
+                elif not gone and link in self.silent:
                     del self.silent[link]
                     log.warning("link %s: agent %s is back (heartbeat at %s)", link, host,
                                 _utc(beat.time_ns))
         return frozenset(self.silent)
+
+
+def add_link_totals(links: dict, beats: dict[str, Beat], wanted=None, source=None) -> None:
+    """Each link's numbers from its agents' last beats into `links` (name -> LinkSummary),
+    a fanned-out link's sub-links `NAME#K` added up under NAME; only the `wanted` links
+    (all when None); `source(host)` names where each link came from."""
+    from highlevel.graph import base_link
+    from tools.run.config import LinkSummary
+
+    for host, beat in sorted(beats.items()):
+        for name, st in beat.links.items():
+            link = base_link(name)
+            if wanted is not None and link not in wanted:
+                continue
+            s = links.setdefault(link, LinkSummary(link, source(host) if source else
+                                                   f"agent {host}"))
+            for key in ("packets", "bytes", "malformed", "ring_drops", "kernel_drops"):
+                setattr(s, key, getattr(s, key) + int(st.get(key, 0) or 0))
 
 
 def _utc(ns: int) -> str:

@@ -30,9 +30,7 @@ again under the same host id attaches again (its links' windows from there on ar
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -72,37 +70,14 @@ class WatchConfig:
     member: Member | None = None
 
 
-def plan_links(links) -> tuple[list[str], dict[str, int]]:
-    """A work item's links as the plan names them, and link -> N of those captured by N
-    fanout sockets (named by their sub-links `NAME#K` in the item)."""
-    names: list[str] = []
-    fanout: dict[str, int] = {}
-    for link in links:
-        base, sep, _ = link.rpartition("#")
-        name = base if sep else link
-        if name not in names:
-            names.append(name)
-        if sep:
-            fanout[name] = fanout.get(name, 0) + 1
-    return names, fanout
-
-
 class WatchBeat(Heartbeat):
     """An agent's heartbeat with the work items it runs (`work`: name -> report)."""
 
     work: dict = {}
 
-    def beat(self) -> None:
-        from common.cachedir import write_private
-
-        data = {"host": self.host, "pid": os.getpid(), "time_ns": time.time_ns(),
-                "started_ns": self.started_ns, "state": self.state,
-                "period_ns": self.period_ns, "queries": sorted(self.work),
-                "links": self.status(), "work": self.work, "watch": True}
-        try:
-            write_private(self.path, json.dumps(data, indent=1) + "\n")
-        except OSError as exc:
-            log.warning("heartbeat %s: cannot write it: %s", self.path, os_error_text(exc))
+    def payload(self) -> dict:
+        return {**super().payload(), "queries": sorted(self.work), "work": self.work,
+                "watch": True}
 
 
 class Work:
@@ -110,7 +85,7 @@ class Work:
 
     def __init__(self, item: WorkItem, links: list[str]):
         from common.spool import last_punctuations
-        from highlevel.graph import StageGraph
+        from highlevel.graph import StageGraph, split_sublinks
         from tools.run.config import QuerySummary, plan_text
         from tools.run.feeds import OperatorFeed, SpoolQueue
         from tools.serve.submission import SubmissionFeed, first_window_start
@@ -118,7 +93,7 @@ class Work:
         self.item = item
         self.links = list(links)
         self.error: str | None = None
-        names, fanout = plan_links(item.links)
+        names, fanout = split_sublinks(item.links)
         plan = plan_text(item.text, item.file, names, dict(item.params),
                          dict(item.sets), subset=True)
         spool = Path(item.spool)
@@ -206,15 +181,10 @@ class Watcher:
             raise RunConfigError(f"link {', '.join(dup)} is given twice")
         interfaces, options = cfg.interfaces, cfg.capture_options
         if cfg.member is not None:
-            from capture.live import Fanout
-
-            if cfg.links or len(cfg.interfaces) != 1:
+            if cfg.links:
                 raise RunConfigError("--fanout-member captures one interface: give one "
                                      "--interface NAME=IFACE and no --link")
-            ((name, iface),) = cfg.interfaces
-            # its own socket of the group, offered as the sub-link
-            interfaces = ((cfg.member.sublink(name), iface),)
-            options = (*options, ("fanout", Fanout(cfg.member.group, "hash")))
+            interfaces, options = cfg.member.capture(interfaces, options)
         for name, path in cfg.links:
             if not Path(path).is_file():
                 raise RunConfigError(f"--link {name}={path}: no such capture file")

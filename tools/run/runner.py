@@ -166,10 +166,10 @@ def _run(config, plan, chosen, spool, checkpoint, started, stop, resume=None) ->
         return _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
                            outputs, resume)
     except OopscopeError as exc:
-        _close_quietly(outputs.values())      # a buffered output's rows may fault here too
+        close_quietly(outputs.values())      # a buffered output's rows may fault here too
         raise fault(exc, outputs) from None
     except BaseException:
-        _close_quietly(outputs.values())
+        close_quietly(outputs.values())
         raise
 
 
@@ -364,7 +364,7 @@ def close_outputs(outputs, complete: bool) -> None:
         raise error
 
 
-def _close_quietly(outputs) -> None:
+def close_quietly(outputs) -> None:
     """After an error: close what is still open (a no-op for the others); a fault of theirs
     is kept in the output and reported by `fault`."""
     for o in outputs:

@@ -20,13 +20,13 @@ their sub-links (`Submission.spool_links`).
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from pathlib import Path
 
 from common.units import NS_PER_S as NS
+from tools.cluster.heartbeat import Liveness
 from tools.cluster.work import CANCELLED, WorkItem, publish, read_item, withdraw, work_path
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class Agents:
         self.timeout_s = timeout_s
         self.beats: dict = {}                   # host -> tools.cluster.heartbeat.Beat
         self.work: dict[str, dict] = {}         # host -> its heartbeat's work reports
-        self.silent: dict[str, int] = {}        # link -> time of its agent's last beat
+        self.liveness = Liveness(timeout_s or MIN_TIMEOUT_S)   # the rule is `_live`
         #: hosts known to have died whatever their last beat says (the server's own fanout
         #: members that exited: `Appliance._check_members`)
         self.gone: set[str] = set()
@@ -58,29 +58,16 @@ class Agents:
         from tools.cluster.heartbeat import read_heartbeats
 
         beats = read_heartbeats(self.shared)
-        work = {}
-        for host in beats:
-            try:
-                data = json.loads((self.shared / "agents" / f"{host}.json").read_text())
-                work[host] = dict(data.get("work") or {})
-            except (OSError, ValueError):
-                work[host] = {}
         now = time.time_ns()
-        silent = dict(self.silent)
-        for host, beat in beats.items():
-            dead = not self._live(beat, now)
-            for link in beat.links:
-                if dead and link not in silent:
-                    silent[link] = beat.time_ns
-                    log.warning("link %s: agent %s %s: windows close without it; its rows "
-                                "that come later are late", link, host,
-                                f"stopped ({beat.state})" if beat.state != "running" else
-                                f"silent for {beat.age_s(now):.1f} s")
-                elif not dead and link in silent:
-                    del silent[link]
-                    log.warning("link %s: agent %s is back", link, host)
         with self._lock:
-            self.beats, self.work, self.silent = beats, work, silent
+            self.beats = beats
+            self.work = {host: beat.work for host, beat in beats.items()}
+            self.liveness.update(beats, now, dead=lambda beat: not self._live(beat, now))
+
+    @property
+    def silent(self) -> dict[str, int]:
+        """link -> time of its agent's last beat, of the silent links."""
+        return self.liveness.silent
 
     def _timeout_s(self, beat) -> float:
         if self.timeout_s is not None:

@@ -79,6 +79,8 @@ class ServedFanout:
         them: a new generation (`cleanly`: the last one was stopped cleanly) takes the
         server's fanout now; one continued after a crash must have the same, its spool
         holding the sub-links it had; `shared`: the agents' directory (None: no agents)."""
+        from highlevel.graph import base_link
+
         want = {n: k for n, k in self.fanned.items() if n in links}
         if want == {n: int(k) for n, k in record.fanout.items()}:
             return
@@ -86,9 +88,9 @@ class ServedFanout:
             raise RunConfigError(f"its spool holds the links {', '.join(links)} captured with "
                                  f"--fanout {max(record.fanout.values(), default=1)}: restart "
                                  f"the server with that --fanout to continue it")
-        agents = {n: h for n, h in record.agents.items() if "#" not in n}
+        agents = {n: h for n, h in record.agents.items() if base_link(n) == n}
         agents.update({sub: host for sub, host in self.member_links().items()
-                       if sub.rpartition("#")[0] in want})
+                       if base_link(sub) in want})
         record.fanout, record.agents = want, agents
         record.spool_root = shared if agents and shared else ""
 
