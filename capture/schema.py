@@ -97,12 +97,19 @@ COLUMN_BY_NAME: dict[str, Column] = {c.name: c for c in COLUMNS}
 
 @dataclass(frozen=True)
 class Field:
-    """A GSQL-visible packet field: its type and where its value comes from."""
+    """A GSQL-visible field: its type and where its value comes from.
+
+    Packet fields read decoded packet columns. A record protocol's field (declared in a
+    schema file, `queries.schemafile`) reads one column of a record batch, named
+    `record_column(name)`; `accessor` is its GS-lite access function (`get_csv_uint_pos3`,
+    `get_system_time`) and `properties` its attributes (`increasing`, `required`, ...)."""
 
     name: str
-    type: str          # uint | ullong | llong | bool | ipv4 | ip | mac | string (ip: 128-bit, 2 columns)
+    type: str          # uint | ullong | int | llong | float | bool | ipv4 | ip | mac | string (ip: 128-bit, 2 columns)
     columns: tuple[str, ...]   # physical columns (two for ip), empty for `link`
     doc: str
+    accessor: str | None = None
+    properties: frozenset[str] = frozenset()
 
 
 def _f(name: str, type_: str, columns: tuple[str, ...] | None = None, doc: str = "") -> Field:
@@ -111,12 +118,23 @@ def _f(name: str, type_: str, columns: tuple[str, ...] | None = None, doc: str =
 
 @dataclass(frozen=True)
 class Protocol:
-    """A GSQL protocol: rows it sees (layer mask) and the fields it adds to its parent's."""
+    """A GSQL protocol: rows it sees (layer mask) and the fields it adds to its parents'.
+
+    `record` is None for the built-in packet protocols and `csv` or `gdat` for a record
+    protocol of a schema file, whose rows are records of that format; `where` says where it
+    was declared (`file:line`) for messages."""
 
     name: str
     parent: str | None
     require_any: int          # a row belongs to the protocol iff layers & require_any != 0 (0 = all rows)
     fields: tuple[Field, ...]
+    parents: tuple[str, ...] = ()     # more parents (schema files allow several), after `parent`
+    record: str | None = None
+    where: str | None = None
+
+    @property
+    def all_parents(self) -> tuple[str, ...]:
+        return ((self.parent,) if self.parent is not None else ()) + self.parents
 
 
 _PACKET_FIELDS = (
@@ -182,21 +200,134 @@ PROTOCOLS: dict[str, Protocol] = {
 }
 
 
-def protocol_fields(protocol: str) -> dict[str, Field]:
+def record_column(field: str) -> str:
+    """The record-batch column of a record protocol's field (prefixed, so that no field name
+    can collide with the columns every batch has: `timestamp`, `layers`, `reason`)."""
+    return "r." + field
+
+
+#: GS-lite's access function that samples the wall clock when a record is read
+SYSTEM_TIME = "get_system_time"
+
+
+@dataclass(frozen=True)
+class RecordFormat:
+    """How the records of a record protocol are read and timed (what a record source and
+    the low level need of a schema-file protocol; `Schema.record_format`).
+
+    `fields` are every field, inherited ones first. Each record batch has a `timestamp`
+    column (int64 ns) like a packet batch: the value of the `clock` field times
+    `clock_unit_ns`, or, when the clock is GS-lite's `get_system_time` (or there is no
+    increasing field), the wall clock when the record was read. The clock field's windows
+    are then those of `time` (unit 10**9: a uint of seconds) or of `timestamp` (unit 1: a
+    64-bit value taken as is)."""
+
+    protocol: str
+    kind: str                           # "csv" | "gdat"
+    fields: tuple[Field, ...]
+    clock: str | None                   # the field that is the record's time, if any
+    clock_unit_ns: int = 10**9
+
+    @property
+    def system_clock(self) -> bool:
+        """Whether records are timed by the wall clock when read (timer punctuation then
+        applies, as for a live interface)."""
+        if self.clock is None:
+            return True
+        return next(f for f in self.fields if f.name == self.clock).accessor == SYSTEM_TIME
+
+
+def clock_of(fields: tuple[Field, ...]) -> tuple[str | None, int]:
+    """The clock field of a record protocol and its unit (see `RecordFormat`): the first
+    increasing field read from the record, else the first increasing `get_system_time` field;
+    32-bit and smaller integers count seconds, 64-bit ones are taken as nanoseconds."""
+    increasing = [f for f in fields if "increasing" in f.properties
+                  and f.type in ("uint", "int", "ullong", "llong")]
+    read = [f for f in increasing if f.accessor != SYSTEM_TIME]
+    if not (read or increasing):
+        return None, 10**9
+    chosen = (read or increasing)[0]
+    return chosen.name, (1 if chosen.type in ("ullong", "llong") else 10**9)
+
+
+class Schema:
+    """The protocols queries can read: the built-in packet protocols, plus the protocols of
+    schema files (`queries.schemafile.load_schema`). Names are case-insensitive."""
+
+    def __init__(self, protocols: dict[str, Protocol], files: tuple[str, ...] = ()):
+        self._protocols = {name.upper(): p for name, p in protocols.items()}
+        #: the schema files read, in order (for messages and `explain`)
+        self.files = files
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.upper() in self._protocols
+
+    def __iter__(self):
+        return iter(p.name for p in self._protocols.values())
+
+    def names(self) -> list[str]:
+        return [p.name for p in self._protocols.values()]
+
+    def protocol(self, name: str) -> Protocol:
+        """The protocol named `name` (KeyError if unknown)."""
+        return self._protocols[name.upper()]
+
+    def canonical(self, name: str) -> str:
+        """`name` as the protocol spells it (`ipv4` -> `IPV4`)."""
+        return self.protocol(name).name
+
+    def fields(self, protocol: str) -> dict[str, Field]:
+        """All fields visible in `protocol`, its ancestors' included, ancestors first
+        (KeyError if unknown)."""
+        fields: dict[str, Field] = {}
+        seen: set[str] = set()
+
+        def add(name: str) -> None:
+            p = self.protocol(name)
+            if p.name in seen:
+                return
+            seen.add(p.name)
+            for parent in p.all_parents:
+                add(parent)
+            for f in p.fields:
+                fields[f.name] = f
+
+        add(protocol)
+        return fields
+
+    def mask(self, protocol: str) -> int:
+        """Layer bits a row needs to belong to `protocol` (0: every row)."""
+        return self.protocol(protocol).require_any
+
+    def is_record(self, protocol: str) -> bool:
+        return self.protocol(protocol).record is not None
+
+    def record_format(self, protocol: str) -> RecordFormat | None:
+        """How records of `protocol` are read (None for a packet protocol)."""
+        p = self.protocol(protocol)
+        if p.record is None:
+            return None
+        fields = tuple(self.fields(protocol).values())
+        clock, unit = clock_of(fields)
+        return RecordFormat(p.name, p.record, fields, clock, unit)
+
+    def with_protocols(self, protocols: list[Protocol], files: tuple[str, ...] = ()) -> Schema:
+        """This schema with `protocols` added (a name already present is replaced)."""
+        merged = dict(self._protocols)
+        for p in protocols:
+            merged[p.name.upper()] = p
+        return Schema(merged, self.files + files)
+
+
+#: the built-in packet protocols only
+BUILTIN = Schema(PROTOCOLS)
+
+
+def protocol_fields(protocol: str, schema: Schema = BUILTIN) -> dict[str, Field]:
     """All fields visible in `protocol`, its ancestors' included (KeyError if unknown)."""
-    chain = []
-    name: str | None = protocol
-    while name is not None:
-        p = PROTOCOLS[name]
-        chain.append(p)
-        name = p.parent
-    fields: dict[str, Field] = {}
-    for p in reversed(chain):
-        for f in p.fields:
-            fields[f.name] = f
-    return fields
+    return schema.fields(protocol)
 
 
-def protocol_mask(protocol: str) -> int:
+def protocol_mask(protocol: str, schema: Schema = BUILTIN) -> int:
     """Layer bits a row needs to belong to `protocol` (0: every row)."""
-    return PROTOCOLS[protocol].require_any
+    return schema.mask(protocol)

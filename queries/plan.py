@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from capture.schema import RecordFormat
+
 FLUSH_POLICIES = ("oop_lazy", "oop_slow", "iop_slow")
 SUBAGG_KINDS = ("count", "sum", "min", "max", "and", "or", "xor", "first", "last", "distinct")
 
@@ -145,7 +147,9 @@ class LowLevelPlan:
     #: "drop" late packets (counted) or "correct" them through a late partition
     #: (docs/semantics.md "Late data")
     late: str = "drop"
-
+    #: a record protocol's format (the link carries records of a schema file's protocol,
+    #: not packets); None for packet protocols
+    record: RecordFormat | None = field(default=None, hash=False, compare=False)
 
 
 # --- the high level ---------------------------------------------------------------------------
