@@ -109,3 +109,54 @@ def tally(length, caplen, reason, reason_counts, timestamp):
         if i and timestamp[i] < timestamp[i - 1]:
             in_order = False
     return wire, captured, in_order
+
+
+#: the columns every record batch has beside its fields' (`capture.records`): generic code
+#: (timers, byte counters, the protocol mask) reads them as it reads a packet batch's
+RECORD_BASE_COLUMNS = ("timestamp", "len", "layers", "reason")
+
+
+@dataclass
+class RecordBatch(PacketBatch):
+    """Records of a schema-file protocol (`capture.records`), one row per record, with the
+    interface of a packet batch where the low level uses it.
+
+    Columns: `timestamp` (int64 ns: the clock field times its unit, or the wall clock when
+    read), `len` (uint32: bytes of the line, its end included), `layers` and `reason` (zero:
+    a record plan's protocol mask is 0, every row belongs), and per field its columns
+    (`capture.records.field_columns`): uint/ullong uint64, int/llong int64, float float64,
+    bool uint8, IPv4 uint64 IPv4-mapped, IPv6 two uint64 halves, string uint64 codes into
+    `strings[column]`, the link's `capture.strings.StringTable` (one table for every string
+    column of the link). `offsets` are the records' line numbers (1-based) in the source."""
+
+    strings: Mapping = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        missing = [c for c in RECORD_BASE_COLUMNS if c not in self.columns]
+        if missing:
+            raise ValueError(f"record batch of link {self.link!r} lacks columns {missing}")
+
+    def slice(self, start: int, stop: int) -> RecordBatch:
+        offs = None if self.offsets is None else self.offsets[start:stop]
+        return RecordBatch(self.link, {k: v[start:stop] for k, v in self.columns.items()}, offs,
+                           self.in_order, strings=self.strings)
+
+    def take(self, mask_or_index: np.ndarray) -> RecordBatch:
+        offs = None if self.offsets is None else self.offsets[mask_or_index]
+        return RecordBatch(self.link, {k: v[mask_or_index] for k, v in self.columns.items()},
+                           offs, strings=self.strings)
+
+    def copy(self) -> RecordBatch:
+        offs = None if self.offsets is None else self.offsets.copy()
+        return RecordBatch(self.link, {k: v.copy() for k, v in self.columns.items()}, offs,
+                           self.in_order, strings=self.strings)
+
+    @staticmethod
+    def concat(batches: list) -> RecordBatch:
+        if not batches:
+            raise ValueError("concat of no batches")
+        first = batches[0]
+        cols = {k: np.concatenate([b.columns[k] for b in batches]) for k in first.columns}
+        offs = None if any(b.offsets is None for b in batches) else \
+            np.concatenate([b.offsets for b in batches])
+        return RecordBatch(first.link, cols, offs, strings=first.strings)

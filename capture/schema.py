@@ -8,6 +8,7 @@ half alone identifies an IPv4 address and the pair is unambiguous across version
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,6 +111,9 @@ class Field:
     doc: str
     accessor: str | None = None
     properties: frozenset[str] = frozenset()
+    #: Gigascope's name for one of our fields (`GIGASCOPE_ALIASES`): the field it stands for,
+    #: which queries resolve it to (the plans are those of our name)
+    alias_of: str | None = None
 
 
 def _f(name: str, type_: str, columns: tuple[str, ...] | None = None, doc: str = "") -> Field:
@@ -131,6 +135,10 @@ class Protocol:
     parents: tuple[str, ...] = ()     # more parents (schema files allow several), after `parent`
     record: str | None = None
     where: str | None = None
+    #: False for a schema-file protocol that reads nothing from the records itself or through
+    #: its ancestors (GS-lite's `base`: only `get_system_time` / `get_schemaId`): a parent
+    #: of record protocols, which no query can read directly (`record` is then None)
+    queryable: bool = True
 
     @property
     def all_parents(self) -> tuple[str, ...]:
@@ -165,8 +173,43 @@ _PORT_FIELDS = (
     _f("destPort", "uint", None, "destination port"),
 )
 
+#: Gigascope's / Tigon SQL's names of packet fields (as its manual's example queries write
+#: them) -> (our field, how the meaning compares). Each is a field of every built-in protocol
+#: that declares ours, with its type there (`sourceIP` is an ipv4 in IPV4 queries). Names the
+#: manual uses with the same spelling as ours (time, len, protocol, ipversion, ttl, tos,
+#: srcIP, destIP, srcPort, destPort, flags) need no alias; docs/gsql.md lists what differs.
+GIGASCOPE_ALIASES: dict[str, tuple[str, str]] = {
+    "sourceIP": ("srcIP", "same"),
+    "source_port": ("srcPort", "same"),
+    "dest_port": ("destPort", "same"),
+    "total_length": ("ip_len", "same (IPv6: the payload length + 40, the whole packet)"),
+    "offset": ("frag_offset", "in bytes here; `offset = 0` (not a later fragment) means "
+                              "the same"),
+    "sequence_number": ("seq", "same"),
+    "ack_number": ("ack", "same"),
+    "data_length": ("payload_len", "same: the transport payload's length"),
+}
+
+#: fields of Gigascope's packet schema that oopscope has no data for yet (the queries that
+#: name them get a located "not supported yet" error rather than "unknown column")
+UNSUPPORTED_FIELDS: dict[str, str] = {
+    "TCP_data": "the TCP payload bytes: oopscope keeps no payloads (data_length, or "
+                "payload_len, is the payload's length)",
+    "UDP_data": "the UDP payload bytes: oopscope keeps no payloads (data_length, or "
+                "payload_len, is the payload's length)",
+}
+
+
+def _with_aliases(p: Protocol) -> Protocol:
+    own = {f.name: f for f in p.fields}
+    extra = tuple(Field(alias, own[ours].type, own[ours].columns,
+                        f"Gigascope's name for {ours}", alias_of=ours)
+                  for alias, (ours, _) in GIGASCOPE_ALIASES.items() if ours in own)
+    return Protocol(p.name, p.parent, p.require_any, p.fields + extra, p.parents)
+
+
 PROTOCOLS: dict[str, Protocol] = {
-    p.name: p
+    p.name: _with_aliases(p)
     for p in (
         Protocol("PACKET", None, 0, _PACKET_FIELDS),
         # ports, TCP flags and ICMP type/code are 0 in the rows without them (a flow query
@@ -208,6 +251,37 @@ def record_column(field: str) -> str:
 
 #: GS-lite's access function that samples the wall clock when a record is read
 SYSTEM_TIME = "get_system_time"
+#: GS-lite's access function of the record's schema id (a constant per interface for us)
+SCHEMA_ID = "get_schemaId"
+#: access functions every record protocol may use, whatever its format
+SYSTEM_ACCESSORS = frozenset({SYSTEM_TIME, SCHEMA_ID})
+#: the data types of GS-lite's built-in record access functions and our type of each
+RECORD_ACCESSOR_TYPES = {"uint": "uint", "ullong": "ullong", "ip": "ipv4", "ipv6": "ip",
+                         "string": "string", "bool": "bool", "int": "int", "llong": "llong",
+                         "float": "float"}
+_RECORD_ACCESSOR = re.compile(r"get_(csv|gdat)_([a-z0-9]+)_pos([0-9]+)")
+
+
+@dataclass(frozen=True)
+class RecordAccessor:
+    """A GS-lite built-in record access function `get_<format>_<type>_pos<N>`: the record
+    format (csv | gdat), the GS-lite data type it parses (`ipv6`), that type as ours (`ip`)
+    and the 1-based field position."""
+
+    kind: str
+    gs_type: str
+    type: str
+    position: int
+
+
+def record_accessor(accessor: str | None) -> RecordAccessor | None:
+    """The record access function `accessor` names, or None when it is not one of the
+    `get_csv_*_posN` / `get_gdat_*_posN` functions (type unknown to GS-lite included)."""
+    m = _RECORD_ACCESSOR.fullmatch(accessor or "")
+    if m is None or m.group(2) not in RECORD_ACCESSOR_TYPES:
+        return None
+    return RecordAccessor(m.group(1), m.group(2), RECORD_ACCESSOR_TYPES[m.group(2)],
+                          int(m.group(3)))
 
 
 @dataclass(frozen=True)

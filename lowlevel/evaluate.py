@@ -2,8 +2,9 @@
 
 `evaluate(expr, batch, params=None)` returns one numpy array per expression (length = rows of
 the batch): uint64 for unsigned types (uint, ullong, ipv4 as 32-bit values, mac), int64 for
-signed, float64, bool, an object array of str for strings, and for `ip` a tuple (hi, lo) of
-uint64 arrays. No Python runs per row except in `ip_str` (display only, high level).
+signed, float64, bool, an object array of str for strings (a record batch's string field:
+`StringCodes`, codes into the link's intern table, decoded only where the text itself is
+needed), and for `ip` a tuple (hi, lo) of uint64 arrays. No Python runs per row except in `ip_str` (display only, high level).
 Semantics are those of `queries.types` (integer division truncates toward zero, a zero divisor
 gives 0, 64-bit wrapping arithmetic). `evaluate_columns` does the same over named columns
 (a dict or a pandas DataFrame; an `ip` column may be a (hi, lo) tuple or an object array of
@@ -35,7 +36,32 @@ MAPPED = U64(0x0000_FFFF_0000_0000)
 LOW32 = U64(0xFFFF_FFFF)
 ALL64 = U64(0xFFFF_FFFF_FFFF_FFFF)
 
-Value = Any   # np.ndarray or (hi, lo)
+Value = Any   # np.ndarray, (hi, lo), or StringCodes
+
+
+class StringCodes:
+    """A string value over a record batch: uint64 codes into the link's intern table
+    (`capture.strings.StringTable`), not per-row Python objects. `=`/`<>` against a literal or
+    another string of the same link compare codes; group keys and projected columns keep the
+    codes (decoded to text when partial rows are made); any other use decodes to an object
+    array (`plain`)."""
+
+    __slots__ = ("codes", "table")
+
+    def __init__(self, codes: np.ndarray, table):
+        self.codes = codes
+        self.table = table
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def decode(self) -> np.ndarray:
+        return self.table.objects(self.codes)
+
+
+def plain(v: Value) -> Value:
+    """`v` with string codes decoded to an object array of str (other values as they are)."""
+    return v.decode() if isinstance(v, StringCodes) else v
 
 
 def _fields_by_name() -> dict:
@@ -64,6 +90,9 @@ def batch_field(batch, name: str, type_: str, columns: tuple | None) -> Value:
         return (batch[hi].astype(U64, copy=False), batch[lo].astype(U64, copy=False))
     col = columns[0] if columns else name
     raw = batch[col]
+    if type_ == "string":
+        # a record batch's string field: codes into the link's table (capture.records)
+        return StringCodes(raw, batch.strings[col])
     if type_ == "ipv4":
         return raw.astype(U64) & LOW32
     if type_ == "bool":
@@ -83,7 +112,9 @@ def evaluate(expr: E.Expr, batch, params: Mapping[str, Any] | None = None,
     def lookup(node):
         if isinstance(node, E.Field):
             return batch_field(batch, node.name, node.type, node.columns)
-        f = _FIELDS.get(node.name)
+        fmt = getattr(batch, "format", None)
+        f = _FIELDS.get(node.name) if fmt is None else \
+            next((x for x in fmt.fields if x.name == node.name), None)
         if f is None or node.table is not None:
             raise QueryError.at(node, f"unknown packet field {node.name!r}")
         return batch_field(batch, f.name, f.type, f.columns)
@@ -150,6 +181,7 @@ def _rows(columns) -> int:
 # --- the evaluator ------------------------------------------------------------------------------
 
 def truthy(v: Value) -> np.ndarray:
+    v = plain(v)
     if isinstance(v, tuple):
         return (v[0] != 0) | (v[1] != 0)
     if v.dtype == np.bool_:
@@ -179,6 +211,11 @@ _UNSIGNED_VS_NEGATIVE = {"=": False, "<>": True, "<": False, ">": True, "<=": Fa
 
 
 def compare(op: str, a: Value, b: Value) -> np.ndarray:
+    if isinstance(a, StringCodes) or isinstance(b, StringCodes):
+        if isinstance(a, StringCodes) and isinstance(b, StringCodes) and a.table is b.table \
+                and op in ("=", "<>"):
+            return _compare_arrays(op, a.codes, b.codes)
+        a, b = plain(a), plain(b)
     if isinstance(a, tuple) or isinstance(b, tuple):
         (ah, al), (bh, bl) = _promote_ip(a), _promote_ip(b)
         eq = (ah == bh) & (al == bl)
@@ -247,6 +284,8 @@ def _shift(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def binary(op: str, a: Value, b: Value) -> Value:
+    if op not in _FLIP:
+        a, b = plain(a), plain(b)
     if op == "AND":
         return truthy(a) & truthy(b)
     if op == "OR":
@@ -326,6 +365,9 @@ def cast(name: str, v: Value) -> np.ndarray:
 
 def if_else(c: Value, a: Value, b: Value) -> Value:
     cond = truthy(c)
+    if isinstance(a, StringCodes) and isinstance(b, StringCodes) and a.table is b.table:
+        return StringCodes(np.where(cond, a.codes, b.codes), a.table)
+    a, b = plain(a), plain(b)
     if isinstance(a, tuple) or isinstance(b, tuple):
         (ah, al), (bh, bl) = _promote_ip(a), _promote_ip(b)
         return (np.where(cond, ah, bh), np.where(cond, al, bl))
@@ -382,6 +424,7 @@ class Evaluator:
             return self.constant(self.params[node.name], "")
         if isinstance(node, E.Unary):
             v = self.ev(node.this)
+            v = plain(v)
             if node.op == "NOT":
                 return ~truthy(v)
             v = _num(v)
@@ -390,12 +433,21 @@ class Evaluator:
                     return -v if v.dtype == np.float64 else -(v.astype(I64))
             return ~v
         if isinstance(node, E.Binary):
+            if node.op in ("=", "<>"):
+                quick = self._string_literal(node.op, node.left, node.right)
+                if quick is not None:
+                    return quick
             left, right = self.ev(node.left), self.ev(node.right)
             if self.zeros is not None and node.op in ("/", "%"):
                 self._zero_divisors(right)
             return binary(node.op, left, right)
         if isinstance(node, E.In):
             this = self.ev(node.this)
+            if isinstance(this, StringCodes) and all(
+                    isinstance(i, E.Literal) and isinstance(i.value, str) for i in node.items):
+                codes = [c for i in node.items if (c := this.table.code_of(i.value)) is not None]
+                return np.isin(this.codes, np.array(codes, np.uint64))
+            this = plain(this)
             out = np.zeros(self.n, bool)
             for item in node.items:
                 out |= compare("=", this, self.ev(item))
@@ -407,10 +459,31 @@ class Evaluator:
                 return prefix(self.ev(args[0]), int(args[1].value))
             if node.name == "if_else" and self.zeros is not None:
                 return self._if_else(*args)
-            return self.func(node.name, [self.ev(a) for a in args])
+            return self.func(node.name, [plain(self.ev(a)) for a in args])
         if isinstance(node, E.Aggregate):
             raise QueryError.at(node, "an aggregate cannot be evaluated per row")
         raise QueryError.at(node, f"cannot evaluate {type(node).__name__}")
+
+    def _string_literal(self, op: str, left: E.Node, right: E.Node) -> np.ndarray | None:
+        """`s = 'text'` (or `<>`, either side) over string codes: one code compared, the
+        text looked up once in the link's table (None: not that case)."""
+        if isinstance(right, E.Literal) and isinstance(right.value, str):
+            other = left
+            text = right.value
+        elif isinstance(left, E.Literal) and isinstance(left.value, str):
+            other = right
+            text = left.value
+        else:
+            return None
+        if not isinstance(other, (E.Field, E.Column)):
+            return None
+        v = self.ev(other)
+        if not isinstance(v, StringCodes):
+            return compare(op, v, self.constant(text, "string"))
+        code = v.table.code_of(text)
+        if code is None:          # a text the link has never carried equals no row
+            return np.full(len(v), op == "<>")
+        return _compare_arrays(op, v.codes, np.asarray(code, U64))
 
     def _zero_divisors(self, divisor: Value) -> None:
         if isinstance(divisor, tuple):

@@ -42,6 +42,7 @@ from common.jit import ngjit
 from lowlevel.aggregates import AggSpec, StateLayout, distinct_hashes
 from lowlevel.engine import HashAggregator, Partials
 from lowlevel.errors import LowLevelError
+from lowlevel.evaluate import StringCodes
 from lowlevel.flowtable import FlowAggregator
 from lowlevel.partials import KeySpec, PartialSchema, encode_key, key_width
 from queries.plan import FLUSH_POLICIES, LowLevelPlan
@@ -112,16 +113,23 @@ class LowLevelOperator:
         if plan.flush not in FLUSH_POLICIES:
             raise LowLevelError(f"{where}: flush policy {plan.flush!r} is not one of "
                                 f"{', '.join(FLUSH_POLICIES)}")
-        try:
-            self._mask = protocol_mask(plan.protocol)
-        except KeyError:
-            raise LowLevelError(f"{where}: unknown protocol {plan.protocol!r}") from None
+        if plan.record is not None:
+            self._mask = 0           # a record link: every row is a record of the protocol
+        else:
+            try:
+                self._mask = protocol_mask(plan.protocol)
+            except KeyError:
+                raise LowLevelError(f"{where}: unknown protocol {plan.protocol!r}") from None
         self._evaluate_fn = evaluate
         cols = plan.keys if plan.window is not None else plan.projections
+        supported = _SUPPORTED_KEY_TYPES | ({"string"} if plan.record is not None else set())
+        # string keys are a record link's codes, decoded through its intern table (taken
+        # from the first batch) when partial rows are made
+        self._string_keys = any(k.type == "string" for k in cols)
         for k in cols:
-            if k.type not in _SUPPORTED_KEY_TYPES:
+            if k.type not in supported:
                 raise LowLevelError(f"{where}: column {k.name!r} has type {k.type!r}; the low "
-                                    f"level takes {', '.join(sorted(_SUPPORTED_KEY_TYPES))}")
+                                    f"level takes {', '.join(sorted(supported))}")
         self._keys = [KeySpec(k.name, k.type) for k in cols]
         specs = [AggSpec(s.name, s.kind, s.dtype, plan.distinct_registers) for s in plan.subaggs]
         try:
@@ -192,7 +200,15 @@ class LowLevelOperator:
         which then decodes only those), or None when it cannot tell (a callable expression)."""
         from capture.schema import PROTOCOLS
 
-        fields = {f.name: f for p in PROTOCOLS.values() for f in p.fields}
+        if self.plan.record is not None:
+            from dataclasses import replace
+
+            from capture.records import field_columns
+
+            fields = {f.name: replace(f, columns=field_columns(f))
+                      for f in self.plan.record.fields}
+        else:
+            fields = {f.name: f for p in PROTOCOLS.values() for f in p.fields}
         names = {"timestamp", "layers", "reason"}
         if self._flow is not None and self._flow.fin_rst:
             names.add("flags")
@@ -206,7 +222,7 @@ class LowLevelOperator:
                 return None
             for node in e.walk():
                 kind = type(node).__name__
-                if kind == "Field" and node.columns is not None:
+                if kind == "Field" and node.columns:
                     names.update(node.columns)
                 elif kind in ("Field", "Column"):
                     f = fields.get(node.name)
@@ -325,6 +341,9 @@ class LowLevelOperator:
                 banks["iufd".index(bank)][:, col] = batch[direct]
                 continue
             v = self._eval(s.arg, batch)
+            if isinstance(v, StringCodes):
+                raise LowLevelError(f"query {self.plan.query!r}: {s.kind}({s.name}) over a "
+                                    "string is not supported; group by it instead")
             if bank == "d":
                 v = distinct_hashes(v)
             else:
@@ -359,6 +378,8 @@ class LowLevelOperator:
         c["packets_in"] += n
         if n == 0:
             return []
+        if self._string_keys and self.schema.strings is None:
+            self.schema.strings = _link_strings(batch)
         if self._flow is not None:
             assert isinstance(self.engine, FlowAggregator)   # a flow plan runs a flow table
             self.engine.observe(int(batch["timestamp"].max()))
@@ -543,6 +564,12 @@ class LowLevelOperator:
             out.update(e)
         out.update(self._late_counts)
         return out
+
+
+def _link_strings(batch):
+    """The intern table of a record batch's link (every string column shares it), or None."""
+    tables = getattr(batch, "strings", None)
+    return next(iter(tables.values()), None) if tables else None
 
 
 def column_major(flat: np.ndarray, n: int, width: int) -> np.ndarray:

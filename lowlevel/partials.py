@@ -16,9 +16,11 @@ Schema metadata: `oopscope.query`, `oopscope.link`, `oopscope.pane_ns`, `oopscop
 knows the super-aggregate (count/sum -> sum, min -> min, max -> max, and/or/xor -> same,
 distinct -> register-wise max, first/last -> by `__t`). Several rows of one (window, group) are
 normal; `combine_partials` merges them (the high level's job, offered here vectorised).
-Key types: `ip` is two uint64 columns; `llong`/`int` are int64, `float` float64, `bool` bool;
-every other GSQL type (uint, ullong, ipv4, mac) is uint64. The table stores every key as
-uint64 bits (signed and float keys bit-cast; so -0.0 and 0.0 are different float keys).
+Key types: `ip` is two uint64 columns; `llong`/`int` are int64, `float` float64, `bool` bool,
+`string` Arrow string (a record link's string codes in the table, decoded here through the
+link's `capture.strings.StringTable`); every other GSQL type (uint, ullong, ipv4, mac) is
+uint64. The table stores every key as uint64 bits (signed and float keys bit-cast; so -0.0 and
+0.0 are different float keys).
 """
 
 from __future__ import annotations
@@ -45,7 +47,14 @@ def key_dtype(type_: str) -> np.dtype:
 
 
 def encode_key(values, type_: str) -> list[np.ndarray]:
-    """Evaluated key values -> the uint64 table columns (1, or 2 for ip: hi, lo)."""
+    """Evaluated key values -> the uint64 table columns (1, or 2 for ip: hi, lo; a string:
+    its codes in the link's intern table)."""
+    if type_ == "string":
+        codes = getattr(values, "codes", None)
+        if codes is None:
+            raise TypeError("a string key must be a record link's string (codes into its "
+                            "intern table)")
+        return [np.asarray(codes, dtype=np.uint64)]
     if type_ == "ip":
         hi, lo = values
         return [np.asarray(hi, dtype=np.uint64), np.asarray(lo, dtype=np.uint64)]
@@ -59,7 +68,7 @@ def encode_key(values, type_: str) -> list[np.ndarray]:
 
 
 def decode_key(cols: list[np.ndarray], type_: str) -> list[np.ndarray]:
-    if type_ == "ip":
+    if type_ in ("ip", "string"):       # string: codes, decoded by the schema's table
         return cols
     dt = key_dtype(type_)
     c = np.ascontiguousarray(cols[0])
@@ -81,6 +90,9 @@ class PartialSchema:
                  link: str = "", pane_ns: int = 0, offset_ns: int = 0, flush: str = ""):
         self.keys = list(keys)
         self.layout = layout
+        #: the link's intern table (`capture.strings.StringTable`) string keys decode with;
+        #: set by the operator from its first record batch
+        self.strings = None
         fields = [pa.field("window", pa.int64(), nullable=False)]
         self.key_names: list[str] = []
         for k in self.keys:
@@ -89,7 +101,8 @@ class PartialSchema:
                 types = [pa.uint64(), pa.uint64()]
             else:
                 names = [k.name]
-                types = [pa.from_numpy_dtype(key_dtype(k.type))]
+                types = [pa.string() if k.type == "string" else
+                         pa.from_numpy_dtype(key_dtype(k.type))]
             for nm, t in zip(names, types):
                 fields.append(pa.field(nm, t, nullable=False))
             self.key_names += names
@@ -116,12 +129,22 @@ class PartialSchema:
         for k in self.keys:
             w = key_width(k.type)
             for col in decode_key([chunk.keys[:, j + x] for x in range(w)], k.type):
+                if k.type == "string":
+                    arrays.append(self._texts(col, k.name))
+                    continue
                 arrays.append(pa.array(np.ascontiguousarray(col)))
             j += w
         states = self.layout.state_columns(chunk.banks)
         for name in self.state_names:
             arrays.append(_state_array(states[name], self.schema.field(name).type))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def _texts(self, codes: np.ndarray, name: str) -> pa.Array:
+        if self.strings is None:
+            if len(codes) == 0:
+                return pa.array([], pa.string())
+            raise ValueError(f"string key {name!r}: no intern table to decode its codes with")
+        return self.strings.decode(codes)
 
     def to_numpy(self, table) -> tuple[np.ndarray, list[np.ndarray], dict[str, np.ndarray]]:
         """(window, key columns, named state columns) of partial rows (Table or batches)."""

@@ -1,7 +1,10 @@
 """Semantic analysis of a parsed query file: names, types, windows, aggregates, DEFINEs, links.
 
-`analyse_file` checks every query against the packet schema (`capture.schema`) and the earlier
-queries of the file, and returns one `AnalysedQuery` per query with every column reference
+`analyse_file` checks every query against the packet schema (`capture.schema`) and the queries
+it reads, taking them in dependency order (`queries.query_graph`: a query may read one defined
+later, as in GS-lite), after refusing GS-lite constructs it does not run (`queries.gslite`) and
+substituting `#name` DEFINE references; it returns one `AnalysedQuery` per query, in that
+order, with every column reference
 resolved into an `expressions.Field` (name, type, physical columns). Everything wrong is a
 `QueryError` at the offending node's line and column.
 """
@@ -15,20 +18,33 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
-from capture.schema import PROTOCOLS, protocol_fields
+from capture.schema import BUILTIN, Field, RecordFormat, Schema
 from common.errors import ConfigError
 from queries import expressions as E
 from queries import types as T
 from queries.constants import fold
-from queries.definitions import FLOW_KEYS, check_define, parse_param_value
+from queries.definitions import (
+    DEFINE_KEYS,
+    FLOW_KEYS,
+    check_define,
+    define_refs,
+    is_gslite_key,
+    parse_param_value,
+    substitute_refs,
+)
 from queries.errors import QueryError
+from queries.gslite import check_constructs
 from queries.inference import conjoin, conjuncts, form_of, sides_of, type_of, unit_ns
 from queries.naming import generated_name, unique_names
 from queries.printer import to_gsql
+from queries.query_graph import dependency_order
 from queries.scope import GroupedScope, Scope
 from queries.tokens import MAX_NAME_LENGTH
 
 log = logging.getLogger(__name__)
+
+#: GS-lite's interface set that a source without interfaces reads
+DEFAULT_INTERFACE_SET = "default"
 
 
 @dataclass(frozen=True)
@@ -54,6 +70,16 @@ class SourceInfo:
     columns: dict[str, ColumnInfo] = field(default_factory=dict)
     window_ns: int | None = None      # band joins: the per-source RANGE
     wa: E.Field | None = None         # band joins: the windowing attribute of this side
+    #: link sources: the protocol's schema fields (physical columns, access functions)
+    fields: dict[str, Field] = field(default_factory=dict)
+    #: link sources of a schema file's record protocol: how its records are read
+    record: RecordFormat | None = None
+
+    def plain_columns(self) -> list[ColumnInfo]:
+        """The columns, each once: without Gigascope's names of packet fields (`sourceIP`
+        for `srcIP`, capture.schema.GIGASCOPE_ALIASES)."""
+        return [c for c in self.columns.values()
+                if self.kind != "link" or self.fields[c.name].alias_of is None]
 
 
 @dataclass
@@ -133,23 +159,38 @@ def join_side(columns: dict[str, E.Expr], expr: E.Expr) -> str | None:
 
 
 class Analyser:
-    """Analyses the queries of one file in order; later queries may read earlier ones."""
+    """Analyses the queries of a file in dependency order: a query after every query it reads
+    (GS-lite's query sets may read queries defined later); file order otherwise."""
 
     def __init__(self, tree: E.QueryFile, links: list[str] | None = None,
                  params: dict[str, str] | None = None, overrides: dict[str, str] | None = None,
-                 source: str | None = None):
+                 source: str | None = None, schema: Schema = BUILTIN):
         self.tree = tree
+        self.schema = schema
         self.links = list(links) if links else None
         self.params = dict(params or {})
         self.overrides = dict(overrides or {})
         self.source = source
         self.path = tree.path
+        self.file_source = source   # `source` as given; queries of other files have their own
         self.done: dict[str, AnalysedQuery] = {}
         self.flow_mode = False   # the query being analysed runs the low level's flow table
+        self.cur_refs: set[str] = set()        # DEFINE keys the query reads as GS-lite `#name`
+        self.cur_warnings: list[str] = []      # warnings found before the AnalysedQuery exists
 
     # --- errors ----------------------------------------------------------------------------
     def error(self, node, message: str) -> QueryError:
         return QueryError.at(node, message, source=self.source, path=self.path)
+
+    def _error_in(self, q: E.Query, node, message: str) -> QueryError:
+        self._locate_in(q)
+        return self.error(node, message)
+
+    def _locate_in(self, q: E.Query) -> None:
+        """Errors about `q` name its own file and show its text (a tree of several files,
+        `parser.parse_files`, keeps each query's path and each file's text)."""
+        self.path = q.path or self.tree.path
+        self.source = (self.tree.sources or {}).get(self.path, self.file_source)
 
     # --- file --------------------------------------------------------------------------------
     def run(self) -> list[AnalysedQuery]:
@@ -166,6 +207,7 @@ class Analyser:
         names = [self._query_name(q, i) for i, q in enumerate(queries)]
         seen: dict[str, E.Query] = {}
         for q, name in zip(queries, names):
+            self._locate_in(q)
             if len(name) > MAX_NAME_LENGTH:
                 # a name from the file's name or --set: query names name directories
                 raise self.error(q, f"the query's name has {len(name):,} characters, too many "
@@ -176,9 +218,9 @@ class Analyser:
                                     f"DEFINE query_name")
             seen[name] = q
         out = []
-        for q, name in zip(queries, names):
-            aq = self.query(q, name, set(names))
-            self.done[name] = aq
+        for k in dependency_order(queries, names, self._error_in):
+            aq = self.query(queries[k], names[k], set(names))
+            self.done[names[k]] = aq
             out.append(aq)
         declared = {p for aq in out for p in aq.params}
         unknown = sorted(set(self.params) - declared)
@@ -201,6 +243,18 @@ class Analyser:
 
     # --- one query ---------------------------------------------------------------------------
     def query(self, q: E.Query, name: str, all_names: set[str]) -> AnalysedQuery:
+        self._locate_in(q)
+        # GS-lite's `#name` first: its value takes the reference's place for every later check
+        self.cur_refs = define_refs(q.statement)
+        if self.cur_refs:
+            q = q.replace(statement=substitute_refs(q.statement))
+        check_constructs(q.statement, self.error)
+        self.cur_warnings = []
+        aq = self._query(q, name, all_names)
+        aq.warnings[:0] = self.cur_warnings
+        return aq
+
+    def _query(self, q: E.Query, name: str, all_names: set[str]) -> AnalysedQuery:
         defines = self._defines(q)
         self.flow_mode = any(k in defines for k in FLOW_KEYS)
         params = self._params(q)
@@ -311,6 +365,15 @@ class Analyser:
         defines: dict[str, object] = {}
         for key, lit in (q.defines or {}).items():
             value = getattr(lit, "value", lit)
+            if key.lower() in self.cur_refs and key.lower() not in DEFINE_KEYS:
+                continue    # a GS-lite defined literal, read as `#key`: no option of ours
+            if is_gslite_key(key):
+                where = self._key_position(key, lit if isinstance(lit, E.Node) else q)
+                text = str(self.error(where, f"DEFINE key '{key}' is GS-lite's and has no "
+                                             f"effect here"))
+                self.cur_warnings.append(text)
+                log.warning("%s", text)
+                continue
             try:
                 k, v = check_define(key, value)
             except ConfigError as exc:
@@ -361,27 +424,51 @@ class Analyser:
             if qname == me:
                 raise self.error(s, f"query {qname!r} reads itself (a cycle)")
             if qname not in self.done:
-                if qname in all_names:
-                    raise self.error(s, f"query {qname!r} is defined later in the file: a query "
-                                     f"may only read earlier ones (no cycles)")
-                if qname.upper() in PROTOCOLS:
-                    qname = qname.upper()
-                    return self._packet_source(s, None, qname)
-                known = ", ".join(sorted(self.done)) or "none"
-                raise self.error(s, f"unknown query or protocol {qname!r} (earlier queries: "
-                                 f"{known}; protocols: {', '.join(PROTOCOLS)})")
+                # queries are analysed in dependency order (`queries.query_graph`): one read
+                # by this query and defined anywhere in the file set is done by now
+                if qname in self.schema:
+                    return self._packet_source(s, None, self.schema.canonical(qname))
+                known = ", ".join(sorted(all_names - {me})) or "none"
+                raise self.error(s, f"unknown query or protocol {qname!r} (queries: "
+                                 f"{known}; protocols: {self._known_protocols()})")
             src = self.done[qname]
             if src.window is not None and src.window.kind == "rows":
                 raise self.error(s, f"query {qname!r} has a ROWS window: its rows come in no "
                                  f"time order, so no query can read them")
             cols = {c.name: c for c in src.outputs}
             return SourceInfo(s, "query", s.alias or qname, query=qname, columns=cols)
-        proto = (s.protocol or "").upper()
-        if proto not in PROTOCOLS:
-            raise self.error(s, f"unknown protocol {s.protocol!r} (one of {', '.join(PROTOCOLS)})")
-        return self._packet_source(s, s.links, proto)
+        if s.protocol not in self.schema:
+            raise self.error(self._protocol_position(s), f"unknown protocol {s.protocol!r} "
+                             f"(one of {self._known_protocols()})")
+        return self._packet_source(s, s.links, self.schema.canonical(s.protocol or ""))
+
+    def _known_protocols(self) -> str:
+        names = [p for p in self.schema if self.schema.protocol(p).queryable]
+        files = f", from {', '.join(self.schema.files)}" if self.schema.files else \
+            "; a schema file (--schema, or packet_schema.txt beside the query) adds more"
+        return ", ".join(names) + files
+
+    def _protocol_position(self, s: E.Source):
+        """The protocol name of `link.PROTO` / `[a, b].PROTO` (sources carry the position of
+        their first token only), else the source."""
+        pos = getattr(s, "pos", None)
+        if pos is None or self.source is None or not s.protocol:
+            return s
+        lines = self.source.split("\n")
+        if not 1 <= pos.line <= len(lines):
+            return s
+        m = re.compile(rf"\.\s*({re.escape(s.protocol)})\b").search(lines[pos.line - 1],
+                                                                   pos.col - 1)
+        if m is None:
+            return s
+        return E.Literal(pos=E.Pos(pos.line, m.start(1) + 1), value=s.protocol, kind="string")
 
     def _packet_source(self, s: E.Source, links, proto: str) -> SourceInfo:
+        if links is not None and list(links) == [DEFAULT_INTERFACE_SET] and \
+                DEFAULT_INTERFACE_SET not in (self.links or ()):
+            # GS-lite's `[default].IPV4` is its default interface set, what `FROM IPV4`
+            # reads: here every link of the run (unless one is named `default`)
+            links = None
         if links is None:
             links = tuple(self.links) if self.links else ("*",)
         else:
@@ -393,11 +480,26 @@ class Analyser:
                                          f"{', '.join(self.links)}")
             if len(set(links)) != len(links):
                 raise self.error(s, "a link appears twice in the union")
+        p = self.schema.protocol(proto)
+        if not p.queryable:
+            children = [c for c in self.schema if p.name in self.schema.protocol(c).all_parents]
+            raise self.error(s, f"protocol {p.name} ({p.where}) reads nothing from the records "
+                             f"(only get_system_time / get_schemaId): it is a base of record "
+                             f"protocols; read one of those ({', '.join(children) or 'none'})")
+        fields = self.schema.fields(proto)
+        record = self.schema.record_format(proto)
         cols = {}
-        for f in protocol_fields(proto).values():
-            cols[f.name] = ColumnInfo(f.name, f.type, T.BASE_TIME_FORMS.get(f.name))
+        for f in fields.values():
+            if record is None:
+                form = T.BASE_TIME_FORMS.get(f.name)
+            else:
+                # a record's clock windows like `time` (seconds) or `timestamp` (ns); its
+                # other fields, increasing or not, make no windows (RecordFormat)
+                form = T.TimeForm(record.clock_unit_ns) if f.name == record.clock else None
+            cols[f.name] = ColumnInfo(f.name, f.type, form)
         info = SourceInfo(s, "link", s.alias or proto, links=links, protocol=proto, columns=cols,
-                          union="meld" if len(links) > 1 or links == ("*",) else None)
+                          union="meld" if len(links) > 1 or links == ("*",) else None,
+                          fields=fields, record=record)
         return info
 
     def _join_time_pair(self, aq: AnalysedQuery, first: GroupInfo, second: GroupInfo,
@@ -595,7 +697,7 @@ class Analyser:
         if s > r:
             raise self.error(w, f"window SLIDE ({w.slide.value} {w.slide.unit}) can't exceed "
                              f"RANGE ({w.range.value} {w.range.unit})")
-        wa = w.wa or "time"
+        wa = w.wa or _default_wa(scope.sources)
         col, form, unit = self._window_attribute(w, scope)
         if r % unit or s % unit:
             raise self.error(w, f"RANGE and SLIDE must be whole multiples of {wa}'s unit "
@@ -603,7 +705,7 @@ class Analyser:
         return WindowInfo(r, s, wa, form, w, unit, col)
 
     def _window_attribute(self, w: E.WindowSpec, scope: Scope) -> tuple[E.Field, T.TimeForm, int]:
-        wa = w.wa or "time"
+        wa = w.wa or _default_wa(scope.sources)
         col = scope.resolve(E.Column(pos=w.pos, name=wa), "window")
         form = self.form_of(col)
         if form is None:
@@ -684,17 +786,18 @@ class Analyser:
                 w = s.node.window
                 if w.range is None or w.slide is not None or w.all or w.rows is not None:
                     raise self.error(w, "a band join source takes [RANGE r, WA attr]")
-                wa = scope.resolve(E.Column(pos=w.pos, name=w.wa or "time", table=s.alias), "window")
+                wa_name = w.wa or _default_wa([s])
+                wa = scope.resolve(E.Column(pos=w.pos, name=wa_name, table=s.alias), "window")
                 assert isinstance(wa, E.Field)   # a column resolves to a Field
                 form = self.form_of(wa)
                 if form is None:
-                    raise self.error(w, f"window attribute {w.wa or 'time'!r} is not increasing")
+                    raise self.error(w, f"window attribute {wa_name!r} is not increasing")
                 s.window_ns = self._duration(w.range)
                 s.wa = wa
                 unit = unit_ns(form)
                 if unit is None or s.window_ns % unit:
                     raise self.error(w, f"RANGE must be a whole multiple of the unit of "
-                                     f"{w.wa or 'time'}")
+                                     f"{wa_name}")
         self._join_condition(aq, stmt)
         names = unique_names([(it.alias, self._default_name(it.this, i))
                               for i, it in enumerate(stmt.items)])
@@ -746,8 +849,8 @@ class Analyser:
                              f"{len(sources)} sources")
         first = sources[0]
         for s in sources[1:]:
-            if [(c.name, c.type) for c in s.columns.values()] != \
-                    [(c.name, c.type) for c in first.columns.values()]:
+            if [(c.name, c.type) for c in s.plain_columns()] != \
+                    [(c.name, c.type) for c in first.plain_columns()]:
                 raise self.error(s.node, "MERGE sources must have the same columns")
         scope = Scope(self, sources)
         fields = []
@@ -757,7 +860,7 @@ class Analyser:
                 raise self.error(f, "MERGE fields must be increasing (temporal) columns")
             fields.append(expr)
         aq = AnalysedQuery(q, name, "merge", defines, params, sources, merge_fields=tuple(fields))
-        for c in first.columns.values():
+        for c in first.plain_columns():
             aq.items.append(ItemInfo(c.name, E.Field(name=c.name, type=c.type), c.type, c.form, stmt))
         aq.outputs = [ColumnInfo(i.name, i.type, i.form) for i in aq.items]
         return aq
@@ -778,6 +881,15 @@ class Analyser:
 
 
 
+def _default_wa(sources: list[SourceInfo]) -> str:
+    """The window attribute a window spec without WA uses: `time` for packets, the clock
+    field of a record protocol (RecordFormat.clock)."""
+    for s in sources:
+        if s.record is not None and s.record.clock is not None:
+            return s.record.clock
+    return "time"
+
+
 def _time_attribute(expr: E.Expr) -> E.Field | None:
     """The first increasing (temporal) column `expr` reads, or None."""
     for f in expr.find_all(E.Field):
@@ -795,6 +907,7 @@ def _window_example(base: E.Field, name: str) -> str:
 
 def analyse_file(tree: E.QueryFile, links: list[str] | None = None,
                  params: dict[str, str] | None = None, overrides: dict[str, str] | None = None,
-                 source: str | None = None) -> list[AnalysedQuery]:
-    """Analyse every query of a parsed file (see the module docstring)."""
-    return Analyser(tree, links, params, overrides, source).run()
+                 source: str | None = None, schema: Schema = BUILTIN) -> list[AnalysedQuery]:
+    """Analyse every query of a parsed file against `schema` (the built-in packet protocols
+    and those of schema files, `queries.schemafile`; see the module docstring)."""
+    return Analyser(tree, links, params, overrides, source, schema).run()

@@ -60,6 +60,8 @@ def fold(expr: E.Node, param_value: ParamValue | None = None) -> Value | None:
     """The constant value of `expr` (a resolved expression), or None when it is not one."""
     if isinstance(expr, E.Literal):
         return _int(expr.value) if expr.kind in ("int", "float", "bool") else None
+    if isinstance(expr, E.DefineRef):
+        return fold(expr.value, param_value)
     if isinstance(expr, E.Param):
         return None if param_value is None else _int(param_value(expr.name))
     if isinstance(expr, E.Unary):

@@ -1,4 +1,8 @@
-"""DEFINE keys and PARAM values: what is allowed, checked the same way for files and `--set`."""
+"""DEFINE keys and PARAM values: what is allowed, checked the same way for files and `--set`.
+
+Also GS-lite's DEFINE keys (accepted with a warning: they change nothing here) and its `#name`
+references to a DEFINE value, which `substitute_refs` replaces by the value.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import ipaddress
 import re
 
 from common.errors import ConfigError
+from queries import expressions as E
 from queries.expressions import Duration
 from queries.plan import FLUSH_POLICIES
 from queries.tokens import MAX_NAME_LENGTH
@@ -28,6 +33,18 @@ DEFINE_KEYS = {
     "comment": "text",
     "title": "text",
 }
+
+
+#: DEFINE keys GS-lite knows that oopscope has no use for: accepted with a warning. From the
+#: Tigon SQL manual (6.3.2 "Options (DEFINE Block)": real_time, lfta_aggregation, select_lfta,
+#: algorithm, num_bloom, bloom_size, namespace, print_warnings; 13.8: visibility) and GS-lite's
+#: translate_fta.cc / stream_query.cc (reusable, liveness_timeout); _referenced_ifaces is one
+#: GS-lite's compiler writes into the queries of its GDAT stream headers (contributor manual 6.1)
+GSLITE_DEFINE_KEYS = frozenset({
+    "real_time", "lfta_aggregation", "select_lfta", "algorithm", "num_bloom", "bloom_size",
+    "namespace", "print_warnings", "visibility", "reusable", "liveness_timeout",
+    "_referenced_ifaces",
+})
 
 
 #: the largest value of each integer DEFINE key: the table's slots are allocated at once
@@ -81,7 +98,9 @@ def check_define(key: str, value) -> tuple[str, object]:
     """The normalised (key, value) of a DEFINE entry or `--set key=value`; ConfigError if wrong."""
     k = str(key).lower()
     if k not in DEFINE_KEYS:
-        raise ConfigError(f"unknown DEFINE key {key!r} (allowed: {', '.join(DEFINE_KEYS)})")
+        raise ConfigError(f"unknown DEFINE key {key!r} (allowed: {', '.join(DEFINE_KEYS)}; "
+                          f"GS-lite's own keys are accepted with a warning, and any key the "
+                          f"query reads as #{k} holds a literal)")
     if k in ("aggregate_slots", "slow_flush", "max_lfta_disorder"):
         return k, _positive(k, value)
     if k == "flush":
@@ -110,6 +129,30 @@ def check_define(key: str, value) -> tuple[str, object]:
             raise ConfigError(f"DEFINE query_name: {value!r} is not a name (letters, digits, _)")
         return k, v
     return k, str(value)
+
+
+def is_gslite_key(key: str) -> bool:
+    """Whether a DEFINE key is one of GS-lite's that oopscope ignores (with a warning)."""
+    return str(key).lower() in GSLITE_DEFINE_KEYS and str(key).lower() not in DEFINE_KEYS
+
+
+def define_refs(node: E.Node) -> set[str]:
+    """The DEFINE keys a statement reads through GS-lite's `#name` (lower case)."""
+    return {ref.name for ref in node.find_all(E.DefineRef)}
+
+
+def substitute_refs(node: E.Node) -> E.Node:
+    """`node` with every `#name` replaced by its DEFINE value (a Literal at the reference's
+    own position, so later errors point at the reference)."""
+    if not any(True for _ in node.find_all(E.DefineRef)):
+        return node
+
+    def swap(n: E.Node) -> E.Node:
+        if isinstance(n, E.DefineRef):
+            return E.Literal(pos=n.pos, **n.value.args)
+        return n
+
+    return node.transform(swap)
 
 
 def parse_param_value(name: str, type_: str, text: str):

@@ -126,3 +126,13 @@ class QueryError(OopscopeError):
 
 def _rebuild(message, path, line, column, source, length, errors) -> QueryError:
     return QueryError(message, path, line, column, source, length, errors)
+
+
+class SchemaError(QueryError):
+    """A schema file (GS-lite's `packet_schema.txt` format, `queries.schemafile`) is wrong at
+    a known place: its text is `file:line:col: message`, then the line and a marker."""
+
+    def __reduce__(self):
+        # keep the subclass across processes (QueryError's own rebuilds a QueryError)
+        return (SchemaError, (self.message, self.path, self.line, self.column, self.source,
+                              self.length, self.errors))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from capture.schema import BUILTIN, SYSTEM_TIME, RecordFormat, Schema
 from common.units import NS_PER_S as _NS
 from queries import expressions as E
 from queries.plan import (
@@ -83,6 +84,8 @@ def format_low(p: LowLevelPlan) -> list[str]:
     out = [head + ":"]
     if p.protocol:
         out.append(f"  protocol: {p.protocol}")
+    if p.record is not None:
+        out += ["  " + line for line in format_record(p.record)]
     out.append(f"  where: {format_expr(p.predicate)}")
     if p.window is not None or p.subaggs:
         out += ["  " + line for line in format_window(p.window)]
@@ -99,6 +102,26 @@ def format_low(p: LowLevelPlan) -> list[str]:
         out.append("  project: " + ", ".join(f"{k.name} {k.type} = {format_expr(k.expr)}"
                                              for k in p.projections))
     return out
+
+
+def format_record(r: RecordFormat) -> list[str]:
+    """How a record protocol's rows are read and timed (capture.schema.RecordFormat)."""
+    read = ", ".join(f"{f.name} {f.type} = {f.accessor}" for f in r.fields)
+    lines = [f"records: {r.kind} ({read})"]
+    if r.clock is None:
+        lines.append("clock: none (no increasing field): each record is timed by the wall "
+                     "clock when it is read, and no field makes windows")
+        return lines
+    unit = "seconds" if r.clock_unit_ns == _NS else f"units of {r.clock_unit_ns} ns"
+    clock = next(f for f in r.fields if f.name == r.clock)
+    if clock.accessor == SYSTEM_TIME:
+        lines.append(f"clock: {r.clock} = the wall clock when a record is read "
+                     f"({SYSTEM_TIME}), in {unit} (timestamp: the same time in ns); timer "
+                     f"punctuation as for a live interface")
+    else:
+        lines.append(f"clock: {r.clock}, the record's increasing field read by "
+                     f"{clock.accessor}, in {unit}; timestamp = {r.clock} * {r.clock_unit_ns}")
+    return lines
 
 
 def format_high(h: HighLevelPlan) -> list[str]:
@@ -201,8 +224,10 @@ def format_query(q: QueryPlan) -> str:
     return "\n".join(lines)
 
 
-def format_plan(fp: FilePlan) -> str:
+def format_plan(fp: FilePlan, schema: Schema | None = None) -> str:
     head = f"file {fp.path or '<query>'}; links: {', '.join(fp.links)}"
+    if schema is not None and schema.files:
+        head += f"\nschema files: {', '.join(schema.files)}"
     return "\n\n".join([head] + [format_query(q) for q in fp.queries]) + "\n"
 
 
@@ -232,12 +257,14 @@ def find_query_file(name: str) -> Path:
 
 def explain_text(text: str, path: str | None = None, links: list[str] | None = None,
                  params: dict[str, str] | None = None,
-                 overrides: dict[str, str] | None = None) -> str:
-    """Parse, plan and format query text (QueryError / ConfigError when it is wrong)."""
+                 overrides: dict[str, str] | None = None, schema: Schema = BUILTIN) -> str:
+    """Parse, plan and format query text against `schema` (QueryError / ConfigError when it
+    is wrong)."""
     from queries.parser import parse
     from queries.planner import plan_file
 
     tree = parse(text, path=path)
     if not links:
         links = mentioned_links(tree) or ["main"]
-    return format_plan(plan_file(tree, links, params, overrides, source=text))
+    return format_plan(plan_file(tree, links, params, overrides, source=text, schema=schema),
+                       schema)

@@ -131,9 +131,14 @@ class Expr(Node):
 
 
 class Literal(Expr):
-    """A constant. kind: int | float | string | bool | ip (IPv4 as int) | ipv6 (128-bit int)."""
+    """A constant. kind: int | float | string | bool | ip (IPv4 as int) | ipv6 (128-bit int).
 
-    arg_types = {"value": True, "kind": True}
+    type: the GSQL type a GS-lite literal declares where its value alone would say another
+    (`17ULL`, `LHEX'ff'`: "ullong"; `TIMEVAL '1.5'`: "llong" nanoseconds), else None; every
+    evaluator reads `value` and `kind` only, so such a literal is an ordinary integer to them.
+    """
+
+    arg_types = {"value": True, "kind": True, "type": False}
 
 
 class Column(Expr):
@@ -146,6 +151,45 @@ class Param(Expr):
     """A run-time parameter `$name`."""
 
     arg_types = {"name": True}
+
+
+class DefineRef(Expr):
+    """GS-lite's `#name`: the value of the query's DEFINE entry `name` (looked up when parsed).
+
+    value: that entry's Literal; the analyser substitutes it (`definitions.substitute_refs`),
+    so evaluators never meet this node.
+    """
+
+    arg_types = {"name": True, "value": True}
+
+
+class IfaceParam(Expr):
+    """GS-lite's interface property `@name` (or `t.@name`): parsed, refused by the analyser."""
+
+    arg_types = {"name": True, "table": False}
+
+
+class PredicateCall(Expr):
+    """GS-lite's predicate function `name[args]` (WHERE / HAVING): parsed, refused by the
+    analyser, which knows no predicate functions yet. name: lower case."""
+
+    arg_types = {"name": True, "args": True}
+
+    @property
+    def arguments(self) -> list:
+        return self.args["args"]
+
+
+class SuperAggregate(Expr):
+    """GS-lite's super-aggregate `name$(args)` (`count$(*)`, `sum$(len)`): the aggregate of a
+    SUPERGROUP. Parsed, refused by the analyser. name: upper case for the built-in aggregates,
+    else lower case; args: a list (Star for `*`)."""
+
+    arg_types = {"name": True, "args": True}
+
+    @property
+    def arguments(self) -> list:
+        return self.args["args"]
 
 
 class Star(Expr):
@@ -271,6 +315,30 @@ class Aggregate(Expr):
 
 # --- statements --------------------------------------------------------------------------------
 
+class GroupingPattern(Node):
+    """GS-lite's extended group-by pattern in GROUP BY: kind CUBE | ROLLUP | GROUPING_SETS;
+    sets: a list of lists of GroupItem (one list for CUBE and ROLLUP). Parsed, refused by the
+    analyser."""
+
+    arg_types = {"kind": True, "sets": True}
+
+
+class ExtraClause(Node):
+    """A GS-lite clause oopscope parses but does not run; pos is its keyword's.
+
+    keyword: SUPERGROUP (items: Columns), CLEANING_WHEN, CLEANING_BY, CLOSING_WHEN (this: a
+    condition) in a SELECT; SLACK (this: an expression) in a MERGE.
+    """
+
+    arg_types = {"keyword": True, "this": False, "items": False}
+
+
+class FilterJoin(Node):
+    """GS-lite's `FILTER_JOIN(column, n) FROM r, s` (the join type with its arguments)."""
+
+    arg_types = {"column": True, "range": True}
+
+
 class SelectItem(Node):
     arg_types = {"this": True, "alias": False}
 
@@ -297,17 +365,20 @@ class Source(Node):
 class Select(Node):
     """SELECT ... [join type] FROM sources [WHERE] [GROUP BY] [HAVING].
 
-    join: None, or INNER_JOIN | LEFT_OUTER_JOIN | RIGHT_OUTER_JOIN | OUTER_JOIN.
+    join: None, or INNER_JOIN | LEFT_OUTER_JOIN | RIGHT_OUTER_JOIN | OUTER_JOIN (or GS-lite's
+    FILTER_JOIN, whose arguments are `filter_join`). group_by: GroupItems (and GS-lite's
+    GroupingPatterns); extra: GS-lite's further clauses (ExtraClause), in GS-lite's order.
     """
 
     arg_types = {"items": True, "sources": True, "join": False, "where": False,
-                 "group_by": False, "having": False}
+                 "group_by": False, "having": False, "extra": False, "filter_join": False}
 
 
 class Merge(Node):
-    """MERGE a.time : b.time FROM s1 a, s2 b (the order-preserving IOP union)."""
+    """MERGE a.time : b.time FROM s1 a, s2 b (the order-preserving IOP union); slack: GS-lite's
+    `SLACK expr` (an ExtraClause), parsed and refused by the analyser."""
 
-    arg_types = {"fields": True, "sources": True}
+    arg_types = {"fields": True, "sources": True, "slack": False}
 
 
 class Query(Node):
@@ -315,16 +386,19 @@ class Query(Node):
 
     param_defaults: name -> Literal for parameters declared with a default
     (`PARAM { min_bytes uint = 1000000; }`); a run-time `--param` overrides it.
+    path: the file the query comes from when several files were parsed together
+    (`parser.parse_files`), else None (the QueryFile's path).
     """
 
     arg_types = {"name": False, "defines": False, "params": False, "statement": True,
-                 "param_defaults": False}
+                 "param_defaults": False, "path": False}
 
 
 class QueryFile(Node):
-    """A parsed file of `;`-separated queries."""
+    """A parsed file of `;`-separated queries (or the queries of several files, `sources`
+    then holding each file's text by path, for error messages)."""
 
-    arg_types = {"queries": True, "path": False}
+    arg_types = {"queries": True, "path": False, "sources": False}
 
 
 # --- resolved references (made by queries.analysis, never by the parser) ---------------------

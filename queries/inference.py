@@ -19,7 +19,8 @@ def type_of(expr: E.Expr, params: dict[str, str] | None = None) -> str:
     if isinstance(expr, E.Field):
         return expr.type
     if isinstance(expr, E.Literal):
-        return T.literal_type(expr.kind, expr.value)
+        # a GS-lite literal may declare a wider type than its value (17ULL, LHEX'ff')
+        return expr.type or T.literal_type(expr.kind, expr.value)
     if isinstance(expr, E.Param):
         return (params or {}).get(expr.name, "llong")
     if isinstance(expr, E.Unary):

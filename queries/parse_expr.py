@@ -1,7 +1,9 @@
 """GSQL expressions and window specs: the token cursor and precedence-climbing expression rules.
 
 Precedence, loosest first: OR, AND, NOT, comparisons and IN (not chainable), `|`, `^`, `&`,
-`<< >>`, `+ -`, `* / %`, unary `- ~`. Unlike C, the bitwise operators bind tighter than the
+`<< >>`, `+ -`, `* / %`, unary `- ~` and GS-lite's `!` (NOT, binding as tightly) and `+` (the
+identity). GS-lite's own primaries (`HEX'..'`, `#name`, `@name`, `count$(*)`, `name[...]`)
+are parsed into nodes; `queries.gslite` says which of them run. Unlike C, the bitwise operators bind tighter than the
 comparisons, so `flags & 2 = 2` means `(flags & 2) = 2` as a network query means it.
 `queries.parser.Parser` builds on this class for files, queries and FROM sources.
 """
@@ -18,19 +20,24 @@ from queries.expressions import (
     Aggregate,
     Binary,
     Column,
+    DefineRef,
     Duration,
     Expr,
     Func,
+    IfaceParam,
     In,
     Literal,
     Node,
     Param,
     Pos,
+    PredicateCall,
     Star,
+    SuperAggregate,
     Unary,
     WindowSpec,
     chain,
 )
+from queries.gslite import LITERAL_KEYWORDS, TOKEN_NAMES, gslite_literal
 from queries.tokens import RESERVED, Kind, Token
 
 #: aggregate functions (upper case as stored in `Aggregate.name`)
@@ -46,6 +53,9 @@ BINARY_PRECEDENCE: dict[str, int] = {
 COMPARISON = 4
 NOT_PRECEDENCE = 3
 UNARY_OPS = frozenset({"-", "~"})
+#: GS-lite's unary operators that bind as tightly as `-`: `!` (logical negation, built as NOT)
+#: and `+` (the identity: the operand itself)
+GSLITE_UNARY_OPS = frozenset({"!", "+"})
 
 #: deepest nesting of parentheses / unary operators / calls before the parser gives up cleanly
 #: (each level costs a handful of Python frames; this keeps far below the recursion limit)
@@ -68,6 +78,9 @@ class TokenCursor:
         self.path = path
         self.i = 0
         self.nesting = 0
+        #: the DEFINE entries of the query being parsed (key, lower case -> Literal): what a
+        #: GS-lite `#name` stands for
+        self.defines: dict[str, Literal] = {}
 
     # --- looking ------------------------------------------------------------------------------
     @property
@@ -250,19 +263,21 @@ class ExpressionParser(TokenCursor):
 
     def _parse_unary(self) -> Expr:
         t = self.tok
-        if t.kind is Kind.OP and t.value in UNARY_OPS:
+        if t.kind is Kind.OP and t.value in UNARY_OPS | GSLITE_UNARY_OPS:
             self.advance()
             self._enter(t)
-            node = Unary(pos=self.pos(t), op=t.value, this=self._parse_unary())
+            this = self._parse_unary()
             self._leave()
-            return node
+            if t.value == "+":
+                return this
+            return Unary(pos=self.pos(t), op="NOT" if t.value == "!" else t.value, this=this)
         return self._parse_primary()
 
     def _parse_primary(self) -> Expr:
         t = self.tok
         if t.kind is Kind.INT:
             self.advance()
-            return Literal(pos=self.pos(t), value=t.value, kind="int")
+            return Literal(pos=self.pos(t), value=t.value, kind="int", type=t.declared)
         if t.kind is Kind.FLOAT:
             self.advance()
             return Literal(pos=self.pos(t), value=t.value, kind="float")
@@ -274,16 +289,99 @@ class ExpressionParser(TokenCursor):
             return Param(pos=self.pos(t), name=t.value)
         if t.kind is Kind.OP and t.value == "(":
             return self._parse_paren()
+        if t.kind is Kind.OP and t.value in self.PRIMARY_OPERATORS:
+            return self.PRIMARY_OPERATORS[t.value](self)
         if t.kind is Kind.IDENT:
             rule = self.PRIMARY_KEYWORDS.get(t.upper)
             if rule is not None:
                 return rule(self)
             if t.upper in RESERVED:
                 raise self.error(f"expected an expression, found keyword {t.upper}", t)
-            if self.peek().kind is Kind.OP and self.peek().value == "(":
+            nxt = self.peek()
+            if nxt.kind is Kind.STRING and (t.upper in LITERAL_KEYWORDS or
+                                            t.upper in TOKEN_NAMES):
+                return self._parse_gslite_literal()
+            if nxt.kind is Kind.OP and nxt.value == "(":
                 return self._parse_call()
+            if nxt.kind is Kind.OP and nxt.value == "$" and self.peek(2).kind is Kind.OP \
+                    and self.peek(2).value == "(":
+                return self._parse_super_aggregate()
+            if nxt.kind is Kind.OP and nxt.value == "[":
+                return self._parse_predicate()
+            if nxt.kind is Kind.OP and nxt.value == "." and self.peek(2).kind is Kind.OP \
+                    and self.peek(2).value == "@" and t.upper not in RESERVED:
+                self.advance()
+                self.advance()   # `t` and `.`: `t.@name`
+                return self._parse_iface_param(table=t)
             return self._parse_column()
         raise self.unexpected("an expression")
+
+    # --- GS-lite's primaries ------------------------------------------------------------------
+    def _parse_gslite_literal(self) -> Expr:
+        """`HEX'7fff'`, `LHEX'7abcdef012'`, `TIMEVAL '1.5'`: folded to an integer Literal."""
+        kw = self.advance()
+        text = self.advance().value
+        try:
+            value, declared = gslite_literal(kw.upper, text)
+        except ValueError as e:
+            raise self.error(str(e), kw) from None
+        return Literal(pos=self.pos(kw), value=value, kind="int", type=declared)
+
+    def _parse_define_ref(self) -> Expr:
+        """`#name`: the value of the query's DEFINE entry `name` (GS-lite's defined literal)."""
+        hash_tok = self.advance()
+        name = self.expect_name("a DEFINE key after '#', e.g. #port")
+        value = self.defines.get(name.value.lower())
+        if value is None:
+            known = ", ".join(sorted(self.defines)) or "none"
+            raise self.error(f"#{name.value}: the query's DEFINE block has no key "
+                             f"'{name.value}' (its keys: {known})", hash_tok)
+        return DefineRef(pos=self.pos(hash_tok), name=name.value.lower(), value=value)
+
+    def _parse_iface_param(self, table: Token | None = None) -> Expr:
+        """`@name` / `t.@name`: a GS-lite interface property (refused by the analyser)."""
+        at = self.advance()
+        name = self.expect_name("an interface property name after '@', e.g. @Name")
+        start = table or at
+        return IfaceParam(pos=self.pos(start), name=name.value,
+                          table=None if table is None else table.value)
+
+    def _parse_stray_dollar(self) -> Expr:
+        raise self.error("'$' must start a parameter name, e.g. $window (or follow an "
+                         "aggregate in a GS-lite super-aggregate, count$(*))")
+
+    def _parse_super_aggregate(self) -> Expr:
+        """`count$(*)`, `sum$(len)`, `name$(args)`: GS-lite's super-aggregates."""
+        name_tok = self.advance()
+        self.advance()   # $
+        open_tok = self.expect_op("(")
+        self._enter(open_tok)
+        args: list[Expr] = []
+        if self.at_op("*"):
+            args.append(Star(pos=self.pos(self.advance())))
+        elif not self.at_op(")"):
+            args.append(self._parse_expression())
+            while self.match_op(","):
+                args.append(self._parse_expression())
+        self._leave()
+        self.expect_op(")", f"to close {name_tok.value}$(...)")
+        upper = name_tok.upper
+        name = upper if upper in AGGREGATES else name_tok.value.lower()
+        return SuperAggregate(pos=self.pos(name_tok), name=name, args=args)
+
+    def _parse_predicate(self) -> Expr:
+        """`name[args]`: a GS-lite predicate function (`str_match_offset[0, 'HTTP', data]`)."""
+        name_tok = self.advance()
+        open_tok = self.expect_op("[")
+        self._enter(open_tok)
+        args: list[Expr] = []
+        if not self.at_op("]"):
+            args.append(self._parse_expression())
+            while self.match_op(","):
+                args.append(self._parse_expression())
+        self._leave()
+        self.expect_op("]", f"to close the predicate {name_tok.value}[...]")
+        return PredicateCall(pos=self.pos(name_tok), name=name_tok.value.lower(), args=args)
 
     def _parse_paren(self) -> Expr:
         open_tok = self.expect_op("(")
@@ -306,6 +404,11 @@ class ExpressionParser(TokenCursor):
         if name_tok.upper in AGGREGATES:
             return self._parse_aggregate(name_tok)
         open_tok = self.expect_op("(")
+        if self.at_op("*") and self.peek().kind is Kind.OP and self.peek().value == ")":
+            # `name(*)` is an aggregate's call (GS-lite: AGGR '(' '*' ')'), and not one we know
+            raise self.error(f"unknown aggregate '{name_tok.value}' (aggregates: "
+                             f"{', '.join(sorted(AGGREGATES - {'END_REASON'}))}; only COUNT "
+                             f"takes *)", name_tok)
         self._enter(open_tok)
         args: list[Expr] = []
         if not self.at_op(")"):
@@ -360,9 +463,14 @@ class ExpressionParser(TokenCursor):
             example = "'2001:db8::1'" if version == 6 else "'10.1.2.3'"
             raise self.unexpected(f"a quoted address after {kw.upper}, e.g. {kw.upper} {example}")
         self.advance()
+        address = text.value
+        if version == 6 and ":" not in address and address.count(".") == 7:
+            # the manual's own IPv6 literals separate the eight groups with dots
+            # (IPV6_VAL'0000.2222.4444.6666.8888.aaaa.cccc.eeee')
+            address = address.replace(".", ":")
         try:
-            value = int(ipaddress.IPv6Address(text.value) if version == 6
-                        else ipaddress.IPv4Address(text.value))
+            value = int(ipaddress.IPv6Address(address) if version == 6
+                        else ipaddress.IPv4Address(address))
         except ValueError:
             raise self.error(f"bad IPv{version} address {text.value!r} in {kw.upper}", text) \
                 from None
@@ -372,6 +480,9 @@ class ExpressionParser(TokenCursor):
         "TRUE": _parse_boolean, "FALSE": _parse_boolean,
         "IP_VAL": _parse_ip_literal, "IPV6_VAL": _parse_ip_literal,
     })
+    PRIMARY_OPERATORS: ClassVar[dict[str, Callable[[ExpressionParser], Expr]]] = {
+        "#": _parse_define_ref, "@": _parse_iface_param, "$": _parse_stray_dollar,
+    }
 
     # --- window specs -------------------------------------------------------------------------
     def _parse_window_spec(self) -> WindowSpec:

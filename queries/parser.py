@@ -1,7 +1,8 @@
 """The GSQL parser: files of `;`-separated queries, DEFINE/PARAM blocks, SELECT/MERGE and FROM sources.
 
-Public API: `parse(text, path=None, name=None) -> QueryFile` and `parse_file(path) -> QueryFile`;
-both raise `QueryError` only. After an error the parser skips to the next top-level `;` and
+Public API: `parse(text, path=None, name=None) -> QueryFile`, `parse_file(path) -> QueryFile`
+and `parse_files(paths) -> QueryFile` (one query set over several files); all raise
+`QueryError` only. After an error the parser skips to the next top-level `;` and
 carries on, so one `QueryError` reports every broken query of the file together.
 
 Query names: DEFINE `query_name` when given; otherwise the default name (`name`, else the file
@@ -11,7 +12,7 @@ name up to its first `.`, else `query`). When several queries of one file have n
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import ClassVar
 
@@ -21,6 +22,9 @@ from queries.expressions import (
     Column,
     Duration,
     Expr,
+    ExtraClause,
+    FilterJoin,
+    GroupingPattern,
     GroupItem,
     Literal,
     Merge,
@@ -56,16 +60,70 @@ def parse(text: str, path: str | None = None, name: str | None = None) -> QueryF
 
 def parse_file(path: str | Path) -> QueryFile:
     """Read and parse a GSQL file; its name (up to the first `.`) names unnamed queries."""
+    return parse(_read(path), path=str(Path(path)))
+
+
+def parse_files(paths: Iterable[str | Path]) -> QueryFile:
+    """Parse several GSQL files as one query set (GS-lite's translate_fta takes several files).
+
+    One QueryFile holds every query, in file order; each Query keeps its own `path` and the
+    QueryFile the text of each file (`sources`), so errors point into the right file. Unnamed
+    queries are named after their own file. A query name used twice, in one file or two, is an
+    error naming both places; every file's errors are reported together.
+    """
+    queries: list[Query] = []
+    sources: dict[str, str] = {}
+    errors: list[QueryError] = []
+    for path in paths:
+        p = str(Path(path))
+        try:
+            text = _read(path)
+            tree = parse(text, path=p)
+        except QueryError as e:
+            errors.append(e)
+            continue
+        sources[p] = text
+        queries.extend(q.replace(path=p) for q in tree.queries)
+    if not errors and not queries:
+        raise QueryError("no query file given")
+    errors.extend(_name_clashes(queries, sources))
+    if errors:
+        raise QueryError.collect(errors)
+    return QueryFile(pos=queries[0].pos, queries=queries, sources=sources)
+
+
+def _name_clashes(queries: list[Query], sources: dict[str, str]) -> list[QueryError]:
+    """A located error for every query whose name an earlier query already has."""
+    def where(q: Query) -> Node:
+        named = (q.defines or {}).get("query_name")
+        return named if named is not None and named.pos is not None else q
+
+    first: dict[str, Query] = {}
+    errors = []
+    for q in queries:
+        if q.name not in first:
+            first[q.name] = q
+            continue
+        other = where(first[q.name])
+        at = f"{first[q.name].path}:{other.pos.line}:{other.pos.col}" if other.pos \
+            else str(first[q.name].path)
+        errors.append(QueryError.at(where(q), f"query name '{q.name}' is already used at {at}: "
+                                    f"query names must be unique across the files of a run "
+                                    f"(give one a DEFINE query_name)", sources.get(q.path),
+                                    q.path))
+    return errors
+
+
+def _read(path: str | Path) -> str:
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise QueryError("no such query file", path=str(p)) from None
     except UnicodeDecodeError as e:
         raise QueryError(f"not UTF-8 text (byte {e.start})", path=str(p)) from None
     except OSError as e:
         raise QueryError(f"cannot read the query file: {e.strerror or e}", path=str(p)) from None
-    return parse(text, path=str(p))
 
 
 def _name_from_path(path: str | None) -> str | None:
@@ -80,8 +138,15 @@ class Parser(ExpressionParser):
 
     STATEMENTS: ClassVar[dict[str, Callable[[Parser], Node]]] = {}
     QUERY_BLOCKS: ClassVar[dict[str, Callable[[Parser, dict], None]]] = {}
+    # in GS-lite's order; SUPERGROUP and the CLEANING / CLOSING clauses are GS-lite's, parsed
+    # for a located "not supported yet" (queries.gslite)
     CLAUSES: ClassVar[tuple[tuple[str, str], ...]] = (
-        ("WHERE", "_parse_where"), ("GROUP", "_parse_group_by"), ("HAVING", "_parse_having"))
+        ("WHERE", "_parse_where"), ("GROUP", "_parse_group_by"),
+        ("SUPERGROUP", "_parse_supergroup"), ("HAVING", "_parse_having"),
+        ("CLEANING_WHEN", "_parse_condition_clause"), ("CLEANING_BY", "_parse_condition_clause"),
+        ("CLOSING_WHEN", "_parse_condition_clause"))
+    #: GS-lite's extended group-by patterns
+    GROUPING_PATTERNS = ("CUBE", "ROLLUP", "GROUPING_SETS")
 
     # --- file ---------------------------------------------------------------------------------
     def parse_file(self, default_name: str) -> QueryFile:
@@ -126,6 +191,7 @@ class Parser(ExpressionParser):
     def _parse_query(self) -> Query:
         start = self.tok
         blocks: dict = {"defines": {}, "params": {}, "param_defaults": {}}
+        self.defines = blocks["defines"]     # filled by the DEFINE block: `#name` reads it
         seen: set[str] = set()
         while self.tok.upper in self.QUERY_BLOCKS:
             t = self.tok
@@ -233,7 +299,9 @@ class Parser(ExpressionParser):
         items = [self._parse_select_item()]
         while self.match_op(","):
             items.append(self._parse_select_item())
-        join_tok = self.advance() if self.tok.upper in JOIN_TYPES else None
+        join_tok = self.advance() if self.tok.upper in JOIN_TYPES + ("FILTER_JOIN",) else None
+        filter_join = self._parse_filter_join(join_tok) \
+            if join_tok is not None and join_tok.upper == "FILTER_JOIN" else None
         self.expect_kw("FROM", "after the select list")
         sources = self._parse_sources()
         self._check_join(join_tok, sources)
@@ -242,18 +310,58 @@ class Parser(ExpressionParser):
         while True:
             names = [c for c, _ in self.CLAUSES]
             t = self.tok
-            if t.upper not in names:
+            word = self._clause_word()
+            if word not in names:
                 break
-            k = names.index(t.upper)
+            k = names.index(word)
             if k <= done:
                 shown = [c.replace("GROUP", "GROUP BY") for c in names]
                 what = "given twice" if k == done else f"must come before {shown[done]}"
                 raise self.error(f"{shown[k]} {what}", t)
             done = k
             key, value = getattr(self, self.CLAUSES[k][1])()
-            clauses[key] = value
+            if key == "extra":
+                clauses.setdefault("extra", []).append(value)
+            else:
+                clauses[key] = value
         return Select(pos=self.pos(select_tok), items=items, sources=sources,
-                      join=None if join_tok is None else join_tok.upper, **clauses)
+                      join=None if join_tok is None else join_tok.upper,
+                      filter_join=filter_join, **clauses)
+
+    def _clause_word(self) -> str:
+        """The clause keyword at the cursor: GS-lite's lexer spells CLEANING_WHEN and
+        CLEANING_BY with `_`, the manual's examples as two words (CLEANING WHEN)."""
+        t = self.tok
+        if t.upper == "CLEANING" and self.peek().upper in ("WHEN", "BY"):
+            return f"CLEANING_{self.peek().upper}"
+        return t.upper
+
+    def _parse_filter_join(self, join_tok: Token) -> FilterJoin:
+        """GS-lite's `FILTER_JOIN(temporal_field, duration)` before FROM."""
+        self.expect_op("(", "after FILTER_JOIN, e.g. FILTER_JOIN(time, 15)")
+        column = self._parse_column()
+        self.expect_op(",", "and the duration in FILTER_JOIN(time, 15)")
+        t = self.tok
+        if t.kind is not Kind.INT:
+            raise self.unexpected("a positive integer duration, e.g. FILTER_JOIN(time, 15)")
+        self.advance()
+        self.expect_op(")", "to close FILTER_JOIN(...)")
+        return FilterJoin(pos=self.pos(join_tok), column=column, range=t.value)
+
+    def _parse_supergroup(self) -> tuple[str, ExtraClause]:
+        kw = self.advance()
+        items = [self._parse_column()]
+        while self.match_op(","):
+            items.append(self._parse_column())
+        return "extra", ExtraClause(pos=self.pos(kw), keyword="SUPERGROUP", items=items)
+
+    def _parse_condition_clause(self) -> tuple[str, ExtraClause]:
+        word = self._clause_word()
+        kw = self.advance()
+        if word != kw.upper:
+            self.advance()     # WHEN / BY of the two-word spelling
+        return "extra", ExtraClause(pos=self.pos(kw), keyword=word,
+                                    this=self._parse_expression())
 
     def _check_join(self, join_tok: Token | None, sources: list[Source]) -> None:
         if len(sources) > 2:
@@ -264,7 +372,7 @@ class Parser(ExpressionParser):
             raise QueryError.at(sources[1], "two sources make a join: state its type, SELECT "
                                 "... INNER_JOIN FROM a, b (or LEFT_OUTER_JOIN, "
                                 "RIGHT_OUTER_JOIN, OUTER_JOIN)", self.source, self.path)
-        if len(sources) == 1 and join_tok is not None:
+        if len(sources) == 1 and join_tok is not None and join_tok.upper != "FILTER_JOIN":
             raise self.error(f"{join_tok.upper} needs two sources: FROM a, b", join_tok)
 
     def _parse_select_item(self) -> SelectItem:
@@ -290,13 +398,41 @@ class Parser(ExpressionParser):
         self.advance()
         return "having", self._parse_expression()
 
-    def _parse_group_by(self) -> tuple[str, list[GroupItem]]:
+    def _parse_group_by(self) -> tuple[str, list[GroupItem | GroupingPattern]]:
         self.advance()
         self.expect_kw("BY", "after GROUP")
-        items = [self._parse_group_item()]
+        items = [self._parse_group_entry()]
         while self.match_op(","):
-            items.append(self._parse_group_item())
+            items.append(self._parse_group_entry())
         return "group_by", items
+
+    def _parse_group_entry(self) -> GroupItem | GroupingPattern:
+        t = self.tok
+        if t.upper in self.GROUPING_PATTERNS and self.peek().kind is Kind.OP and \
+                self.peek().value == "(":
+            return self._parse_grouping_pattern()
+        return self._parse_group_item()
+
+    def _parse_grouping_pattern(self) -> GroupingPattern:
+        """GS-lite's `CUBE(a, b)`, `ROLLUP(a, b)`, `GROUPING_SETS((a, b), (a))`."""
+        kw = self.advance()
+        self.expect_op("(", f"after {kw.upper}")
+        sets: list[list[GroupItem]] = []
+        while True:
+            nested = kw.upper == "GROUPING_SETS"
+            if nested:
+                self.expect_op("(", "to open a grouping set, e.g. GROUPING_SETS((a, b), (a))")
+            items = [self._parse_group_item()]
+            while self.match_op(","):
+                items.append(self._parse_group_item())
+            sets.append(items)
+            if not nested:
+                break
+            self.expect_op(")", "to close the grouping set")
+            if not self.match_op(","):
+                break
+        self.expect_op(")", f"to close {kw.upper}(...)")
+        return GroupingPattern(pos=self.pos(kw), kind=kw.upper, sets=sets)
 
     def _parse_group_item(self) -> GroupItem:
         start = self.tok
@@ -316,9 +452,13 @@ class Parser(ExpressionParser):
         if len(fields) < 2:
             raise self.unexpected("':' and the next stream's field (MERGE a.time : b.time "
                                   "FROM ...)")
+        slack = None
+        if self.at_kw("SLACK"):     # GS-lite's MERGE ... SLACK expr FROM
+            kw = self.advance()
+            slack = ExtraClause(pos=self.pos(kw), keyword="SLACK", this=self._parse_expression())
         self.expect_kw("FROM", "after the MERGE fields")
         sources = self._parse_sources()
-        return Merge(pos=self.pos(merge_tok), fields=fields, sources=sources)
+        return Merge(pos=self.pos(merge_tok), fields=fields, sources=sources, slack=slack)
 
     # --- FROM ---------------------------------------------------------------------------------
     def _parse_sources(self) -> list[Source]:
@@ -343,7 +483,7 @@ class Parser(ExpressionParser):
                 if more is None:
                     raise self.error("UNION combines link.PROTOCOL sources, e.g. "
                                      "link1.IPV4 UNION link2.IPV4", more_tok)
-                if more_protocol != protocol:
+                if (more_protocol or "").upper() != (protocol or "").upper():
                     raise self.error(f"every source of a UNION must read the same protocol "
                                      f"({protocol}, not {more_protocol})", more_tok)
                 links.extend(more)
@@ -366,23 +506,43 @@ class Parser(ExpressionParser):
             self.expect_op(".", "and a protocol after the list of links, e.g. [link1, "
                                 "link2].IPV4")
             return links, self._parse_protocol(), None
+        self._refuse_gslite_source()
         name = self.expect_name("a source: link.PROTOCOL, [link1, link2].PROTOCOL, a "
                                 "PROTOCOL or a query name")
+        self._refuse_gslite_source(name)
         if self.at_op("."):
             self.advance()
             return [name.value], self._parse_protocol(), None
         if name.upper in PROTOCOLS:
             return None, name.upper, None
+        # a query name or a schema file's protocol: the analysis knows the schema and decides
         return None, None, name.value
 
+    def _refuse_gslite_source(self, name: Token | None = None) -> None:
+        """GS-lite's `host.iface.PROTO`, `'host'.iface.PROTO` and library query names
+        (`lib/query`): located errors (before `name` is read, or just after)."""
+        t, nxt = self.tok, self.peek()
+        if name is None:
+            if t.kind is Kind.STRING and nxt.kind is Kind.OP and nxt.value == ".":
+                raise self.error("GS-lite construct host-qualified source 'host'.iface.PROTOCOL "
+                                 "is not supported (name the link: link.PROTOCOL)", t)
+            return
+        if t.kind is Kind.OP and t.value == "." and nxt.kind is Kind.IDENT and \
+                self.peek(2).kind is Kind.OP and self.peek(2).value == ".":
+            raise self.error("GS-lite construct host-qualified source host.iface.PROTOCOL is "
+                             "not supported (name the link: link.PROTOCOL)", name)
+        if t.kind is Kind.OP and t.value == "/":
+            raise self.error("GS-lite construct library query name (lib/query) is not "
+                             "supported (put the query in a file of the run)", name)
+
     def _parse_protocol(self) -> str:
+        """A protocol name: any name (the analysis checks it against the schema, which may
+        hold schema files' protocols); built-in ones are spelled as the schema spells them."""
         t = self.tok
         if t.kind is not Kind.IDENT:
-            raise self.unexpected(f"a protocol ({_KNOWN_PROTOCOLS})")
-        if t.upper not in PROTOCOLS:
-            raise self.error(f"unknown protocol '{t.value}' (known: {_KNOWN_PROTOCOLS})", t)
+            raise self.unexpected(f"a protocol ({_KNOWN_PROTOCOLS}, or one of a schema file)")
         self.advance()
-        return t.upper
+        return t.upper if t.upper in PROTOCOLS else t.value
 
     STATEMENTS.update({"SELECT": _parse_select, "MERGE": _parse_merge})
     QUERY_BLOCKS.update({"DEFINE": _parse_define, "PARAM": _parse_param})

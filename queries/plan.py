@@ -331,7 +331,8 @@ class QueryPlan:
 
 @dataclass(frozen=True)
 class FilePlan:
-    """Every query of a file, in file order (a query only reads earlier ones)."""
+    """Every query of a file (or of several, `parser.parse_files`), in dependency order: a
+    query after every query it reads, in file order otherwise (`queries.query_graph`)."""
 
     path: str | None
     links: tuple[str, ...]

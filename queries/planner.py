@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import cast
 
+from capture.schema import BUILTIN, Schema
 from common.errors import ConfigError, LinkError
 from queries import expressions as E
 from queries import types as T
@@ -51,23 +52,28 @@ _SUB_OF = {"COUNT": "count", "SUM": "sum", "MIN": "min", "MAX": "max", "AND_AGGR
 
 
 def plan_text(text: str, links: list[str], params: dict[str, str] | None = None,
-              overrides: dict[str, str] | None = None, path: str | None = None) -> FilePlan:
+              overrides: dict[str, str] | None = None, path: str | None = None,
+              schema: Schema = BUILTIN) -> FilePlan:
     """Parse and plan query text (errors show the offending source line)."""
     from queries.parser import parse
 
-    return plan_file(parse(text, path=path), links, params, overrides, source=text)
+    return plan_file(parse(text, path=path), links, params, overrides, source=text,
+                     schema=schema)
 
 
 def plan_file(tree: E.QueryFile, links: list[str], params: dict[str, str] | None = None,
-              overrides: dict[str, str] | None = None, source: str | None = None) -> FilePlan:
-    """Plan every query of a parsed file for a run over `links` (QueryError / ConfigError)."""
+              overrides: dict[str, str] | None = None, source: str | None = None,
+              schema: Schema = BUILTIN) -> FilePlan:
+    """Plan every query of a parsed file for a run over `links` (QueryError / ConfigError),
+    its protocols resolved against `schema` (`queries.schemafile.schema_for` adds those of
+    schema files to the built-in packet protocols)."""
     links = list(links)
     if not links:
         raise ConfigError("a run needs at least one link (e.g. --link main=trace.pcap)")
     twice = sorted({name for name in links if links.count(name) > 1})
     if twice:
         raise LinkError(f"link {', '.join(twice)} given twice")
-    analysed = analyse_file(tree, links, params, overrides, source)
+    analysed = analyse_file(tree, links, params, overrides, source, schema)
     readers: dict[str, list[str]] = {}
     for aq in analysed:
         for s in aq.sources:
@@ -322,7 +328,7 @@ def _plan_aggregate(aq: AnalysedQuery, links: list[str]):
         union = ("merge" if settings["flush"] == "iop_slow" else "meld") if len(inputs) > 1 else None
         low = [LowLevelPlan(aq.name, link, source.protocol, aq.where, window, keys,
                             tuple(split.subaggs), late=aq.defines.get("late", "drop"),
-                            flow=flow, **settings)
+                            flow=flow, record=source.record, **settings)
                for link in inputs]
         row_plans: tuple = ()
     else:
@@ -394,7 +400,8 @@ def _plan_rows(aq: AnalysedQuery, links: list[str]):
     late = aq.defines.get("late", "drop")
     inputs = _links_of(source, links)
     low = [LowLevelPlan(aq.name, link, source.protocol, aq.where, None, (), (),
-                        projections=projections, late=late, **settings) for link in inputs]
+                        projections=projections, late=late, record=source.record, **settings)
+           for link in inputs]
 
     def field_of(k: KeyColumn) -> KeyColumn:
         return KeyColumn(k.name, E.Field(name=k.name, type=k.type), k.type)
@@ -459,7 +466,7 @@ def _plan_select(aq: AnalysedQuery, links: list[str]):
         union = ("merge" if settings["flush"] == "iop_slow" else "meld") if len(inputs) > 1 else None
         low = [LowLevelPlan(aq.name, link, source.protocol, aq.where, None, (), (),
                             projections=tuple(projections), late=aq.defines.get("late", "drop"),
-                            **settings) for link in inputs]
+                            record=source.record, **settings) for link in inputs]
         high = HighLevelPlan(aq.name, "select", inputs, "links", union, tuple(outputs),
                              late=aq.defines.get("late", "drop"))
         return low, high
@@ -525,7 +532,8 @@ def _plan_join(aq: AnalysedQuery, links: list[str]):
             side_links = _links_of(s, links)
             low += [LowLevelPlan(aq.name, link, s.protocol, _unqualified(filters[s.alias]), None,
                                  (), (), projections=_side_projection(aq, s.alias), side=s.alias,
-                                 late=aq.defines.get("late", "drop"), **settings)
+                                 late=aq.defines.get("late", "drop"), record=s.record,
+                                 **settings)
                     for link in side_links]
             sides.append(JoinSide(s.alias, "links", aq.name, side_links, rng, s.wa))
         else:
@@ -553,11 +561,12 @@ def _plan_merge(aq: AnalysedQuery, links: list[str]):
     for s in aq.sources:
         if s.kind == "link":
             assert s.protocol is not None   # packet sources always name their protocol
-            proj = tuple(KeyColumn(c.name, _packet_field(s, c), c.type) for c in s.columns.values())
+            proj = tuple(KeyColumn(c.name, _packet_field(s, c), c.type) for c in s.plain_columns())
             for link in _links_of(s, links):
                 low.append(LowLevelPlan(aq.name, link, s.protocol, None, None, (), (),
                                         projections=proj, side=s.alias,
-                                        late=aq.defines.get("late", "drop"), **settings))
+                                        late=aq.defines.get("late", "drop"), record=s.record,
+                                        **settings))
             inputs.append(s.alias)
         else:
             inputs.append(_query_of(s))
@@ -567,11 +576,9 @@ def _plan_merge(aq: AnalysedQuery, links: list[str]):
     return low, high
 
 
-def _packet_field(source, col) -> E.Field:
-    from capture.schema import protocol_fields
-
+def _packet_field(source: SourceInfo, col) -> E.Field:
     return E.Field(name=col.name, type=col.type, form=col.form,
-                   columns=tuple(protocol_fields(source.protocol)[col.name].columns))
+                   columns=tuple(source.fields[col.name].columns))
 
 
 # --- parameters -------------------------------------------------------------------------------

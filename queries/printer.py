@@ -17,26 +17,34 @@ from queries.expressions import (
     Aggregate,
     Binary,
     Column,
+    DefineRef,
     Duration,
+    ExtraClause,
     Field,
+    FilterJoin,
     Func,
+    GroupingPattern,
     GroupItem,
+    IfaceParam,
     In,
     Literal,
     Merge,
     Node,
     Param,
+    PredicateCall,
     Query,
     QueryFile,
     Select,
     SelectItem,
     Source,
     Star,
+    SuperAggregate,
     Unary,
     WindowSpec,
     chain_terms,
     is_chain,
 )
+from queries.gslite import timeval_text
 from queries.parse_expr import BINARY_PRECEDENCE, COMPARISON, NOT_PRECEDENCE
 from queries.tokens import RESERVED, quote_string
 
@@ -95,19 +103,43 @@ def _is_bare_word(text: str) -> bool:
 def _select(node: Select) -> str:
     lines = ["SELECT " + ", ".join(_select_item(i) for i in node.items)]
     join = f"{node.join} " if node.join else ""
+    if node.filter_join is not None:
+        join = to_gsql(node.filter_join) + " "
     lines.append(join + "FROM " + ", ".join(_source(s) for s in node.sources))
     if node.where is not None:
         lines.append("WHERE " + _expr(node.where))
     if node.group_by:
-        lines.append("GROUP BY " + ", ".join(_group_item(g) for g in node.group_by))
+        lines.append("GROUP BY " + ", ".join(to_gsql(g) for g in node.group_by))
+    extra = list(node.extra or [])
+    # GS-lite's clause order: SUPERGROUP before HAVING, the CLEANING / CLOSING ones after it
+    lines.extend(to_gsql(c) for c in extra if c.keyword == "SUPERGROUP")
     if node.having is not None:
         lines.append("HAVING " + _expr(node.having))
+    lines.extend(to_gsql(c) for c in extra if c.keyword != "SUPERGROUP")
     return "\n".join(lines)
 
 
 def _merge(node: Merge) -> str:
     fields = " : ".join(_expr(f) for f in node.fields)
-    return f"MERGE {fields}\nFROM " + ", ".join(_source(s) for s in node.sources)
+    slack = f" {to_gsql(node.slack)}" if node.slack is not None else ""
+    return f"MERGE {fields}{slack}\nFROM " + ", ".join(_source(s) for s in node.sources)
+
+
+def _extra_clause(node: ExtraClause) -> str:
+    if node.items:
+        return f"{node.keyword} " + ", ".join(_expr(c) for c in node.items)
+    return f"{node.keyword} {_expr(node.this)}"
+
+
+def _grouping_pattern(node: GroupingPattern) -> str:
+    sets = [", ".join(_group_item(g) for g in items) for items in node.sets]
+    if node.kind == "GROUPING_SETS":
+        return "GROUPING_SETS(" + ", ".join(f"({s})" for s in sets) + ")"
+    return f"{node.kind}({sets[0]})"
+
+
+def _filter_join(node: FilterJoin) -> str:
+    return f"FILTER_JOIN({_expr(node.column)}, {node.range})"
 
 
 def _select_item(node: SelectItem) -> str:
@@ -208,6 +240,10 @@ def _literal(node: Literal) -> str:
         return f"IPV6_VAL '{ipaddress.IPv6Address(value).compressed}'"
     if kind == "float":
         return repr(float(value))
+    if node.type == "ullong":
+        return f"{int(value)}ULL"
+    if node.type == "llong" and int(value) % 10**6 == 0:
+        return timeval_text(int(value))
     return str(int(value))
 
 
@@ -217,6 +253,18 @@ def _column(node: Column) -> str:
 
 def _func(node: Func) -> str:
     return f"{node.name}(" + ", ".join(_expr(a) for a in node.arguments) + ")"
+
+
+def _super_aggregate(node: SuperAggregate) -> str:
+    return f"{node.name}$(" + ", ".join(_expr(a) for a in node.arguments) + ")"
+
+
+def _predicate(node: PredicateCall) -> str:
+    return f"{node.name}[" + ", ".join(_expr(a) for a in node.arguments) + "]"
+
+
+def _iface_param(node: IfaceParam) -> str:
+    return (f"{node.table}." if node.table else "") + f"@{node.name}"
 
 
 def _aggregate(node: Aggregate) -> str:
@@ -258,6 +306,9 @@ _PRINTERS: dict[type, Callable[[Any], str]] = {
     Binary: _binary, Unary: _unary, In: _in, Literal: _literal, Column: _column,
     Param: lambda n: f"${n.name}", Star: lambda n: "*", Func: _func, Aggregate: _aggregate,
     WindowSpec: _window, Duration: _duration,
+    DefineRef: lambda n: f"#{n.name}", IfaceParam: _iface_param, PredicateCall: _predicate,
+    SuperAggregate: _super_aggregate, GroupingPattern: _grouping_pattern,
+    ExtraClause: _extra_clause, FilterJoin: _filter_join,
     Field: _column,   # a column the analyser resolved prints as the reference it came from
 }
 

@@ -11,7 +11,7 @@ import difflib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from capture.schema import protocol_fields
+from capture.schema import UNSUPPORTED_FIELDS
 from queries import expressions as E
 from queries import types as T
 from queries.constants import fold
@@ -51,10 +51,13 @@ class Scope:
             if col is not None:
                 hits.append((s, col))
         if not hits:
+            self._unsupported(node, candidates)
             where = " or ".join(
                 f"protocol {s.protocol}" if s.kind == "link" else f"query {s.query!r}"
                 for s in candidates)
-            known_cols = sorted({c for s in candidates for c in s.columns})
+            # Gigascope's aliases stay out of the list: it names each column once
+            known_cols = sorted({c for s in candidates for c in s.columns
+                                 if s.kind != "link" or s.fields[c].alias_of is None})
             close = difflib.get_close_matches(name, known_cols, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise self.error(node, f"unknown column {name!r} in {where}{hint} (known: "
@@ -64,12 +67,24 @@ class Scope:
                              f"({' or '.join(s.alias + '.' + name for s, _ in hits)})")
         s, col = hits[0]
         columns = None
+        alias_of = s.fields[col.name].alias_of if s.kind == "link" else None
+        if alias_of is not None:
+            # Gigascope's name (sourceIP) is our field (srcIP): the same plans either way
+            col = s.columns[alias_of]
         if s.kind == "link":
             assert s.protocol is not None   # packet sources always name their protocol
-            columns = tuple(protocol_fields(s.protocol)[col.name].columns)
+            columns = tuple(s.fields[col.name].columns)
         joined = len(self.sources) > 1
         return E.Field(pos=node.pos, name=col.name, type=col.type,
                        table=s.alias if joined else None, columns=columns, form=col.form)
+
+    def _unsupported(self, node: E.Column, candidates: list[SourceInfo]) -> None:
+        """A Gigascope packet field we have no data for (TCP_data): say so, not "unknown"."""
+        if not any(s.kind == "link" and s.record is None for s in candidates):
+            return
+        for name, what in UNSUPPORTED_FIELDS.items():
+            if node.name.lower() == name.lower():
+                raise self.error(node, f"{name} is not supported yet: {what}")
 
     # --- expressions -------------------------------------------------------------------------
     def resolve(self, expr: E.Node, clause: str, hook: Hook | None = None) -> E.Expr:

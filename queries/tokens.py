@@ -32,6 +32,9 @@ class Token(NamedTuple):
     col: int
     length: int         # characters of source text the token spans (for the error marker)
     depth: int          # `{}` nesting depth before the token (recovery skips to a `;` at depth 0)
+    #: INT tokens written with GS-lite's `ULL` suffix: "ullong" (the type they declare), else
+    #: None (`UL` declares uint, which every integer below 2**32 has anyway)
+    declared: str | None = None
 
     @property
     def upper(self) -> str:
@@ -63,10 +66,17 @@ RESERVED = frozenset({
     "INNER_JOIN", "LEFT_OUTER_JOIN", "RIGHT_OUTER_JOIN", "OUTER_JOIN",
 })
 
-# longest first, so `<<` wins over `<` and `<>` over `<`
+# longest first, so `<<` wins over `<` and `<>` over `<`, `!=` over `!`. GS-lite's own: `!`
+# (logical negation), `#name` (a DEFINE value), `@name` (an interface property) and the `$` of
+# a super-aggregate (`count$(*)`; `$name` is a parameter token of its own)
 OPERATORS = ("<<", ">>", "<=", ">=", "<>", "!=",
-             "+", "-", "*", "/", "%", "&", "|", "^", "~", "=", "<", ">",
+             "+", "-", "*", "/", "%", "&", "|", "^", "~", "=", "<", ">", "!", "#", "@",
              "[", "]", "(", ")", ",", ";", ".", ":", "{", "}")
+
+#: GS-lite's integer suffixes (its lexer: `[0-9]+UL` is a uint, `[0-9]+ULL` a ullong); GS-lite
+#: has no `L` or `LL`
+INT_SUFFIXES = {"UL": "uint", "ULL": "ullong"}
+UINT_MAX = 2**32 - 1
 
 _IDENT_START = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
 _IDENT_REST = _IDENT_START | frozenset("0123456789")
@@ -211,7 +221,31 @@ class _Lexer:
         elif j - start > 4000:      # past the digits Python converts (far past 64 bits anyway)
             self._error(f"integer of {j - start} digits does not fit in 64 bits", start, j)
         else:
-            self._emit(Kind.INT, int(literal), start)
+            self._integer(int(literal), start)
+
+    def _integer(self, value: int, start: int) -> None:
+        """An integer, with GS-lite's `UL` / `ULL` suffix when one follows its digits."""
+        text, n, j = self.text, len(self.text), self.i
+        k = j
+        while k < n and text[k] in _IDENT_REST:
+            k += 1
+        suffix = text[j:k].upper()
+        if suffix not in INT_SUFFIXES:
+            self._emit(Kind.INT, value, start)     # `15s` in DEFINE: a number, then a unit
+            return
+        declared = INT_SUFFIXES[suffix]
+        limit = UINT_MAX if declared == "uint" else 2**64 - 1
+        if value > limit:
+            hint = f": write {value}ULL for a ullong" if declared == "uint" and value < 2**64 \
+                else ""
+            self._error(f"integer {text[start:k]} does not fit in a {declared} "
+                        f"(at most {limit}){hint}", start, k)
+            return
+        self.i = k
+        # only a ullong below 2**32 declares more than its value says (docs/gsql.md "Literals")
+        kept = "ullong" if declared == "ullong" and value <= UINT_MAX else None
+        self.tokens.append(Token(Kind.INT, value, self.line, self._col(start), k - start,
+                                 self.depth, kept))
 
     def _string(self) -> None:
         start, text, n = self.i, self.text, len(self.text)
@@ -238,7 +272,9 @@ class _Lexer:
         start, text, n = self.i, self.text, len(self.text)
         j = start + 1
         if j >= n or text[j] not in _IDENT_START:
-            self._error("'$' must start a parameter name, e.g. $window", start, start + 1)
+            # the `$` of a GS-lite super-aggregate (`count$(*)`); the parser tells a stray one
+            self.i = j
+            self._emit(Kind.OP, "$", start)
             return
         j += 1
         while j < n and text[j] in _IDENT_REST:

@@ -11,6 +11,9 @@ Flow queries (DEFINE idle_timeout / flow_end) follow the flow semantics of docs/
 queries" with a plain loop over each link's packets in arrival order (`flow_assignment`): each
 packet gets a flow number (a hidden group key) and each flow its end reason.
 
+Record links (`capture.records`) are given as record batches (`read_all_records`): every row
+is a record of the protocol, strings are compared and grouped as texts.
+
 `evaluate_file(file_plan_or_tree, batches, params=None)` -> {query name: pandas.DataFrame}, the
 columns as the SELECT says; `ip` columns hold 128-bit Python ints (IPv4-mapped for IPv4),
 `ipv4` columns 32-bit values, join columns of a missing outer side hold None (a query reading
@@ -27,7 +30,7 @@ import pandas as pd
 from capture.batch import PacketBatch
 from capture.schema import L_TCP, protocol_mask
 from common.errors import LinkError
-from lowlevel.evaluate import evaluate, evaluate_columns, truthy
+from lowlevel.evaluate import evaluate, evaluate_columns, plain, truthy
 from lowlevel.hll import estimate, registers_of
 from queries import expressions as E
 from queries.analysis import AnalysedQuery
@@ -167,7 +170,9 @@ class Rows:
 
     def eval(self, expr):
         if self.batches is not None:
-            parts = [evaluate(expr, b) for b in self.batches]
+            # a record link's strings are codes into its intern table: the reference works
+            # on the texts themselves
+            parts = [plain(evaluate(expr, b)) for b in self.batches]
             if not parts:
                 return evaluate(expr, PacketBatch.empty("none"))
             return _concat(parts)
@@ -176,13 +181,15 @@ class Rows:
 
 def packet_rows(qp: QueryPlan, source, batches: dict[str, PacketBatch], where) -> Rows:
     out = []
-    links = [lp.link for lp in qp.low if lp.side in (None, source.alias)]
-    for link in links:
+    plans = [lp for lp in qp.low if lp.side in (None, source.alias)]
+    for lp in plans:
+        link = lp.link
         if link not in batches:
             raise LinkError(f"query {qp.name} reads link {link!r}, which has no packets given")
         b = batches[link]
         mask = np.ones(b.n, bool)
-        need = protocol_mask(source.protocol)
+        # a record link's rows are all records of its protocol (capture.records)
+        need = 0 if lp.record is not None else protocol_mask(source.protocol)
         if need:
             mask &= (b["layers"] & need) != 0
         b = b.take(mask)

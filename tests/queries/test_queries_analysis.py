@@ -43,7 +43,7 @@ ERRORS = [
     ("DEFINE { query_name t; }\nPARAM { n uint; x @frob; }\nSELECT len FROM main.IP",
      "parameter x: unknown type 'frob'"),
     ("DEFINE { query_name a; } SELECT len FROM @b; DEFINE { query_name b; } SELECT len FROM a",
-     "defined later in the file"),
+     "queries read each other in a cycle: 'a' -> 'b' -> 'a'"),
     ("DEFINE { query_name a; } SELECT len FROM @a", "reads itself"),
     ("SELECT srcIP @+ 1 FROM main.IP", "+ does not apply to ip and uint"),
     ("SELECT len FROM main.IP WHERE @ip_str(srcIP) = '1.2.3.4'", "ip_str is for display"),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from tools.commands.params import schema_option
+
 
 def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
     out = {}
@@ -24,17 +26,21 @@ def _pairs(values: tuple[str, ...], option: str) -> dict[str, str]:
 @click.option("--link", "links", multiple=True, metavar="NAME",
               help="A link name of the run (repeatable; NAME=path also accepted). "
                    "Default: the links the file names, else `main`.")
+@schema_option
 def explain(query_file: str, sets: tuple[str, ...], params: tuple[str, ...],
-            links: tuple[str, ...]) -> None:
+            links: tuple[str, ...], schema_files: tuple[str, ...]) -> None:
     """Explain QUERY_FILE: per query, the low-level part per link (protocol, WHERE, keys,
     window/pane, sub-aggregates, hash-table slots, flush policy) and the high-level part
     (union, super-aggregates, finalisation, HAVING, window assembly, join).
 
     QUERY_FILE is a path, or the name of a shipped query (`q8_1` finds
-    queries/library/q8_1.gsql).
+    queries/library/q8_1.gsql). Record protocols come from schema files: --schema, and the
+    packet_schema.txt beside QUERY_FILE (as in GS-lite); the plan names the files read and,
+    per record protocol, its record format and clock.
     """
     from queries.errors import QueryError
     from queries.explain import explain_text, find_query_file
+    from queries.schemafile import schema_for
 
     path = find_query_file(query_file)
     try:
@@ -45,6 +51,7 @@ def explain(query_file: str, sets: tuple[str, ...], params: tuple[str, ...],
     except (OSError, UnicodeDecodeError) as exc:
         raise QueryError(f"cannot read the query file: {exc}", path=str(path)) from None
     link_names = [name.partition("=")[0].strip() for name in links]
+    schema = schema_for([path], schema_files)
     click.echo(explain_text(text, path=str(path), links=link_names or None,
                             params=_pairs(params, "--param"),
-                            overrides=_pairs(sets, "--set")), nl=False)
+                            overrides=_pairs(sets, "--set"), schema=schema), nl=False)

@@ -112,3 +112,15 @@ class Count(click.ParamType):
 
 DURATION = Duration()
 COUNT = Count()
+
+
+def schema_option(fn):
+    """`--schema FILE` (repeatable) as the `schema_files` argument: GS-lite schema files
+    declaring record protocols (queries.schemafile). Commands build the schema with
+    `queries.schemafile.schema_for(query_paths, schema_files)`, which also reads the
+    packet_schema.txt beside each query file."""
+    return click.option(
+        "--schema", "schema_files", multiple=True, metavar="FILE",
+        type=click.Path(exists=True, dir_okay=False),
+        help="A schema file (GS-lite's packet_schema.txt format) declaring record protocols "
+             "(repeatable). The packet_schema.txt beside the query file is read too.")(fn)

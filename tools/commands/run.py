@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from tools.commands.params import Duration
+from tools.commands.params import Duration, schema_option
 
 
 def _pairs(values: tuple[str, ...], option: str) -> tuple[tuple[str, str], ...]:
@@ -102,7 +102,14 @@ def live_options(command):
 @click.option("--link", "links", multiple=True, metavar="NAME=PCAP",
               help="A capture file and the link name it plays (repeatable). A bare PCAP is "
                    "named after the file stem. A FIFO, or - for standard input "
-                   "(tcpdump -w - | oopscope run ...), is read as a stream.")
+                   "(tcpdump -w - | oopscope run ...), is read as a stream. A link the "
+                   "queries read as a record protocol of a --schema file (FROM "
+                   "[csv].CSV_EXAMPLE) takes a CSV file, - or a FIFO of records instead.")
+@schema_option
+@click.option("--csv-separator", "csv_separator", default=None, metavar="CHAR",
+              help="The field separator of CSV record links: one character, or tab, comma, "
+                   "pipe, semicolon, space (default: detected from the first line among , | "
+                   "tab ;).")
 @click.option("--interface", "interfaces", multiple=True, metavar="NAME=IFACE",
               help="Capture live on IFACE as link NAME (repeatable; a bare IFACE names the "
                    "link after it). Needs root or CAP_NET_RAW.")
@@ -151,10 +158,10 @@ def live_options(command):
 @click.option("--netflow-pace", "netflow_pace", type=click.IntRange(0), default=2000,
               show_default=True, help="Datagrams per second at most (0: no pacing; a local "
                                       "nfcapd drops when flooded).")
-def run(query_file: str, links, interfaces, outputs, fmt, speed, duration, sets, params,
-        master, spool, checkpoint, punctuate_every: int, lull_slack: int, progress,
-        fanout, capture_options, netflow, netflow_version, netflow_query,
-        netflow_pace) -> None:
+def run(query_file: str, links, schema_files, csv_separator, interfaces, outputs, fmt, speed,
+        duration, sets, params, master, spool, checkpoint, punctuate_every: int,
+        lull_slack: int, progress, fanout, capture_options, netflow, netflow_version,
+        netflow_query, netflow_pace) -> None:
     """Run QUERY_FILE (a path or a shipped query name such as q8_1) over capture files or
     live interfaces.
 
@@ -171,15 +178,21 @@ def run(query_file: str, links, interfaces, outputs, fmt, speed, duration, sets,
       oopscope run q8_1 --link main=trace.pcap --output q8_1=q8_1.csv
       oopscope run top_talkers --link main=trace.pcap --speed 10 --param min_bytes=1M
       sudo oopscope run netflow --interface main=eth0 --duration 1min
+      oopscope run example.gsql --schema packet_schema.txt --link csv=records.csv
     """
     import logging
 
+    from capture.records import resolve_separator
     from tools.errors import RunError
     from tools.run.config import RunConfig
     from tools.run.runner import run as run_pipeline
 
     if punctuate_every <= 0:
         raise click.BadParameter("must be positive", param_hint="--punctuate-every")
+    try:
+        separator = resolve_separator(csv_separator)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--csv-separator") from None
     if not links and not interfaces:
         raise click.UsageError("give --link NAME=PCAP (capture files) or --interface "
                                "NAME=IFACE (live capture)")
@@ -198,7 +211,8 @@ def run(query_file: str, links, interfaces, outputs, fmt, speed, duration, sets,
                        punctuate_every_ns=punctuate_every, speed=_speed(speed),
                        duration_ns=duration, lull_slack_ns=lull_slack, progress=progress,
                        capture_options=capture_options, extra_sinks=extra,
-                       keep_results=False, fanout=fanout)
+                       keep_results=False, fanout=fanout,
+                       schema_files=tuple(schema_files), csv_separator=separator)
     summary = run_pipeline(config)
     # the summary is the run's report, not a diagnostic: always shown, on stderr
     click.echo(summary.format(), err=True)

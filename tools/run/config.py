@@ -51,6 +51,10 @@ class RunConfig:
     # each interface captured by this many processes in one PACKET_FANOUT group, melded as
     # sub-links (`tools.cluster.fanout`)
     fanout: int = 1
+    # GS-lite schema files (`--schema`): record protocols a link may carry instead of packets
+    schema_files: tuple[str, ...] = ()
+    # the field separator of CSV record links (None: detected from the first line)
+    csv_separator: str | None = None
 
     @property
     def link_names(self) -> list[str]:
@@ -78,6 +82,10 @@ class LinkSummary:
     punctuations: int = 0
     ring_drops: int = 0
     kernel_drops: int = 0
+    #: "records" for a record link (its rows are records of a schema-file protocol)
+    kind: str = "packets"
+    #: a record link's malformed records by reason, with line numbers (`RecordStats.describe`)
+    malformed_detail: str = ""
 
 
 @dataclass
@@ -129,6 +137,14 @@ class RunSummary:
 
         benign = {REASONS[c] for c in BENIGN_REASONS}
         for s in self.links.values():
+            if s.kind == "records":
+                lines.append(f"link {s.name}: {s.packets} records, {s.bytes} bytes, "
+                             f"{s.punctuations} punctuations [{s.path}]")
+                if s.malformed:
+                    lines.append(f"link {s.name}: {s.malformed} malformed records skipped: "
+                                 f"{s.malformed_detail}")
+                lines += [f"link {s.name}: problem: {p}" for p in s.problems]
+                continue
             bad = ", ".join(f"{k} {v}" for k, v in sorted(s.reasons.items())
                             if k not in benign) or "none"
             lines.append(f"link {s.name}: {s.packets} packets, {s.bytes} bytes, "
@@ -186,12 +202,15 @@ def load_plan(config: RunConfig):
     names = config.link_names
     option = {n: "--interface" if i >= len(config.links) else "--link"
               for i, n in enumerate(names)}
+    from queries.schemafile import schema_for
+
+    schema = schema_for([path], config.schema_files)
     return plan_text(text, str(path), names, dict(config.params), dict(config.overrides),
-                     option=option)
+                     option=option, schema=schema)
 
 
 def plan_text(text: str, path: str, links: list[str], params: dict, overrides: dict, *,
-              option: dict | None = None, subset: bool = False):
+              option: dict | None = None, subset: bool = False, schema=None):
     """Parse and plan query text over `links`. The links the file's FROM clauses name must
     be among them; with `subset` (a server's links, of which a query reads some) the file is
     planned over the links it names only, else every given link must be one of the file's.
@@ -217,7 +236,9 @@ def plan_text(text: str, path: str, links: list[str], params: dict, overrides: d
                            f"{wanted[0]}=IFACE)")
     if subset and wanted:
         links = [n for n in links if n in wanted]
-    return plan_file(tree, links, params, overrides, source=text)
+    if schema is None:
+        return plan_file(tree, links, params, overrides, source=text)
+    return plan_file(tree, links, params, overrides, source=text, schema=schema)
 
 
 def choose_queries(plan, config: RunConfig) -> list[tuple[QueryPlan, str]]:

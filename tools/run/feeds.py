@@ -201,6 +201,31 @@ class LinkFeeds:
         self._lock = threading.Lock()
 
     @property
+    def record(self):
+        """The record format (`capture.schema.RecordFormat`) this link's operators read, or
+        None for a packet link; RunLinkError when its queries disagree (a link carries
+        either packets or the records of one protocol)."""
+        from tools.errors import RunLinkError
+
+        formats = [(f.op.plan.query, f.op.plan.protocol, f.op.plan.record) for f in self.feeds]
+        records = [x for x in formats if x[2] is not None]
+        if not records:
+            return None
+        packets = [x for x in formats if x[2] is None]
+        if packets:
+            (rq, rp, _), (pq, pp, _) = records[0], packets[0]
+            raise RunLinkError(f"link {self.name} is read as records of {rp} by query {rq} "
+                               f"and as packets of {pp} by query {pq}: a link carries packets "
+                               f"or records, not both")
+        others = [x for x in records if x[1] != records[0][1]]
+        if others:
+            (q1, p1, _), (q2, p2, _) = records[0], others[0]
+            raise RunLinkError(f"link {self.name} is read as records of {p1} by query {q1} "
+                               f"and of {p2} by query {q2}: a link carries the records of one "
+                               f"protocol")
+        return records[0][2]
+
+    @property
     def read_columns(self) -> tuple[str, ...] | None:
         """The packet columns this link's operators read (the reader decodes only those), or
         None (decode all) when one of them cannot tell."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -45,20 +45,37 @@ class FileLink:
 
     def __init__(self, name: str, path: str, batch_size: int = 65536,
                  columns: tuple[str, ...] | None = None, prefetch: int | None = None,
-                 stop=None, skip_before: int | None = None):
-        from capture.reader import open_capture
-
+                 stop=None, skip_before: int | None = None, record=None,
+                 separator: str | None = None):
         self.name, self.path = name, str(path)
         if prefetch is None:
             prefetch = READ_AHEAD if (os.cpu_count() or 1) > 1 else 0
-        # `columns`: decode only what the link's operators read (None: every column).
-        # `prefetch`: batches a thread reads and decodes ahead while the link's operators work
-        # on the current one (a batch is consumed whole before the next is asked for, as the
-        # read-ahead requires). `stop`: a stream (a FIFO, standard input) waiting for bytes
-        # ends there when it says so (Ctrl-C, SIGTERM), as a file ends at its end
-        self.reader = open_capture(path, link=name, batch_size=batch_size, columns=columns,
-                                   prefetch=prefetch, stop=stop)
+        #: a record link whose records are timed by the wall clock when read, from a stream:
+        #: while the stream is quiet its next record cannot be older than now, so `head` says
+        #: now and the replay's timer punctuates the lull (as a live link's does)
+        self.wall_clock = False
+        self.record = record            # the link's RecordFormat, None for packets
+        self.reader: Any
+        if record is not None:
+            from capture.records import open_records
+
+            self.reader = open_records(path, record, link=name, batch_size=batch_size,
+                                       columns=columns, stop=stop, separator=separator)
+            self.wall_clock = self.reader.stream and record.system_clock
+            self.reader.idle_batches = self.wall_clock
+        else:
+            from capture.reader import open_capture
+
+            # `columns`: decode only what the link's operators read (None: every column).
+            # `prefetch`: batches a thread reads and decodes ahead while the link's
+            # operators work on the current one (a batch is consumed whole before the next
+            # is asked for, as the read-ahead requires). `stop`: a stream (a FIFO, standard
+            # input) waiting for bytes ends there when it says so (Ctrl-C, SIGTERM), as a
+            # file ends at its end
+            self.reader = open_capture(path, link=name, batch_size=batch_size,
+                                       columns=columns, prefetch=prefetch, stop=stop)
         self._batches = iter(self.reader)
+        self._idle = False          # a wall-clock stream was quiet: no record pending now
         self._batch: PacketBatch | None = None
         self._cummax: np.ndarray | None = None   # running max of capture time through the pending batch
         self._pos = 0
@@ -71,9 +88,10 @@ class FileLink:
         self.skipped = 0
 
     def _pending(self) -> bool:
-        """Make sure a batch with unread rows is pending; False when the file is over."""
+        """Make sure a batch with unread rows is pending; False when the file is over (or,
+        for a wall-clock stream, quiet: `_idle`)."""
         while self._batch is None or self._pos >= len(self._batch):
-            if self.exhausted:
+            if self.exhausted or self._idle:
                 return False
             try:
                 batch = next(self._batches)
@@ -88,6 +106,9 @@ class FileLink:
                 self._end()
                 return False
             if len(batch) == 0:
+                if self.wall_clock:         # a quiet slice of the stream (capture.records)
+                    self._idle = True
+                    return False
                 continue
             if self.skip_before is not None:
                 batch = self._unskipped(batch)
@@ -121,8 +142,12 @@ class FileLink:
         self.reader.close()
 
     def head(self) -> int | None:
-        """Capture time of the next unread packet (running max: monotone), None at the end."""
+        """Capture time of the next unread packet (running max: monotone), None at the end.
+        A quiet wall-clock stream's next record is read no earlier than now: its head is
+        the wall clock."""
         if not self._pending():
+            if self._idle and not self.exhausted:
+                return max(time.time_ns(), self.max_seen or 0)
             return None
         assert self._cummax is not None   # `_pending` made a batch pending
         return int(self._cummax[self._pos])
@@ -130,6 +155,7 @@ class FileLink:
     def take_until(self, bound: int):
         """The next unread packets whose (running max) capture time is below `bound`, as one
         batch of views (valid until the next call), or None when the next one is not."""
+        self._idle = False              # a quiet stream is asked again
         if not self._pending():
             return None
         assert self._batch is not None and self._cummax is not None   # `_pending` made one pending

@@ -87,6 +87,25 @@ def check_sources(config: RunConfig) -> None:
         raise RunConfigError("--punctuate-every must be positive")
 
 
+def check_record_links(config: RunConfig, feeds: dict) -> None:
+    """A link whose queries read a record protocol is a record source (`capture.records`):
+    a file, standard input or a FIFO, not an interface; records timed by the wall clock
+    when read cannot be paced by their times."""
+    for name, f in feeds.items():
+        fmt = f.record                  # RunLinkError when its queries disagree
+        if fmt is None:
+            continue
+        if name in dict(config.interfaces):
+            raise RunLinkError(f"--interface {name}: the link is read as records of "
+                               f"{fmt.protocol}; give its records as --link {name}=FILE "
+                               f"(a file, - for standard input, or a FIFO)")
+        if config.speed is not None and fmt.system_clock:
+            raise RunConfigError(f"--speed {config.speed:g}: link {name} carries records of "
+                                 f"{fmt.protocol}, timed by the wall clock when read "
+                                 f"({fmt.clock or 'no increasing field'}); there are no "
+                                 f"record times to pace by (use --speed max)")
+
+
 def _workdir(given, prefix, option, temps) -> Path:
     if given is not None:
         root = Path(given)
@@ -232,6 +251,7 @@ def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
         raise SpoolError(f"cannot write the spool {exc.filename or spool}: "
                          f"{os_error_text(exc)}") from None
     feeds = {name: LinkFeeds(name, fs, config.lull_slack_ns) for name, fs in per_link.items()}
+    check_record_links(config, feeds)
     summary = RunSummary(links={}, queries=queries)
     if resume is not None and resume.resumed:
         summary.resumed = True
@@ -447,9 +467,18 @@ def open_sources(config: RunConfig, feeds: dict, summary: RunSummary, stop=None,
     from tools.run.replay import FileLink
 
     # `stop`: a stream (FIFO, standard input) waiting for its writer ends at a stop request
-    return {name: FileLink(name, path, config.batch_size, columns=feeds[name].read_columns,
-                           stop=stop, skip_before=(skip or {}).get(name))
-            for name, path in config.links}
+    links: dict = {}
+    try:
+        for name, path in config.links:
+            links[name] = FileLink(name, path, config.batch_size,
+                                   columns=feeds[name].read_columns, stop=stop,
+                                   skip_before=(skip or {}).get(name),
+                                   record=feeds[name].record, separator=config.csv_separator)
+    except BaseException:
+        for link in links.values():
+            link.close()
+        raise
+    return links
 
 
 def _input_bytes(sources: dict) -> int:
@@ -473,6 +502,9 @@ def _read_share(sources: dict) -> float | None:
             return None
         st = src.stats
         total += size
+        if hasattr(st, "lines"):        # a record source counts the bytes of its lines
+            done += min(size, st.bytes)
+            continue
         done += min(size, st.captured_bytes + 16 * st.packets + 24)
     return done / total if total else None
 
@@ -540,6 +572,8 @@ def collect_links(summary: RunSummary, config: RunConfig, sources, feeds) -> Non
         s.packets, s.bytes = feeds[name].packets, feeds[name].bytes
         s.malformed, s.reasons = int(stats.malformed), dict(stats.reasons)
         s.problems = list(stats.problems)
+        if getattr(source, "record", None) is not None:
+            s.kind, s.malformed_detail = "records", stats.describe()
         if not config.live and source.problem and source.problem not in s.problems:
             s.problems.append(source.problem)
         s.punctuations = feeds[name].timer.count

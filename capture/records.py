@@ -1,0 +1,564 @@
+"""Record sources: a link that carries records of a schema-file protocol (GS-lite's CSV
+interfaces) instead of packets, read into `capture.batch.RecordBatch`es.
+
+A CSV record is one line of delimited text; a field's GS-lite access function names its type
+and its position (`get_csv_uint_pos3`: the third field as a uint); `get_system_time` is the
+unix time when the record is read, `get_schemaId` the record's schema id (that of a GDAT
+record; 0 for CSV, as in GS-lite, whose CSV reader leaves it unset). Values are parsed as
+GS-lite's `sscanf`/`strto*` formats read them, strictly: uint `%u` and int `%d` (32-bit), ullong
+`%llu`, llong `%lld` (64-bit), float `%lf`, IPv4 `%u.%u.%u.%u`, IPv6 `%x:%x:...` (eight groups,
+or fewer with one `::`), bool: the four letters TRUE in any case is true (GS-lite's
+`get_csv_bool` compares with `strncasecmp`; its manual says upper case), anything else false;
+string: the bytes between the separators, as they are. Spaces around a number are allowed (as
+`strtoul` skips them); a value that is not entirely a number of the field's type, or out of its
+range, makes the record malformed. So does a line with fewer fields than the protocol's last
+position (more are ignored, as GS-lite does). A malformed record is counted by reason, its line
+number kept (the first few per reason) and skipped: it never stops the link. Blank lines are
+skipped silently.
+
+Parsing is columnar (`capture.csvkernels`): a Numba kernel splits a buffer of lines into field offsets (one row per
+record), per-type kernels parse each field column; float fields go through Arrow's cast and
+string fields through Arrow's dictionary encoding into the link's `capture.strings.StringTable`.
+No Python object is made per record or per field, only per malformed line (its text, for
+the summary) and per distinct string.
+
+Sources: a file, `-` (standard input) or a FIFO; the last two are streams: read as the bytes
+arrive, a batch handed on as soon as the bytes read hold whole lines (at most `batch_size`
+records), and, when `idle_batches` is set, an empty batch after every quiet wait (so a run can
+punctuate a wall-clock link during a lull). The separator is `separator`, or detected from the
+first line among `,` `|` tab `;`. GDAT (binary) records are refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from capture.batch import RecordBatch
+from capture.csvkernels import (
+    gather_fields,
+    parse_bools,
+    parse_integers,
+    parse_ipv4s,
+    parse_ipv6s,
+    split_lines,
+)
+from capture.errors import CaptureError
+from capture.schema import SCHEMA_ID, SYSTEM_TIME, Field, RecordFormat, record_accessor, record_column
+from capture.source import STDIN, STDIN_FD, STREAM, classify, display_name
+from capture.strings import StringTable
+from common.units import NS_PER_S
+
+log = logging.getLogger(__name__)
+
+#: separators tried, in this order of preference, when none is given
+SEPARATORS = (",", "|", "\t", ";")
+#: names the command line accepts for separators that are awkward to type
+SEPARATOR_NAMES = {"comma": ",", "pipe": "|", "tab": "\t", "\\t": "\t", "semicolon": ";",
+                   "space": " "}
+#: malformed record examples kept per reason (line numbers and text, for the summary)
+EXAMPLES_PER_REASON = 3
+WRONG_FIELD_COUNT = "wrong field count"
+
+#: GS-lite access types -> the parse kind, the value range of integers
+_INT_RANGE = {"uint": (0, 2**32 - 1), "ullong": (0, 2**64 - 1), "int": (-2**31, 2**31 - 1),
+              "llong": (-2**63, 2**63 - 1)}
+_KINDS = ("uint", "ullong", "int", "llong", "float", "bool", "ip", "ipv6", "string")
+#: which field types each access type may fill (the value is converted as C would)
+_FILLS = {"uint": ("uint", "ullong", "int", "llong", "float", "bool"),
+          "ullong": ("uint", "ullong", "int", "llong", "float"),
+          "int": ("uint", "ullong", "int", "llong", "float"),
+          "llong": ("uint", "ullong", "int", "llong", "float"),
+          "float": ("float",), "bool": ("bool", "uint", "ullong", "int", "llong"),
+          "ip": ("ipv4", "ip", "uint", "ullong"), "ipv6": ("ip",), "string": ("string",)}
+_DTYPE = {"uint": np.uint64, "ullong": np.uint64, "ipv4": np.uint64, "mac": np.uint64,
+          "int": np.int64, "llong": np.int64, "float": np.float64, "bool": np.uint8,
+          "string": np.uint64}
+_MAPPED = np.uint64(0x0000_FFFF_0000_0000)
+_FILE_CHUNK = 8 << 20
+_STREAM_CHUNK = 1 << 20
+_WAIT_SLICE_S = 0.1
+_WAIT_NOTICE_S = 1.0
+#: what `strtod` (`%lf`) reads, for the rows Arrow's own cast refuses
+_FLOAT_TEXT = r"(?i)^\s*[+-]?((\d+\.?\d*|\.\d+)(e[+-]?\d+)?|inf|infinity|nan)\s*$"
+
+
+class RecordError(CaptureError):
+    """A record source cannot be read: an unsupported format or access function, a file
+    that cannot be opened."""
+
+
+# --- the layout of a format ------------------------------------------------------------------
+
+def field_columns(f: Field) -> tuple[str, ...]:
+    """The record-batch columns of a record field: its `columns` when the schema set them,
+    else `record_column(name)` (two, `_hi` and `_lo`, for a 128-bit `ip`)."""
+    if f.columns:
+        return tuple(f.columns)
+    base = record_column(f.name)
+    return (base + "_hi", base + "_lo") if f.type == "ip" else (base,)
+
+
+@dataclass(frozen=True)
+class FieldReader:
+    """How one field of a record is read: from position `position` (1-based) parsed as
+    `kind`, or `source` = "time" (the read time) or "schema" (the schema id)."""
+
+    field: Field
+    columns: tuple[str, ...]
+    source: str                 # "csv" | "time" | "schema"
+    kind: str = ""              # a GS-lite access type (_KINDS)
+    position: int = 0
+
+    @property
+    def reason(self) -> str:
+        return f"bad {self.kind}"
+
+
+def layout_of(fmt: RecordFormat) -> tuple[FieldReader, ...]:
+    """The field readers of a record format (RecordError for what cannot be read)."""
+    where = f"protocol {fmt.protocol}"
+    if fmt.kind.lower() == "gdat":
+        raise RecordError(f"{where}: GDAT records are not supported yet (only CSV record "
+                          f"protocols can be read)")
+    if fmt.kind.lower() != "csv":
+        raise RecordError(f"{where}: unknown record format {fmt.kind!r} (csv or gdat)")
+    out = []
+    for f in fmt.fields:
+        cols = field_columns(f)
+        acc = f.accessor or ""
+        if acc == SYSTEM_TIME:
+            out.append(FieldReader(f, cols, "time"))
+            continue
+        if acc.lower() == SCHEMA_ID.lower():
+            out.append(FieldReader(f, cols, "schema"))
+            continue
+        m = record_accessor(acc)
+        if m is None:
+            raise RecordError(f"{where}: field {f.name} is read by {acc or 'no access function'!r}"
+                              f", which is not a CSV access function (get_csv_<type>_pos<N>, "
+                              f"get_system_time, get_schemaId)")
+        fmt_name, kind, pos = m.kind, m.gs_type, m.position
+        if fmt_name == "gdat":
+            raise RecordError(f"{where}: field {f.name} is read by {acc}: GDAT records are "
+                              f"not supported yet")
+        if kind not in _KINDS:
+            raise RecordError(f"{where}: field {f.name}: unknown CSV access type {kind!r} in "
+                              f"{acc} (one of {', '.join(_KINDS)})")
+        if f.type not in _FILLS[kind]:
+            raise RecordError(f"{where}: field {f.name} is a {f.type} but {acc} reads a {kind}")
+        if pos < 1:
+            raise RecordError(f"{where}: field {f.name}: {acc}: positions start at 1")
+        out.append(FieldReader(f, cols, "csv", kind, pos))
+    return tuple(out)
+
+
+# --- statistics ---------------------------------------------------------------------------------
+
+@dataclass
+class RecordStats:
+    """What a record reader has seen so far (the run summary reads it as it reads a
+    capture reader's `ReaderStats`)."""
+
+    records: int = 0           # good records handed on
+    bytes: int = 0             # bytes of the lines read, good and bad
+    lines: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)      # malformed records per reason
+    examples: dict[str, list[tuple[int, str | None]]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def malformed(self) -> int:
+        return sum(self.reasons.values())
+
+    @property
+    def packets(self) -> int:          # the name generic progress code reads
+        return self.records
+
+    def note(self, reason: str, line: int, text: str | None) -> None:
+        self.reasons[reason] = self.reasons.get(reason, 0) + 1
+        kept = self.examples.setdefault(reason, [])
+        if len(kept) < EXAMPLES_PER_REASON:
+            kept.append((line, text))
+
+    def describe(self) -> str:
+        """`1 wrong field count (line 7), 1 bad uint (line 12: 'x7')`."""
+        parts = []
+        for reason, count in self.reasons.items():
+            shown = []
+            for line, text in self.examples.get(reason, []):
+                shown.append(f"line {line}" if text is None else f"line {line}: {text!r}")
+            more = ", ..." if count > len(shown) else ""
+            parts.append(f"{count} {reason} ({', '.join(shown)}{more})")
+        return ", ".join(parts)
+
+
+def resolve_separator(text: str | None) -> str | None:
+    """A separator option's value as one character (names such as `tab` allowed), or None
+    (detect); ValueError for anything else."""
+    if text is None or text == "":
+        return None
+    sep = SEPARATOR_NAMES.get(text.lower(), text)
+    if len(sep) != 1 or sep in "\r\n" or ord(sep) > 127:
+        raise ValueError(f"{text!r} is not one ASCII character (or tab, comma, pipe, "
+                         f"semicolon, space)")
+    return sep
+
+
+def detect_separator(line: bytes, fields_needed: int) -> str:
+    """The separator of a line: of `,` `|` tab `;`, the most frequent one among those giving
+    at least `fields_needed` fields (else the most frequent; `,` when none occurs)."""
+    counts = [(line.count(s.encode()), -i, s) for i, s in enumerate(SEPARATORS)]
+    enough = [c for c in counts if c[0] + 1 >= fields_needed and c[0] > 0]
+    pool = enough or [c for c in counts if c[0] > 0]
+    return max(pool)[2] if pool else ","
+
+
+# --- the reader ---------------------------------------------------------------------------------
+
+class RecordReader:
+    """Iterate over a CSV record source as `RecordBatch`es of up to `batch_size` records.
+
+    `columns`: the record-batch columns the consumer reads (None: all); string fields outside
+    it are checked but not interned (their column holds zeros). `strings`: the link's intern
+    table (a new one by default). `stop`: a stream's wait for bytes ends, as its end, once it
+    returns True. Batches own their arrays (nothing is reused)."""
+
+    def __init__(self, path: str | os.PathLike, fmt: RecordFormat, link: str | None = None,
+                 batch_size: int = 65536, *, separator: str | None = None,
+                 columns=None, strings: StringTable | None = None,
+                 stop: Callable[[], bool] | None = None, idle_batches: bool = False,
+                 chunk_size: int = _FILE_CHUNK, clock: Callable[[], int] = time.time_ns):
+        self.path = display_name(path)
+        self.link = link if link is not None else "stdin" if str(path) == STDIN else Path(path).stem
+        self.format = fmt
+        self.layout = layout_of(fmt)
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        self.batch_size = int(batch_size)
+        self.separator = resolve_separator(separator)
+        self.columns = None if columns is None else frozenset(columns)
+        self.strings = strings if strings is not None else StringTable()
+        self.stats = RecordStats()
+        self._stop = stop
+        self.idle_batches = idle_batches
+        self._clock = clock
+        self._positions = sorted({r.position for r in self.layout if r.source == "csv"})
+        self._need = max(self._positions, default=0)
+        kind, why = classify(path)
+        if kind is None:
+            raise RecordError(f"{self.path}: {why.replace('capture file', 'record file')}")
+        self.stream = kind == STREAM
+        self._closing = False
+        self._file = self._open(path)
+        self._buf = np.empty(_STREAM_CHUNK if self.stream else max(64, int(chunk_size)),
+                             np.uint8)
+        self._fill = 0
+        self._pos = 0
+        self._eof = False
+        self._line = 0
+        self._started = False
+        if self.stream:
+            self._poller = select.poll()
+            self._poller.register(self._file.fileno(), select.POLLIN | select.POLLPRI)
+        # per-batch field offsets, reused (the batches' own columns are fresh arrays)
+        cap = self.batch_size
+        width = max(1, self._need)
+        self._fstart = np.zeros((cap, width), np.int64)
+        self._fend = np.zeros((cap, width), np.int64)
+        self._nfields = np.zeros(cap, np.int64)
+        self._llen = np.zeros(cap, np.int64)
+        self._lineno = np.zeros(cap, np.int64)
+
+    # --- files and streams ---------------------------------------------------------------
+    def __enter__(self) -> RecordReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._closing = True
+        self._file.close()
+
+    def _open(self, path):
+        try:
+            if str(path) == STDIN:
+                return open(STDIN_FD, "rb", buffering=0, closefd=False)
+            if self.stream:
+                # opening a FIFO for reading waits for a writer: open at once, wait in
+                # _wait_readable (which can be stopped, and says that it waits)
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+                os.set_blocking(fd, True)
+                return open(fd, "rb", buffering=0)
+            return open(path, "rb", buffering=0)
+        except FileNotFoundError:
+            raise RecordError(f"{self.path}: record file not found") from None
+        except IsADirectoryError:
+            raise RecordError(f"{self.path}: is a directory, not a record file") from None
+        except OSError as exc:
+            raise RecordError(f"{self.path}: cannot read it: {exc.strerror or exc}") from None
+
+    def _wait_readable(self) -> bool | None:
+        """A stream: True when bytes (or the end) arrived, False when stopped, None after one
+        quiet slice when `idle_batches` (the caller hands an empty batch on)."""
+        started = time.monotonic()
+        noticed = False
+        while True:
+            if self._closing or (self._stop is not None and self._stop()):
+                return False
+            if self._poller.poll(int(_WAIT_SLICE_S * 1000)):
+                return True
+            if not noticed and not self._started \
+                    and time.monotonic() - started >= _WAIT_NOTICE_S:
+                noticed = True
+                what = "standard input" if self.path == display_name(STDIN) else "the FIFO"
+                log.warning("%s: waiting for records: nothing written to %s yet (Ctrl-C gives "
+                            "up)", self.path, what)
+            if self.idle_batches and self._started:
+                return None
+
+    def _read_more(self) -> int | None:
+        """Move the unparsed tail to the front and read; bytes read (None: a quiet stream)."""
+        tail = self._fill - self._pos
+        if self._pos:
+            self._buf[:tail] = self._buf[self._pos:self._fill]
+            self._pos, self._fill = 0, tail
+        if self._fill == len(self._buf):      # a line longer than the buffer
+            self._buf = np.concatenate([self._buf, np.empty(len(self._buf), np.uint8)])
+        if self.stream:
+            ready = self._wait_readable()
+            if ready is None:
+                return None
+            if not ready:
+                self._eof = True
+                return 0
+        try:
+            got = self._file.readinto(self._buf.data[self._fill:])
+        except OSError as exc:
+            raise RecordError(f"{self.path}: read error after line {self._line}: {exc}") from None
+        if not got:
+            self._eof = True
+            return 0
+        self._fill += got
+        self._started = True
+        return got
+
+    # --- batches -------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[RecordBatch]:
+        while True:
+            if self.separator is None and not self._detect():
+                return
+            assert self.separator is not None       # given, or detected just now
+            rows, pos, line = split_lines(
+                self._buf, self._pos, self._fill, self._eof, ord(self.separator),
+                self._need, self._fstart, self._fend, self._nfields, self._llen,
+                self._lineno, self._line, self.batch_size)
+            self._line = line
+            consumed = pos - self._pos
+            self._pos = pos
+            if rows:
+                yield self._batch(rows, consumed)
+                continue
+            if consumed:                    # blank lines only
+                continue
+            if self._eof:
+                return
+            if self._read_more() is None:
+                yield self._empty()
+
+    def _detect(self) -> bool:
+        """Detect the separator from the first non-blank line (reading until it is whole);
+        False when the input ends before any line."""
+        while True:
+            data = bytes(self._buf[self._pos:self._fill])
+            for raw in data.split(b"\n")[:-1] if not self._eof else data.split(b"\n"):
+                if raw.strip(b"\r"):
+                    self.separator = detect_separator(raw.rstrip(b"\r"), self._need)
+                    log.debug("%s: separator %r detected", self.path, self.separator)
+                    return True
+            if self._eof:
+                return False
+            self._read_more()
+
+    def _empty(self) -> RecordBatch:
+        cols = {c: np.zeros(0, _column_dtype(r, c)) for r in self.layout for c in r.columns}
+        cols.update(timestamp=np.zeros(0, np.int64), len=np.zeros(0, np.uint32),
+                    layers=np.zeros(0, np.uint16), reason=np.zeros(0, np.uint8))
+        return RecordBatch(self.link, cols, np.zeros(0, np.int64), True,
+                           strings=self._string_map())
+
+    def _string_map(self) -> dict:
+        return {r.columns[0]: self.strings for r in self.layout if r.field.type == "string"}
+
+    def _batch(self, n: int, nbytes: int) -> RecordBatch:
+        read_ns = int(self._clock())
+        status = np.zeros(n, np.int32)
+        status[self._nfields[:n] < self._need] = -1
+        values: dict[str, np.ndarray] = {}
+        for code, r in enumerate(self.layout, start=1):
+            values.update(self._parse(r, n, status, code, read_ns))
+        good = status == 0
+        self.stats.bytes += nbytes
+        self.stats.lines = self._line
+        lineno = self._lineno[:n].copy()
+        if not good.all():
+            self._note_bad(status, lineno, n)
+            keep = np.flatnonzero(good)
+            values = {k: v[keep] for k, v in values.items()}
+            lineno = lineno[keep]
+            llen = self._llen[:n][keep]
+        else:
+            llen = self._llen[:n]
+        m = len(lineno)
+        ts = self._timestamps(values, m, read_ns)
+        cols = {"timestamp": ts, "len": llen.astype(np.uint32),
+                "layers": np.zeros(m, np.uint16), "reason": np.zeros(m, np.uint8)}
+        for r in self.layout:
+            for c in r.columns:
+                cols[c] = _as_type(values[c], r, c)
+        self.stats.records += m
+        in_order = bool(m < 2 or (ts[1:] >= ts[:-1]).all())
+        return RecordBatch(self.link, cols, lineno, in_order, strings=self._string_map())
+
+    def _timestamps(self, values: dict, m: int, read_ns: int) -> np.ndarray:
+        fmt = self.format
+        if fmt.system_clock:
+            return np.full(m, read_ns, np.int64)
+        clock = next(r for r in self.layout if r.field.name == fmt.clock)
+        v = values[clock.columns[0]]
+        with np.errstate(over="ignore"):
+            return v.astype(np.int64) * np.int64(fmt.clock_unit_ns)
+
+    def _parse(self, r: FieldReader, n: int, status: np.ndarray, code: int,
+               read_ns: int) -> dict[str, np.ndarray]:
+        """The raw columns of one field over the n rows (bad values mark `status`)."""
+        buf, fs, fe = self._buf, self._fstart, self._fend
+        col = r.position - 1
+        if r.source == "time":
+            return {r.columns[0]: np.full(n, read_ns // NS_PER_S, np.int64)}
+        if r.source == "schema":
+            return {r.columns[0]: np.zeros(n, np.int64)}
+        if r.kind in _INT_RANGE:
+            lo, hi = _INT_RANGE[r.kind]
+            out = np.zeros(n, np.int64)
+            parse_integers(buf, fs, fe, n, col, np.uint64(-lo), np.uint64(hi), lo < 0, out,
+                           status, code)
+            return {r.columns[0]: out if lo < 0 else out.view(np.uint64)}
+        if r.kind == "bool":
+            out8 = np.zeros(n, np.uint8)
+            parse_bools(buf, fs, fe, n, col, out8)
+            return {r.columns[0]: out8}
+        if r.kind == "ip":
+            v4 = np.zeros(n, np.uint64)
+            parse_ipv4s(buf, fs, fe, n, col, v4, status, code)
+            if r.field.type == "ip":
+                return {r.columns[0]: np.zeros(n, np.uint64), r.columns[1]: v4}
+            return {r.columns[0]: v4}
+        if r.kind == "ipv6":
+            hi6, lo6 = np.zeros(n, np.uint64), np.zeros(n, np.uint64)
+            parse_ipv6s(buf, fs, fe, n, col, hi6, lo6, status, code)
+            return {r.columns[0]: hi6, r.columns[1]: lo6}
+        if r.kind == "string" and self.columns is not None and r.columns[0] not in self.columns:
+            return {r.columns[0]: np.zeros(n, np.uint64)}    # not read: never bad either
+        text = self._gather(r, n, status)
+        if r.kind == "string":
+            return {r.columns[0]: self.strings.intern_array(text)}
+        return {r.columns[0]: self._floats(text, status, code)}
+
+    def _gather(self, r: FieldReader, n: int, status: np.ndarray) -> pa.Array:
+        col = r.position - 1
+        widths = self._fend[:n, col] - self._fstart[:n, col]
+        offsets = np.zeros(n + 1, np.int32)
+        data = np.empty(max(1, int(widths[status == 0].sum())), np.uint8)
+        gather_fields(self._buf, self._fstart, self._fend, n, col, status, offsets, data)
+        return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
+                                                      pa.py_buffer(data)])
+
+    @staticmethod
+    def _floats(text: pa.Array, status: np.ndarray, code: int) -> np.ndarray:
+        """%lf of every row, by Arrow's cast; when some row is refused, the rows that are not
+        a number at all are marked bad and the others (spaces, `inf` spelled otherwise) are
+        cast after trimming."""
+        strings = text.cast(pa.string())
+        try:
+            return pc.cast(strings, pa.float64()).to_numpy(zero_copy_only=False)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+        trimmed = pc.utf8_lower(pc.utf8_trim_whitespace(strings))
+        ok = pc.match_substring_regex(trimmed, _FLOAT_TEXT).to_numpy(zero_copy_only=False)
+        pending = status == 0
+        status[pending & ~ok] = code
+        safe = pc.if_else(pa.array(ok), trimmed, pa.scalar("0"))
+        return pc.cast(safe, pa.float64()).to_numpy(zero_copy_only=False)
+
+    def _note_bad(self, status: np.ndarray, lineno: np.ndarray, n: int) -> None:
+        """Count the malformed rows by reason; keep the first few lines' numbers and values
+        (Python per malformed row only)."""
+        for i in np.flatnonzero(status != 0).tolist():
+            s = int(status[i])
+            line = int(lineno[i])
+            if s < 0:
+                self.stats.note(WRONG_FIELD_COUNT, line, None)
+                continue
+            r = self.layout[s - 1]
+            kept = self.stats.examples.get(r.reason, [])
+            text = None
+            if len(kept) < EXAMPLES_PER_REASON:
+                col = r.position - 1
+                raw = bytes(self._buf[self._fstart[i, col]:self._fend[i, col]])
+                text = raw.decode("utf-8", "replace")
+            self.stats.note(r.reason, line, text)
+        log.debug("%s: %d malformed records skipped so far", self.path, self.stats.malformed)
+
+
+def _column_dtype(r: FieldReader, column: str) -> np.dtype:
+    if r.field.type == "ip" or r.field.type == "ipv4":
+        return np.dtype(np.uint64)
+    return np.dtype(_DTYPE.get(r.field.type, np.uint64))
+
+
+def _as_type(values: np.ndarray, r: FieldReader, column: str) -> np.ndarray:
+    """A parsed column in its field type's dtype (C conversions: a uint read into an int
+    field wraps, a float into an integer truncates)."""
+    t = r.field.type
+    if t == "ip":
+        return values.astype(np.uint64, copy=False)
+    if t == "ipv4":
+        if r.kind == "ip":
+            return values
+        return _MAPPED | (values.astype(np.uint64) & np.uint64(0xFFFF_FFFF))
+    if t == "bool":
+        return (values != 0).astype(np.uint8)
+    dtype = _DTYPE.get(t, np.uint64)
+    with np.errstate(all="ignore"):
+        if r.kind == "ip":                   # an IPv4 address read into an integer field
+            values = values & np.uint64(0xFFFF_FFFF)
+        if values.dtype == np.float64 and dtype != np.float64:
+            values = np.nan_to_num(np.trunc(values)).astype(np.int64)
+        return values.astype(dtype, copy=False)
+
+
+def open_records(path: str | os.PathLike, fmt: RecordFormat, link: str | None = None,
+                 batch_size: int = 65536, **options) -> RecordReader:
+    """A `RecordReader` over a file, `-` (standard input) or a FIFO (see the class)."""
+    return RecordReader(path, fmt, link, batch_size, **options)
+
+
+def read_all_records(path: str | os.PathLike, fmt: RecordFormat, link: str | None = None,
+                     **options) -> RecordBatch:
+    """Every good record of a source as one batch (tests, the reference evaluator)."""
+    with RecordReader(path, fmt, link, **options) as reader:
+        batches = [b for b in reader if len(b)]
+        if not batches:
+            return reader._empty()
+        return RecordBatch.concat(batches)
