@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from capture.schema import COLUMN_BY_NAME, COLUMNS
 from common.jit import ngjit
 from common.units import NS_PER_S as _NS
+
+#: the payload column's name (`capture.payload.PAYLOAD`; not imported: payload imports decode)
+PAYLOAD = "payload"
 
 _NAMES = frozenset(c.name for c in COLUMNS)
 
@@ -30,6 +35,9 @@ class PacketBatch:
     offsets: np.ndarray | None = None
     #: the timestamps are known not to decrease (set by the readers, from `tally`)
     in_order: bool = False
+    #: TCP/UDP payload bytes, one item per packet (an Arrow binary array), only when the
+    #: reader was asked for them (`capture.payload`); None otherwise
+    payload: Any = None
     _derived: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -52,6 +60,10 @@ class PacketBatch:
             return col
         if name in self._derived:
             return self._derived[name]
+        if name == PAYLOAD:
+            if self.payload is None:
+                raise KeyError(f"{name}: the payload was not captured (no query asked for it)")
+            return self.payload
         if name == "time":
             val = (self.columns["timestamp"] // _NS).astype(np.uint64)
         elif name == "timestamp_ms":
@@ -64,17 +76,26 @@ class PacketBatch:
     def slice(self, start: int, stop: int) -> PacketBatch:
         """Rows [start, stop) as views."""
         offs = None if self.offsets is None else self.offsets[start:stop]
+        payload = None if self.payload is None else self.payload[start:stop]
         return PacketBatch(self.link, {k: v[start:stop] for k, v in self.columns.items()}, offs,
-                           self.in_order)
+                           self.in_order, payload)
 
     def take(self, mask_or_index: np.ndarray) -> PacketBatch:
         """Rows selected by a boolean mask or an index array (copies)."""
         offs = None if self.offsets is None else self.offsets[mask_or_index]
-        return PacketBatch(self.link, {k: v[mask_or_index] for k, v in self.columns.items()}, offs)
+        payload = None
+        if self.payload is not None:
+            sel = np.asarray(mask_or_index)
+            payload = self.payload.filter(pa.array(sel)) if sel.dtype == np.bool_ else \
+                self.payload.take(pa.array(sel))
+        return PacketBatch(self.link, {k: v[mask_or_index] for k, v in self.columns.items()}, offs,
+                           payload=payload)
 
     def copy(self) -> PacketBatch:
         offs = None if self.offsets is None else self.offsets.copy()
-        return PacketBatch(self.link, {k: v.copy() for k, v in self.columns.items()}, offs)
+        # Arrow arrays are immutable and own their buffers: shared, not copied
+        return PacketBatch(self.link, {k: v.copy() for k, v in self.columns.items()}, offs,
+                           payload=self.payload)
 
     @staticmethod
     def empty(link: str, n: int = 0) -> PacketBatch:
@@ -87,7 +108,10 @@ class PacketBatch:
             raise ValueError("concat of no batches")
         link = batches[0].link
         cols = {c.name: np.concatenate([b.columns[c.name] for b in batches]) for c in COLUMNS}
-        return PacketBatch(link, cols)
+        payload = None
+        if all(b.payload is not None for b in batches):
+            payload = pa.concat_arrays([b.payload for b in batches])
+        return PacketBatch(link, cols, payload=payload)
 
 
 def column_dtype(name: str) -> np.dtype:

@@ -175,7 +175,9 @@ def decode_frame(buf, off, caplen, wirelen, link):
 
     Returns (layers, reason, eth_type, vlan, srcMAC, destMAC, ipversion, srcIP_hi, srcIP_lo,
     destIP_hi, destIP_lo, protocol, ttl, tos, ip_len, is_fragment, frag_offset, srcPort,
-    destPort, flags, seq, ack, win, payload_len, icmp_type, icmp_code).
+    destPort, flags, seq, ack, win, payload_len, icmp_type, icmp_code, payload_at): the last,
+    not a column, is where the TCP/UDP payload starts in the frame (0 without one), for the
+    payload column of `capture.payload`.
     """
     end = off + caplen
     layers = 0
@@ -202,6 +204,7 @@ def decode_frame(buf, off, caplen, wirelen, link):
     ack = 0
     win = 0
     payload = 0
+    payload_at = 0
     itype = 0
     icode = 0
     bad_len = False  # IP length beyond the wire length: decoded as far as possible, then flagged
@@ -448,6 +451,7 @@ def decode_frame(buf, off, caplen, wirelen, link):
                 reason = R_TCP_OFF
                 break
             payload = transport_len - doff
+            payload_at = p + doff - off
         elif proto == 17:
             if p + 8 > end:
                 reason = R_TRANSPORT
@@ -459,6 +463,7 @@ def decode_frame(buf, off, caplen, wirelen, link):
                 reason = R_IP_LEN
                 break
             payload = transport_len - 8
+            payload_at = p + 8 - off
         elif (proto == 1 and net == 4) or (proto == 58 and net == 6):
             if p + 2 > end:
                 reason = R_TRANSPORT
@@ -472,7 +477,8 @@ def decode_frame(buf, off, caplen, wirelen, link):
         reason = R_IP_LEN
 
     return (layers, reason, eth_type, vlan, smac, dmac, ipver, shi, slo, dhi, dlo, proto, ttl, tos,
-            ip_len, is_frag, frag_off, sport, dport, flags, seq, ack, win, payload, itype, icode)
+            ip_len, is_frag, frag_off, sport, dport, flags, seq, ack, win, payload, itype, icode,
+            payload_at)
 
 
 @ngjit

@@ -44,7 +44,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import pyarrow as pa
 
+from capture import payload as payloads
 from capture.batch import PacketBatch, tally
 from capture.decode import LINK_NAMES, DecodeColumns, make_columns
 from capture.errors import CaptureError, CaptureFormatError, TruncatedCaptureError
@@ -54,6 +56,8 @@ from capture.fastdecode import (
     decode_rows_fast,
     decode_rows_flow,
 )
+from capture.payload import PAYLOAD
+from capture.payload import gather as gather_payload
 from capture.pcapfile import (
     MAX_RECORD,
     PCAP_HEADER_LEN,
@@ -156,10 +160,16 @@ class CaptureReader:
         self.batch_size = int(batch_size)
         self.strict = strict
         self.stats = ReaderStats()
+        #: TCP/UDP payload bytes asked for (`capture.payload`): gathered per batch, else never
+        self._payload = columns is not None and PAYLOAD in columns
+        self._payload_parts: list = []
         if columns is not None:
-            unknown = sorted(set(columns) - {c.name for c in COLUMNS})
+            unknown = sorted(set(columns) - {c.name for c in COLUMNS} - {PAYLOAD})
             if unknown:
                 raise ValueError(f"unknown packet columns {unknown}")
+            # the payload is located from the IP and payload lengths
+            columns = (set(columns) - {PAYLOAD}) | ({"ip_len", "payload_len"}
+                                                    if self._payload else set())
         self._want = column_mask(columns)
         # the framing kernels fill these; a consumer of flow columns only gets the lean decoder
         self._flow_only = columns is not None and set(columns) <= FLOW_COLUMNS | _FRAMED
@@ -407,6 +417,8 @@ class CaptureReader:
                 decode_rows_flow(self._buf, out, first, row)
             else:
                 decode_rows_fast(self._buf, out, first, row, want)
+            if self._payload and row > first:
+                self._payload_parts.append(gather_payload(self._buf, out, first, row))
             self._pos = pos
             self._release()
             if status == ST_BATCH_FULL:
@@ -569,7 +581,11 @@ class CaptureReader:
                                          st.reason_counts, cols["timestamp"])
         st.bytes += int(wire)
         st.captured_bytes += int(captured)
-        return PacketBatch(self.link, cols, out.record_offset[:n], bool(in_order))
+        payload = None
+        if self._payload:
+            parts, self._payload_parts = self._payload_parts, []
+            payload = payloads.concat(parts) if parts else payloads.empty(n)
+        return PacketBatch(self.link, cols, out.record_offset[:n], bool(in_order), payload)
 
     def _finish_truncated(self) -> None:
         left = self._fill - self._pos
@@ -642,4 +658,7 @@ def read_all(path: str | os.PathLike, link: str | None = None, **options) -> Pac
     if not parts:
         return PacketBatch.empty(name)
     cols = {c.name: np.concatenate([b.columns[c.name] for b in parts]) for c in COLUMNS}
-    return PacketBatch(name, cols, np.concatenate([b.offsets for b in parts]))
+    payload = None
+    if all(b.payload is not None for b in parts):
+        payload = pa.concat_arrays([b.payload for b in parts])
+    return PacketBatch(name, cols, np.concatenate([b.offsets for b in parts]), payload=payload)

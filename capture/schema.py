@@ -192,12 +192,7 @@ GIGASCOPE_ALIASES: dict[str, tuple[str, str]] = {
 
 #: fields of Gigascope's packet schema that oopscope has no data for yet (the queries that
 #: name them get a located "not supported yet" error rather than "unknown column")
-UNSUPPORTED_FIELDS: dict[str, str] = {
-    "TCP_data": "the TCP payload bytes: oopscope keeps no payloads (data_length, or "
-                "payload_len, is the payload's length)",
-    "UDP_data": "the UDP payload bytes: oopscope keeps no payloads (data_length, or "
-                "payload_len, is the payload's length)",
-}
+UNSUPPORTED_FIELDS: dict[str, str] = {}
 
 
 def _with_aliases(p: Protocol) -> Protocol:
@@ -231,9 +226,12 @@ PROTOCOLS: dict[str, Protocol] = {
             _f("ack", "uint", None, "acknowledgement number"),
             _f("win", "uint", None, "window"),
             _f("payload_len", "uint", None, "payload length"),
+            # the bytes only for queries that name the field (capture.payload)
+            _f("TCP_data", "string", ("payload",), "TCP payload bytes (as captured)"),
         )),
         Protocol("UDP", "IP", L_UDP, _PORT_FIELDS + (
             _f("payload_len", "uint", None, "payload length"),
+            _f("UDP_data", "string", ("payload",), "UDP payload bytes (as captured)"),
         )),
         Protocol("ICMP", "IP", L_ICMP, (
             _f("icmp_type", "uint", None, "ICMP type"),

@@ -18,9 +18,13 @@ from pyspark.sql import functions as F
 from common.jit import ngjit, ngjit_inline
 from highlevel.combine import hll_estimate_col
 from highlevel.errors import StageConfigError
+from highlevel.strings import string_function
+from highlevel.udfcolumns import external_column, getlpmid_column, ip_min_max
 from queries import expressions as E
 from queries.constants import fold
+from queries.function_library import MIN_MAX, PREFIX_MATCH
 from queries.inference import type_of
+from queries.string_functions import STRING_FUNCTIONS
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,34 @@ class Compiler:
             return F.round(hll_estimate_col(arg.name, self.spec.distinct_registers))
         if name == "ip_str":
             return self.column(args[0])
+        if node.external is not None:
+            return external_column(node, self.compile, self.spec.query)
+        if name in PREFIX_MATCH:
+            return getlpmid_column(args[1].value, self.compile(args[0]))
+        if name == "if":
+            return self._func(node.replace(name="if_else"))
+        if name in MIN_MAX:
+            a, b = self.compile(args[0]), self.compile(args[1])
+            if isinstance(a, IpValue) and isinstance(b, IpValue):
+                return ip_min_max(name, a, b, IpValue)
+            op = "<" if name.endswith("min") else ">"
+            first = self._compare(E.Binary(op=op, left=args[0], right=args[1]), op, a, b)
+            return F.when(first, a).otherwise(b)
+        if name in ("eq", "geq", "leq"):
+            op = {"eq": "=", "geq": ">=", "leq": "<="}[name]
+            a, b = self.compile(args[0]), self.compile(args[1])
+            if isinstance(a, IpValue) and isinstance(b, IpValue):
+                return self._binary(E.Binary(op=op, left=args[0], right=args[1])).cast("long")
+            return self._compare(E.Binary(op=op, left=args[0], right=args[1]), op, a,
+                                 b).cast("long")
+        if name == "non_temporal":
+            return self.compile(args[0])
+        if name == "sqrt":
+            return F.sqrt(self.column(args[0]).cast("double"))
+        if name == "uint" and self._type(args[0]) == "ip":
+            value = self.compile(args[0])
+            assert isinstance(value, IpValue)
+            return value.lo.bitwiseAND(F.lit(0xFFFF_FFFF))
         if name == "if_else":
             cond, outer = self.column(args[0]), self._taken
             try:
@@ -215,6 +247,8 @@ class Compiler:
             return self.column(args[0]).cast(casts[name])
         if name == "abs":
             return F.abs(self.column(args[0]))
+        if name in STRING_FUNCTIONS:
+            return string_function(name, args, self.column)
         raise StageConfigError(f"query {self.spec.query!r}: function {name}() is not available "
                                f"in the high level")
 

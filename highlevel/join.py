@@ -12,7 +12,8 @@ that unions the side's links). Per micro-batch:
    temporal value) and joined with the other side's stored rows and new rows (new x stored,
    stored x new, new x new: every pair exactly once); the residual condition and the SELECT
    list are evaluated over the joined rows;
-3. the stored sets are updated (matched flags for preserved sides of outer joins) and purged
+3. the stored sets are updated (matched flags for preserved sides of outer joins; a semi
+   join's left row that matched leaves its set, it is output once) and purged
    with the new bounds: a left row is kept only while a future right row can still match it
    (tumbling: its window >= win(b_R); band: l.ts >= b_R - RANGE_L), symmetrically on the right;
    an unmatched purged row of a preserved side is emitted once, the other side null;
@@ -276,6 +277,10 @@ class JoinStage(RowStage):
         results = None
         for lf, rf in pairs:
             j = lf.join(rf, self._condition(lf, rf), "inner")
+            if self.join.type == "semi":
+                # a left row passes once, however many right rows it matches (its outputs
+                # read the left side only, so any one of its pairs gives them)
+                j = j.dropDuplicates(["__Lrb", "__Lri"])
             res = j.mapInArrow(self._output_function("LR"), self.out_schema)
             results = res if results is None else results.unionByName(res)
         tables = []
@@ -284,14 +289,17 @@ class JoinStage(RowStage):
             tables.append(results.toArrow())
         b = [None if bounds.get(s.alias) is None else form_value(f, bounds[s.alias])
              for s, f in zip(self.sides, self.forms)]
-        preserved = {"inner": (), "left": (0,), "right": (1,), "outer": (0, 1)}[self.join.type]
+        preserved = {"inner": (), "left": (0,), "right": (1,), "outer": (0, 1),
+                     "semi": ()}[self.join.type]
+        # semi: a left row that has passed leaves the stored set (it is written once)
+        marked = preserved + ((0,) if self.join.type == "semi" else ())
         for i in (0, 1):
             t = "LR"[i]
             parts = [p for p in (old[i], new[i]) if p is not None]
             if not parts:
                 continue
             allrows = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
-            if i in preserved and results is not None:
+            if i in marked and results is not None:
                 hits = (results.select(f"__{t}rb", f"__{t}ri").where(F.col(f"__{t}rb").isNotNull())
                         .distinct().withColumn("__hit", F.lit(True)))
                 allrows = (allrows.join(hits, [f"__{t}rb", f"__{t}ri"], "left")
@@ -304,6 +312,8 @@ class JoinStage(RowStage):
                 keep = F.col(f"__{t}v") >= F.lit(other - self.sides[i].range)
             else:
                 keep = F.col(f"__{t}v") >= F.lit(other)
+            if i in marked and i not in preserved:
+                keep = keep & ~F.col(f"__{t}m")
             allrows = allrows.persist()
             if i in preserved:
                 lonely = allrows.where(~keep & ~F.col(f"__{t}m"))

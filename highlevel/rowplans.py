@@ -27,6 +27,8 @@ def state_arrays(sub, v, n: int, registers: int) -> dict[str, pa.Array]:
         return {register_column(sub.name, i): pa.array(regs[:, i].astype(np.int32))
                 for i in range(registers)}
     a = np.broadcast_to(np.asarray(v), (n,))
+    if sub.dtype == "string":
+        return {sub.name: pa.array(np.asarray(a, dtype=object), pa.string())}
     if a.dtype == np.bool_:
         a = a.astype(np.uint64)
     a = a.astype(np.dtype(sub.dtype))
@@ -63,20 +65,24 @@ def partial_rows_function(plan, input_columns, spec):
                     PUNCT: pa.nulls(n, pa.int64())}
             pane = np.broadcast_to(np.asarray(R.evaluate(plan.window.expr, values, n)), (n,))
             cols["window"] = pa.array(pane.astype(np.int64))
-            for k in plan.keys:
-                v = R.evaluate(k.expr, values, n)
-                t = key_types[k.name]
-                gsql = "ip" if t == "ip" else ("float" if t == "float64" else
-                                               "bool" if t == "bool" else
-                                               "string" if t == "string" else "llong")
-                if t == "uint64":
-                    v = np.asarray(v).astype(np.uint64)
-                for name, arr in R.from_value(v, gsql, n, k.name):
-                    cols[name] = arr
             for s in plan.subaggs:
                 v = None if s.arg is None else R.evaluate(s.arg, values, n)
                 cols.update(state_arrays(s, v, n, registers))
-            out.append(R.batch_table(data, schema, cols))
+            # CUBE / ROLLUP / GROUPING_SETS: the rows once per grouping pattern, with that
+            # pattern's keys (queries.plan.LowLevelPlan.patterns)
+            for exprs in plan.patterns or ([k.expr for k in plan.keys],):
+                keyed = dict(cols)
+                for k, expr in zip(plan.keys, exprs):
+                    v = R.evaluate(expr, values, n)
+                    t = key_types[k.name]
+                    gsql = "ip" if t == "ip" else ("float" if t == "float64" else
+                                                   "bool" if t == "bool" else
+                                                   "string" if t == "string" else "llong")
+                    if t == "uint64":
+                        v = np.broadcast_to(np.asarray(v), (n,)).astype(np.uint64)
+                    for name, arr in R.from_value(v, gsql, n, k.name):
+                        keyed[name] = arr
+                out.append(R.batch_table(data, schema, keyed))
         return out
 
     def fn(batches):

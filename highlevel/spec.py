@@ -20,7 +20,8 @@ from queries.plan import SUBAGG_KINDS, LowLevelPlan, SubAggregate, WindowPlan
 
 KEY_TYPES = ("ip", "int64", "uint64", "float64", "string", "bool")
 OUTPUT_TYPES = ("int64", "uint64", "float64", "string", "bool", "ip")
-STATE_DTYPES = ("int64", "uint64", "float64")
+#: "string": MIN/MAX over strings, combined as Spark strings (byte-wise order)
+STATE_DTYPES = ("int64", "uint64", "float64", "string")
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ class StageSpec:
                 out += [(register_column(s.name, i), "int")
                         for i in range(self.distinct_registers)]
                 continue
-            out.append((s.name, "double" if s.dtype == "float64" else "long"))
+            out.append((s.name, {"float64": "double", "string": "string"}.get(s.dtype, "long")))
             if s.kind in ("first", "last"):
                 out.append((f"{s.name}__t", "long"))
         return out
@@ -124,7 +125,8 @@ class StageSpec:
         for k in self.keys:
             for c in k.columns():
                 fields.append(T.StructField(c, _spark_key_type(k.type)))
-        names = {"long": T.LongType(), "double": T.DoubleType(), "int": T.IntegerType()}
+        names = {"long": T.LongType(), "double": T.DoubleType(), "int": T.IntegerType(),
+                 "string": T.StringType()}
         fields += [T.StructField(c, names[t]) for c, t in self.state_columns()]
         return T.StructType(fields)
 

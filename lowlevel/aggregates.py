@@ -41,7 +41,8 @@ OP_LAST_I, OP_LAST_U, OP_LAST_F = 19, 20, 21
 OP_DISTINCT = 22
 OP_COUNT_U = 23
 
-_BANK = {"int64": "i", "uint64": "u", "float64": "f"}
+#: a "string" state (MIN/MAX over strings) is a uint64 rank (`lowlevel.strings.StringOrder`)
+_BANK = {"int64": "i", "uint64": "u", "float64": "f", "string": "u"}
 _BANK_DTYPE = {"i": np.dtype(np.int64), "u": np.dtype(np.uint64), "f": np.dtype(np.float64),
                "h": np.dtype(np.uint8)}
 _OPS = {  # (kind, bank) -> op code

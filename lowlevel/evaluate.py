@@ -24,11 +24,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from capture.schema import PROTOCOLS
+from lowlevel import strings
 from lowlevel.hll import estimate
 from queries import expressions as E
 from queries.errors import QueryError
+from queries.function_library import LIBRARY_FUNCTIONS
+from queries.string_functions import STRING_FUNCTIONS
 
 U64 = np.uint64
 I64 = np.int64
@@ -60,8 +64,11 @@ class StringCodes:
 
 
 def plain(v: Value) -> Value:
-    """`v` with string codes decoded to an object array of str (other values as they are)."""
-    return v.decode() if isinstance(v, StringCodes) else v
+    """`v` with string codes decoded to an object array of str, and an Arrow array (a packet
+    payload) as an object array of bytes (other values as they are)."""
+    if isinstance(v, StringCodes):
+        return v.decode()
+    return strings.texts(v) if isinstance(v, (pa.Array, pa.ChunkedArray)) else v
 
 
 def _fields_by_name() -> dict:
@@ -91,6 +98,8 @@ def batch_field(batch, name: str, type_: str, columns: tuple | None) -> Value:
     col = columns[0] if columns else name
     raw = batch[col]
     if type_ == "string":
+        if isinstance(raw, pa.Array):       # TCP_data / UDP_data: Arrow binary (capture.payload)
+            return raw
         # a record batch's string field: codes into the link's table (capture.records)
         return StringCodes(raw, batch.strings[col])
     if type_ == "ipv4":
@@ -105,9 +114,9 @@ def batch_field(batch, name: str, type_: str, columns: tuple | None) -> Value:
 
 
 def evaluate(expr: E.Expr, batch, params: Mapping[str, Any] | None = None,
-             zeros: np.ndarray | None = None) -> Value:
+             zeros: np.ndarray | None = None, functions: FunctionHook | None = None) -> Value:
     """Evaluate `expr` over every packet of `batch` (a capture.batch.PacketBatch); `zeros`:
-    see the module's docstring."""
+    see the module's docstring; `functions`: see `Evaluator`."""
 
     def lookup(node):
         if isinstance(node, E.Field):
@@ -119,7 +128,7 @@ def evaluate(expr: E.Expr, batch, params: Mapping[str, Any] | None = None,
             raise QueryError.at(node, f"unknown packet field {node.name!r}")
         return batch_field(batch, f.name, f.type, f.columns)
 
-    return Evaluator(lookup, batch.n, params, zeros).ev(expr)
+    return Evaluator(lookup, batch.n, params, zeros, functions).ev(expr)
 
 
 def divides(expr) -> bool:
@@ -156,7 +165,8 @@ def frame_value(col) -> Value:
 
 def evaluate_columns(expr: E.Expr, columns: Mapping[str, Any], n: int | None = None,
                      params: Mapping[str, Any] | None = None,
-                     zeros: np.ndarray | None = None) -> Value:
+                     zeros: np.ndarray | None = None,
+                     functions: FunctionHook | None = None) -> Value:
     """Evaluate `expr` over named result columns; a Field/Column `t.x` reads `t.x`, else `x`."""
     if n is None:
         n = _rows(columns)
@@ -167,7 +177,7 @@ def evaluate_columns(expr: E.Expr, columns: Mapping[str, Any], n: int | None = N
             raise QueryError.at(node, f"no column {key!r} among {', '.join(map(str, columns))}")
         return frame_value(columns[key])
 
-    return Evaluator(lookup, n, params, zeros).ev(expr)
+    return Evaluator(lookup, n, params, zeros, functions).ev(expr)
 
 
 def _rows(columns) -> int:
@@ -211,11 +221,14 @@ _UNSIGNED_VS_NEGATIVE = {"=": False, "<>": True, "<": False, ">": True, "<=": Fa
 
 
 def compare(op: str, a: Value, b: Value) -> np.ndarray:
-    if isinstance(a, StringCodes) or isinstance(b, StringCodes):
+    if isinstance(a, (StringCodes, pa.Array)) or isinstance(b, (StringCodes, pa.Array)):
         if isinstance(a, StringCodes) and isinstance(b, StringCodes) and a.table is b.table \
                 and op in ("=", "<>"):
             return _compare_arrays(op, a.codes, b.codes)
-        a, b = plain(a), plain(b)
+        # byte-wise order (lowlevel.strings): codes through their ranks, the rest in Arrow
+        return strings.compare(op, a, b)
+    if op not in ("=", "<>") and (_is_text(a) or _is_text(b)):
+        return strings.compare(op, a, b)
     if isinstance(a, tuple) or isinstance(b, tuple):
         (ah, al), (bh, bl) = _promote_ip(a), _promote_ip(b)
         eq = (ah == bh) & (al == bl)
@@ -234,6 +247,11 @@ def compare(op: str, a: Value, b: Value) -> np.ndarray:
     if a.dtype == I64 and b.dtype == U64:
         return compare(_FLIP[op], b, a)
     return _compare_arrays(op, a, b)
+
+
+def _is_text(v: Value) -> bool:
+    return isinstance(v, np.ndarray) and v.dtype == object and len(v) > 0 \
+        and isinstance(v[0], (str, bytes))
 
 
 def _arith_dtype(op: str, a: np.ndarray, b: np.ndarray):
@@ -350,6 +368,8 @@ def ip_strings(addr: Value) -> np.ndarray:
 
 
 def cast(name: str, v: Value) -> np.ndarray:
+    if isinstance(v, tuple):    # UINT(ip): the IPv4 address of an IPv4-mapped address
+        return v[1] & LOW32
     v = _num(v)
     with np.errstate(all="ignore"):
         if name in ("uint", "ullong"):
@@ -380,15 +400,23 @@ def if_else(c: Value, a: Value, b: Value) -> Value:
     return np.where(cond, a.astype(dt, copy=False), b.astype(dt, copy=False))
 
 
+#: `functions(node, args, n)`: the value of a call (`args`: evaluated arguments, a literal
+#: argument as its Python value), or NotImplemented to evaluate it as usual
+FunctionHook = Callable[[E.Func, list, int], Any]
+
+
 class Evaluator:
-    """Evaluates an expression tree bottom-up; `lookup` gives a Field/Column's value."""
+    """Evaluates an expression tree bottom-up; `lookup` gives a Field/Column's value;
+    `functions` may take over calls (the tests' reference evaluator computes getlpmid and
+    user functions its own way)."""
 
     def __init__(self, lookup: Callable, n: int, params: Mapping[str, Any] | None = None,
-                 zeros: np.ndarray | None = None):
+                 zeros: np.ndarray | None = None, functions: FunctionHook | None = None):
         self.lookup = lookup
         self.n = n
         self.params = params or {}
         self.zeros = zeros
+        self.functions = functions
         self._taken: np.ndarray | None = None   # rows whose value counts (if_else branches)
 
     def constant(self, value, kind: str) -> Value:
@@ -433,7 +461,7 @@ class Evaluator:
                     return -v if v.dtype == np.float64 else -(v.astype(I64))
             return ~v
         if isinstance(node, E.Binary):
-            if node.op in ("=", "<>"):
+            if node.op in _FLIP:
                 quick = self._string_literal(node.op, node.left, node.right)
                 if quick is not None:
                     return quick
@@ -447,6 +475,12 @@ class Evaluator:
                     isinstance(i, E.Literal) and isinstance(i.value, str) for i in node.items):
                 codes = [c for i in node.items if (c := this.table.code_of(i.value)) is not None]
                 return np.isin(this.codes, np.array(codes, np.uint64))
+            if isinstance(this, pa.Array):      # a payload: compared in Arrow, item by item
+                out = np.zeros(self.n, bool)
+                for item in node.items:
+                    out |= compare("=", this, self.ev(item)) if not isinstance(item, E.Literal) \
+                        else strings.compare_literal("=", this, str(item.value))
+                return out
             this = plain(this)
             out = np.zeros(self.n, bool)
             for item in node.items:
@@ -459,14 +493,24 @@ class Evaluator:
                 return prefix(self.ev(args[0]), int(args[1].value))
             if node.name == "if_else" and self.zeros is not None:
                 return self._if_else(*args)
+            if node.external is not None or node.name in LIBRARY_FUNCTIONS:
+                return self._library_call(node)
+            if node.name in STRING_FUNCTIONS:
+                # strings stay codes or Arrow arrays: evaluated per distinct string or by
+                # Arrow and Numba kernels (lowlevel.strings)
+                constants = [a.value if isinstance(a, E.Literal) else None for a in args]
+                return strings.call(node.name, [None if c is not None else self.ev(a)
+                                                for a, c in zip(args, constants)],
+                                    constants, self.n)
             return self.func(node.name, [plain(self.ev(a)) for a in args])
         if isinstance(node, E.Aggregate):
             raise QueryError.at(node, "an aggregate cannot be evaluated per row")
         raise QueryError.at(node, f"cannot evaluate {type(node).__name__}")
 
     def _string_literal(self, op: str, left: E.Node, right: E.Node) -> np.ndarray | None:
-        """`s = 'text'` (or `<>`, either side) over string codes: one code compared, the
-        text looked up once in the link's table (None: not that case)."""
+        """`s op 'text'` (either side) over string codes or a payload: `=`/`<>` compare one
+        code, the text looked up once in the link's table; an order is computed once per
+        distinct string (None: not that case)."""
         if isinstance(right, E.Literal) and isinstance(right.value, str):
             other = left
             text = right.value
@@ -478,6 +522,12 @@ class Evaluator:
         if not isinstance(other, (E.Field, E.Column)):
             return None
         v = self.ev(other)
+        if op not in ("=", "<>") or isinstance(v, pa.Array):
+            if other is right:
+                op = _FLIP[op]      # 'text' < s is s > 'text'
+            done = strings.compare_literal(op, v, text)
+            if done is not None:
+                return done
         if not isinstance(v, StringCodes):
             return compare(op, v, self.constant(text, "string"))
         code = v.table.code_of(text)
@@ -507,6 +557,23 @@ class Evaluator:
         finally:
             self._taken = outer
         return if_else(cond, va, vb)
+
+    def _library_call(self, node: E.Func) -> Value:
+        """A GS-lite library function or a user-defined one (`lowlevel.library`): literal
+        arguments (prefix files, HANDLE parameters) as their Python values."""
+        from lowlevel import library
+
+        if node.name == "if" and node.external is None and self.zeros is not None:
+            return self._if_else(*node.args["args"])   # counts the taken branch only
+        handles = node.external.handles if node.external is not None else ()
+        args = [a.value if isinstance(a, E.Literal) and (a.kind == "string" or
+                                                         i < len(handles) and handles[i])
+                else plain(self.ev(a)) for i, a in enumerate(node.args["args"])]
+        if self.functions is not None:
+            done = self.functions(node, args, self.n)
+            if done is not NotImplemented:
+                return done
+        return library.call(node, args, self.n)
 
     def func(self, name: str, args: list[Value]) -> Value:
         if name == "prefix":

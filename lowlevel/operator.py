@@ -38,6 +38,7 @@ import pyarrow as pa
 
 from capture.batch import PacketBatch
 from capture.schema import BENIGN_REASONS, L_TCP, protocol_mask
+from capture.strings import StringTable
 from common.jit import ngjit
 from lowlevel.aggregates import AggSpec, StateLayout, distinct_hashes
 from lowlevel.engine import HashAggregator, Partials
@@ -45,6 +46,7 @@ from lowlevel.errors import LowLevelError
 from lowlevel.evaluate import StringCodes
 from lowlevel.flowtable import FlowAggregator
 from lowlevel.partials import KeySpec, PartialSchema, encode_key, key_width
+from lowlevel.strings import StringOrder, move_ranks
 from queries.plan import FLUSH_POLICIES, LowLevelPlan
 
 log = logging.getLogger(__name__)
@@ -122,7 +124,9 @@ class LowLevelOperator:
                 raise LowLevelError(f"{where}: unknown protocol {plan.protocol!r}") from None
         self._evaluate_fn = evaluate
         cols = plan.keys if plan.window is not None else plan.projections
-        supported = _SUPPORTED_KEY_TYPES | ({"string"} if plan.record is not None else set())
+        # a packet link's string keys are computed from payloads (str_extract_regex(TCP_data,
+        # ...)): interned into a table of the operator's own, once per distinct string
+        supported = _SUPPORTED_KEY_TYPES | {"string"}
         # string keys are a record link's codes, decoded through its intern table (taken
         # from the first batch) when partial rows are made
         self._string_keys = any(k.type == "string" for k in cols)
@@ -167,7 +171,11 @@ class LowLevelOperator:
                 raise LowLevelError(f"{where}: {exc}") from None
         self._engine_holds = self.engine is not None and self._flow is None \
             and self.engine.hold_rows > 0
+        # CUBE / ROLLUP / GROUPING_SETS: each batch is folded in once per grouping pattern,
+        # with that pattern's key expressions (`LowLevelPlan.patterns`); None between batches
+        self._pattern: int | None = None
         self._direct = self._direct_keys()
+        self._pattern_direct = [self._direct_keys(exprs) for exprs in plan.patterns]
         self._direct_arg = self._direct_args()
         # per-batch arrays reused across batches, grown to the largest one (`_grow`)
         self._key_words = sum(key_width(s.type) for s in self._keys[:self._hashed])
@@ -193,6 +201,9 @@ class LowLevelOperator:
                                                                      *plan.projections)),
                                  *(s.arg for s in plan.subaggs)])
         self._zeros: np.ndarray | None = None
+        #: MIN/MAX over strings: their u-bank columns (`lowlevel.strings.StringOrder`)
+        self._rank_columns = [self.layout.columns[s.name][1] for s in plan.subaggs
+                              if s.dtype == "string"]
 
     @property
     def read_columns(self) -> tuple[str, ...] | None:
@@ -243,16 +254,21 @@ class LowLevelOperator:
             return self._evaluate_fn(expr, batch, zeros=self._zeros)
         return self._evaluate_fn(expr, batch)
 
-    def _direct_keys(self) -> list:
+    def _key_exprs(self) -> list:
+        """The expressions of the hashed keys (of the grouping pattern being folded in)."""
+        if self._pattern is not None:
+            return list(self.plan.patterns[self._pattern])
+        return [k.expr for k in (self.plan.keys if self.plan.window else self.plan.projections)]
+
+    def _direct_keys(self, exprs=None) -> list:
         """Per key, the (physical column, mask) pairs it is when it is a plain packet field
         of unsigned columns (srcIP, ports, ...), else None (an expression): such keys are
         written straight into the key matrix without the evaluator's temporaries."""
         from capture.schema import COLUMN_BY_NAME
 
         out = []
-        for spec, k in zip(self._keys[:self._hashed], self.plan.keys if self.plan.window
-                           else self.plan.projections):
-            e = k.expr
+        for spec, e in zip(self._keys[:self._hashed], exprs if exprs is not None
+                           else self._key_exprs()):
             cols = getattr(e, "columns", None)
             direct = None
             if (callable(e) and not hasattr(e, "arg_types")) or type(e).__name__ != "Field" \
@@ -313,14 +329,19 @@ class LowLevelOperator:
         self._grow(n)
         out = column_major(self._keybuf, n, self._key_words)
         j = 0
-        for spec, k, direct in zip(specs, self.plan.keys if self.plan.window else
-                                   self.plan.projections, self._direct):
+        directs = self._direct if self._pattern is None else self._pattern_direct[self._pattern]
+        for spec, expr, direct in zip(specs, self._key_exprs(), directs):
             if direct is not None:
                 for col, mask in direct:
                     put_key_column(out, j, batch[col], mask)
                     j += 1
                 continue
-            for col in encode_key(self._eval(k.expr, batch), spec.type):
+            value = self._eval(expr, batch)
+            if spec.type == "string" and isinstance(value, pa.Array):
+                table = self.schema.strings
+                assert table is not None        # set from the first batch (`_process`)
+                value = StringCodes(table.intern_array(value), table)
+            for col in encode_key(value, spec.type):
                 out[:, j] = col  # broadcasts constants
                 j += 1
         return out
@@ -341,6 +362,8 @@ class LowLevelOperator:
                 banks["iufd".index(bank)][:, col] = batch[direct]
                 continue
             v = self._eval(s.arg, batch)
+            if isinstance(v, StringCodes) and s.dtype == "string":
+                v = self._string_ranks(v)
             if isinstance(v, StringCodes):
                 raise LowLevelError(f"query {self.plan.query!r}: {s.kind}({s.name}) over a "
                                     "string is not supported; group by it instead")
@@ -353,6 +376,26 @@ class LowLevelOperator:
                 v = np.asarray(v)
             banks["iufd".index(bank)][:, col] = v
         return banks
+
+    def _string_ranks(self, v: StringCodes) -> np.ndarray:
+        """The ranks of string codes for a MIN/MAX state; when the link's table has grown,
+        first moves every state held (table, output buffer, held rows) to the new ranks."""
+        order = self.schema.order
+        if order is None:
+            order = self.schema.order = StringOrder(v.table)
+        moved = order.refresh()
+        if moved is not None:
+            for engine in (self.engine, self.late_engine):
+                if engine is None:
+                    continue
+                base = engine._base["u"]
+                for col in self._rank_columns:
+                    move_ranks(engine.table[1][:, base + col], moved)
+                    move_ranks(engine.out[1][:engine.held, base + col], moved)
+            for chunk in self._held:
+                for col in self._rank_columns:
+                    move_ranks(chunk.banks[1][:, col], moved)
+        return order.ranks_of(v.codes)
 
     # --- the pipeline steps ------------------------------------------------------------------
     def process(self, batch: PacketBatch) -> list[pa.RecordBatch]:
@@ -379,7 +422,7 @@ class LowLevelOperator:
         if n == 0:
             return []
         if self._string_keys and self.schema.strings is None:
-            self.schema.strings = _link_strings(batch)
+            self.schema.strings = _link_strings(batch) or StringTable()
         if self._flow is not None:
             assert isinstance(self.engine, FlowAggregator)   # a flow plan runs a flow table
             self.engine.observe(int(batch["timestamp"].max()))
@@ -418,6 +461,20 @@ class LowLevelOperator:
         return self._aggregate(batch, valid)
 
     def _aggregate(self, batch: PacketBatch, valid: np.ndarray) -> list[pa.RecordBatch]:
+        if not self.plan.patterns or self.engine is None:
+            return self._aggregate_keys(batch, valid)
+        # one pass of the kernel per grouping pattern over the same packets: a packet
+        # updates one group per pattern (the loop is per batch, never per packet)
+        out: list[pa.RecordBatch] = []
+        try:
+            for number in range(len(self.plan.patterns)):
+                self._pattern = number
+                out += self._aggregate_keys(batch, valid)
+        finally:
+            self._pattern = None
+        return out
+
+    def _aggregate_keys(self, batch: PacketBatch, valid: np.ndarray) -> list[pa.RecordBatch]:
         nproto = len(batch)
         if self.engine is None:
             return self._select(batch, valid)

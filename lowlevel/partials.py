@@ -26,12 +26,17 @@ uint64. The table stores every key as uint64 bits (signed and float keys bit-cas
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from lowlevel.aggregates import StateLayout, combine_states
 from lowlevel.engine import Partials
+
+if TYPE_CHECKING:
+    from capture.strings import StringTable
+    from lowlevel.strings import StringOrder
 
 _KEY_DTYPES = {"llong": np.int64, "int": np.int64, "float": np.float64, "bool": np.bool_}
 _BANK_ARROW = {"i": pa.int64(), "u": pa.uint64(), "f": pa.float64()}
@@ -92,7 +97,10 @@ class PartialSchema:
         self.layout = layout
         #: the link's intern table (`capture.strings.StringTable`) string keys decode with;
         #: set by the operator from its first record batch
-        self.strings = None
+        self.strings: StringTable | None = None
+        #: the order MIN/MAX states over strings hold ranks in (`lowlevel.strings.StringOrder`);
+        #: set by the operator with its first string state
+        self.order: StringOrder | None = None
         fields = [pa.field("window", pa.int64(), nullable=False)]
         self.key_names: list[str] = []
         for k in self.keys:
@@ -110,7 +118,8 @@ class PartialSchema:
         for spec in layout.specs:
             meta = {b"oopscope.kind": spec.kind.encode()}
             bank, _, width = layout.columns[spec.name]
-            t = pa.binary(width) if bank == "h" else _BANK_ARROW[bank]
+            t = pa.binary(width) if bank == "h" else \
+                pa.string() if spec.dtype == "string" else _BANK_ARROW[bank]
             fields.append(pa.field(spec.name, t, nullable=False, metadata=meta))
             self.state_names.append(spec.name)
             if spec.kind in ("first", "last"):
@@ -136,8 +145,19 @@ class PartialSchema:
             j += w
         states = self.layout.state_columns(chunk.banks)
         for name in self.state_names:
-            arrays.append(_state_array(states[name], self.schema.field(name).type))
+            t = self.schema.field(name).type
+            if pa.types.is_string(t) and not isinstance(states[name], pa.Array):
+                arrays.append(self._state_texts(states[name], name))
+                continue
+            arrays.append(_state_array(states[name], t))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def _state_texts(self, ranks: np.ndarray, name: str) -> pa.Array:
+        if self.order is None:
+            if len(ranks) == 0:
+                return pa.array([], pa.string())
+            raise ValueError(f"string state {name!r}: no string order to decode its ranks with")
+        return self.order.texts(ranks)
 
     def _texts(self, codes: np.ndarray, name: str) -> pa.Array:
         if self.strings is None:
@@ -161,11 +181,13 @@ class PartialSchema:
                 raw = np.frombuffer(buf, np.uint8)[col.offset * w:(col.offset + len(col)) * w]
                 states[name] = raw.reshape(len(col), w)
             else:
-                states[name] = col.to_numpy()
+                states[name] = col.to_numpy(zero_copy_only=False)
         return window, keys, states
 
 
 def _state_array(values: np.ndarray, type_: pa.DataType) -> pa.Array:
+    if pa.types.is_string(type_):
+        return pa.array(values, type_)
     if pa.types.is_fixed_size_binary(type_):
         regs = np.ascontiguousarray(values, dtype=np.uint8)
         return pa.FixedSizeBinaryArray.from_buffers(type_, len(regs),

@@ -33,13 +33,18 @@ from queries.definitions import (
     substitute_refs,
 )
 from queries.errors import QueryError
+from queries.filter_join import analyse_filter_join
+from queries.grouping_sets import expand as expand_grouping
+from queries.grouping_sets import item_name
 from queries.gslite import check_constructs
 from queries.inference import conjoin, conjuncts, form_of, sides_of, type_of, unit_ns
 from queries.naming import generated_name, unique_names
+from queries.partial_functions import guard_partial_calls
 from queries.printer import to_gsql
 from queries.query_graph import dependency_order
 from queries.scope import GroupedScope, Scope
 from queries.tokens import MAX_NAME_LENGTH
+from queries.udf import FunctionLibrary
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +82,11 @@ class SourceInfo:
 
     def plain_columns(self) -> list[ColumnInfo]:
         """The columns, each once: without Gigascope's names of packet fields (`sourceIP`
-        for `srcIP`, capture.schema.GIGASCOPE_ALIASES)."""
+        for `srcIP`, capture.schema.GIGASCOPE_ALIASES), and without the payloads
+        (`TCP_data`: captured only for a query that names it, never as part of a whole row)."""
         return [c for c in self.columns.values()
-                if self.kind != "link" or self.fields[c.name].alias_of is None]
+                if self.kind != "link" or (self.fields[c.name].alias_of is None
+                                           and self.fields[c.name].columns != ("payload",))]
 
 
 @dataclass
@@ -144,6 +151,9 @@ class AnalysedQuery:
     join_keys: list[tuple[E.Expr, E.Expr]] = field(default_factory=list)
     join_temporal: tuple[E.Expr, E.Expr] | None = None
     join_residual: E.Expr | None = None
+    #: CUBE / ROLLUP / GROUPING_SETS: per grouping pattern the group names present (the
+    #: others hold their type's default); None for a plain GROUP BY (queries.grouping_sets)
+    patterns: tuple[tuple[str, ...], ...] | None = None
     #: warnings about the query (located like errors), logged when they were found
     warnings: list[str] = field(default_factory=list)
 
@@ -164,9 +174,12 @@ class Analyser:
 
     def __init__(self, tree: E.QueryFile, links: list[str] | None = None,
                  params: dict[str, str] | None = None, overrides: dict[str, str] | None = None,
-                 source: str | None = None, schema: Schema = BUILTIN):
+                 source: str | None = None, schema: Schema = BUILTIN,
+                 functions: FunctionLibrary | None = None):
         self.tree = tree
         self.schema = schema
+        #: user-defined functions: declarations and their Python module (`queries.udf`)
+        self.functions = functions
         self.links = list(links) if links else None
         self.params = dict(params or {})
         self.overrides = dict(overrides or {})
@@ -248,7 +261,7 @@ class Analyser:
         self.cur_refs = define_refs(q.statement)
         if self.cur_refs:
             q = q.replace(statement=substitute_refs(q.statement))
-        check_constructs(q.statement, self.error)
+        check_constructs(q.statement, self.error, self.functions)
         self.cur_warnings = []
         aq = self._query(q, name, all_names)
         aq.warnings[:0] = self.cur_warnings
@@ -290,6 +303,7 @@ class Analyser:
                 if s.node.window is not None:
                     raise self.error(s.node.window, "a per-source window is only for band joins")
             self._select(aq, stmt, scope)
+            guard_partial_calls(aq)
         aq.outputs = [ColumnInfo(i.name, i.type, i.form) for i in aq.items]
         aq.param_values = self.cur_values
         if self.flow_mode:
@@ -525,7 +539,8 @@ class Analyser:
 
     # --- plain and aggregating SELECT --------------------------------------------------------
     def _select(self, aq: AnalysedQuery, stmt: E.Select, scope: Scope) -> None:
-        group_nodes = list(stmt.group_by or [])
+        expansion = expand_grouping(list(stmt.group_by or []), self.error)
+        group_nodes: list = list(expansion.items)
         aggs = [a for it in stmt.items for a in it.find_all(E.Aggregate)]
         if stmt.having is not None:
             aggs += list(stmt.having.find_all(E.Aggregate))
@@ -564,6 +579,8 @@ class Analyser:
                     raise self.error(g, f"at most one temporal group item ({aq.temporal.name!r} "
                                      f"is one already; two only over an inner join's output, "
                                      f"one on each side's time)")
+        if expansion.patterns is not None:
+            self._grouping_patterns(aq, stmt, expansion)
         # window spec on aggregates
         specs = [(a, a.window) for a in aggs if a.window is not None]
         if specs:
@@ -624,6 +641,29 @@ class Analyser:
             expr = grouped.resolve(stmt.having, "HAVING", aliases)
             aq.having = self.condition(expr, stmt.having, "HAVING")
 
+    def _grouping_patterns(self, aq: AnalysedQuery, stmt: E.Select, expansion) -> None:
+        """CUBE / ROLLUP / GROUPING_SETS (queries.grouping_sets): the temporal item stands in
+        every pattern (it makes the windows), so it must be a plain entry."""
+        assert expansion.patterns is not None
+        for entry in stmt.group_by:
+            if not isinstance(entry, E.GroupingPattern):
+                continue
+            for s in entry.sets:
+                for g in s:
+                    gi = next(x for x in aq.group if x.name == item_name(g))
+                    if gi.form is not None:
+                        raise self.error(g, f"the temporal group item {gi.name!r} cannot stand "
+                                         f"in {entry.kind}: every grouping pattern needs the "
+                                         f"window, so write it as a plain GROUP BY item")
+                    if gi.type == "string":
+                        raise self.error(g, f"a string group-by variable ({gi.name!r}) in "
+                                         f"{entry.kind} is not supported yet")
+        if self.flow_mode:
+            first = next(e for e in stmt.group_by if isinstance(e, E.GroupingPattern))
+            raise self.error(first, f"{first.kind} is not for flow queries (DEFINE "
+                             f"idle_timeout / flow_end): a flow has one key")
+        aq.patterns = expansion.patterns
+
     def _check_window_form(self, aq: AnalysedQuery, g: E.GroupItem, gi: GroupInfo) -> None:
         """A temporal group item's windows must be computable in 64 bits; one written in a
         form docs/gsql.md does not give for windows (a subtraction: `time - 60`) is planned as
@@ -666,8 +706,9 @@ class Analyser:
 
     def _no_display(self, expr: E.Expr, clause: str) -> None:
         for bad in expr.find_all(E.Func):
-            if bad.name in T.HIGH_LEVEL_ONLY:
-                raise self.error(bad, f"{bad.name} is for display: use it in SELECT or HAVING, "
+            why = T.high_level_only(bad)
+            if why:
+                raise self.error(bad, f"{bad.name} {why}: use it in SELECT or HAVING, "
                                       f"not in {clause}")
 
     def _default_name(self, expr: E.Node, index: int) -> str:
@@ -771,6 +812,9 @@ class Analyser:
     # --- joins -------------------------------------------------------------------------------
     def _join(self, aq: AnalysedQuery, stmt: E.Select, scope: Scope) -> None:
         aq.kind = "join"
+        if stmt.filter_join is not None:
+            analyse_filter_join(self, aq, stmt, scope)
+            return
         aggs = [a for it in stmt.items for a in it.find_all(E.Aggregate)]
         if stmt.group_by or stmt.having is not None or aggs:
             where = aggs[0] if aggs else stmt.group_by[0] if stmt.group_by else stmt.having
@@ -860,10 +904,27 @@ class Analyser:
                 raise self.error(f, "MERGE fields must be increasing (temporal) columns")
             fields.append(expr)
         aq = AnalysedQuery(q, name, "merge", defines, params, sources, merge_fields=tuple(fields))
+        if stmt.slack is not None:
+            self._slack(aq, stmt.slack)
         for c in first.plain_columns():
             aq.items.append(ItemInfo(c.name, E.Field(name=c.name, type=c.type), c.type, c.form, stmt))
         aq.outputs = [ColumnInfo(i.name, i.type, i.form) for i in aq.items]
         return aq
+
+    def _slack(self, aq: AnalysedQuery, slack: E.Node) -> None:
+        """GS-lite's `MERGE ... SLACK n`: n must be a non-negative integer constant. GS-lite
+        derives the merge's tolerance of disorder from its inputs and its runtime does not
+        apply the declared slack; here the Merge waits for every input's punctuation, so it is
+        exact under any disorder and the slack changes nothing: said in a warning."""
+        expr = Scope(self, []).resolve(slack.this, "SLACK")
+        value = fold(expr, self.constant_param)
+        if value is None or self.type_of(expr) not in T.INTEGER or value[1] < 0:
+            raise self.error(slack.this, "MERGE ... SLACK takes a non-negative integer "
+                             "constant")
+        self.warn(aq, slack, "MERGE ... SLACK has no effect here: the Merge releases a row "
+                             "once every input's punctuation has passed it, which is exact "
+                             "under any disorder (GS-lite's runtime does not apply the slack "
+                             "either)")
 
     # --- types and forms ---------------------------------------------------------------------
     def condition(self, expr: E.Expr, node, where: str) -> E.Expr:
@@ -907,7 +968,9 @@ def _window_example(base: E.Field, name: str) -> str:
 
 def analyse_file(tree: E.QueryFile, links: list[str] | None = None,
                  params: dict[str, str] | None = None, overrides: dict[str, str] | None = None,
-                 source: str | None = None, schema: Schema = BUILTIN) -> list[AnalysedQuery]:
+                 source: str | None = None, schema: Schema = BUILTIN,
+                 functions: FunctionLibrary | None = None) -> list[AnalysedQuery]:
     """Analyse every query of a parsed file against `schema` (the built-in packet protocols
-    and those of schema files, `queries.schemafile`; see the module docstring)."""
-    return Analyser(tree, links, params, overrides, source, schema).run()
+    and those of schema files, `queries.schemafile`; see the module docstring), with the
+    user-defined functions of `functions` (`queries.udf`)."""
+    return Analyser(tree, links, params, overrides, source, schema, functions).run()

@@ -91,6 +91,8 @@ def format_low(p: LowLevelPlan) -> list[str]:
         out += ["  " + line for line in format_window(p.window)]
         out.append("  keys: " + (", ".join(f"{k.name} {k.type} = {format_expr(k.expr)}"
                                          for k in p.keys) or "-"))
+        if p.patterns:
+            out += ["  " + line for line in format_patterns(p)]
         out.append("  sub-aggregates: " + ", ".join(
             f"{s.name} = {s.kind}({format_expr(s.arg) if s.arg is not None else '*'}) "
             f"[{s.dtype}{' x ' + str(p.distinct_registers) if s.kind == 'distinct' else ''}]"
@@ -101,6 +103,23 @@ def format_low(p: LowLevelPlan) -> list[str]:
     if p.projections:
         out.append("  project: " + ", ".join(f"{k.name} {k.type} = {format_expr(k.expr)}"
                                              for k in p.projections))
+    return out
+
+
+def format_patterns(p: LowLevelPlan) -> list[str]:
+    """CUBE / ROLLUP / GROUPING_SETS: the grouping patterns, one kernel pass each."""
+    from queries.grouping_sets import format_pattern
+
+    hidden = p.keys[-1].name
+    names = list(dict.fromkeys(n for present in p.pattern_names for n in present))
+    out = [f"grouping patterns: {len(p.patterns)} (each packet updates one group per "
+           f"pattern; absent variables hold their type's default; {hidden} = the pattern's "
+           f"number, a hidden key)"]
+    for number, (present, exprs) in enumerate(zip(p.pattern_names, p.patterns)):
+        absent = ", ".join(f"{k.name} = {format_expr(e)}" for k, e in zip(p.keys, exprs)
+                           if k.name != hidden and k.name not in present)
+        out.append(f"  {hidden} {number}: {format_pattern(present, names)}"
+                   + (f"; {absent}" if absent else ""))
     return out
 
 
@@ -180,6 +199,10 @@ def format_high(h: HighLevelPlan) -> list[str]:
             return text + (f" where {format_expr(s.predicate)}" if s.predicate is not None else "")
 
         out.append(f"  join: {j.type} (OA-Join) {side(j.left)}, {side(j.right)}")
+        if j.type == "semi":
+            out.append(f"    FILTER_JOIN: each {j.left.alias} row with a match in "
+                       f"{j.right.alias} passes once (exact; GS-lite approximates with Bloom "
+                       f"filters or a hash table)")
         if j.temporal is not None:
             out.append(f"    tumbling window: {format_expr(j.temporal[0])} = "
                        f"{format_expr(j.temporal[1])}")
@@ -232,9 +255,14 @@ def format_plan(fp: FilePlan, schema: Schema | None = None) -> str:
 
 
 def mentioned_links(tree: E.QueryFile) -> list[str]:
-    """Link names a file's FROM clauses name, in order of appearance."""
+    """Link names a file's FROM clauses name, in order of appearance. GS-lite's `[default]`
+    names no link: it is the set of every link of the run, what `FROM IPV4` reads."""
+    from queries.analysis import DEFAULT_INTERFACE_SET
+
     seen: list[str] = []
     for src in tree.find_all(E.Source):
+        if list(src.links or ()) == [DEFAULT_INTERFACE_SET]:
+            continue
         for link in src.links or ():
             if link not in seen:
                 seen.append(link)

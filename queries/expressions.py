@@ -268,9 +268,10 @@ class In(Expr):
 
 
 class Func(Expr):
-    """A scalar function call; `name` is lower case (prefix, uint, llong, if_else, ip_str ...)."""
+    """A scalar function call; `name` is lower case (prefix, uint, llong, if_else, ip_str ...).
+    `external`: a user-defined function's `queries.udf.ExternalFunction` (set by the analyser)."""
 
-    arg_types = {"name": True, "args": True}
+    arg_types = {"name": True, "args": True, "external": False}
 
     @property
     def arguments(self) -> list:

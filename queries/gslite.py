@@ -20,6 +20,8 @@ from decimal import Decimal, InvalidOperation
 from queries import expressions as E
 from queries import types as T
 from queries.errors import QueryError
+from queries.string_functions import STRING_FUNCTIONS
+from queries.udf import FunctionLibrary
 
 UINT_MAX = 2**32 - 1
 ULLONG_MAX = 2**64 - 1
@@ -93,18 +95,14 @@ PREDICATES = frozenset({
 })
 
 #: GS-lite scalar functions we do not have (external_fcns.def FUN entries, manual chapters 12
-#: and 13; its predicates are functions too, returning 1 or 0) -> a hint, or ""
+#: and 13; its predicates are functions too, returning 1 or 0) -> a hint, or "". Those we have
+#: are in `queries.types.FUNCTIONS` (the library: `queries.function_library`), which is
+#: consulted first; a declarations file (`queries.udf`) may add any other.
 FUNCTIONS = {
     **{name: "" for name in PREDICATES},
-    "str_extract_regex": "", "str_extract_regex_null": "", "str_file_regex_match": "",
-    "str_truncate": "", "str_between_substrings": "", "str_match_start": "", "get_int": "",
+    "str_file_regex_match": "", "str_between_substrings": "", "get_int": "",
     "get_bool": "", "get_suffix": "", "strid": "", "strtoi": "", "strtoip": "",
-    "strtoi_c": "", "strtoip_c": "", "getlpmid": "", "getv6lpmid": "", "sqrt": "",
-    "non_temporal": "", "pack": "",
-    "if": "write if_else(c, a, b)",
-    "umin": "write if_else(a < b, a, b)", "umax": "write if_else(a > b, a, b)",
-    "llmin": "write if_else(a < b, a, b)", "llmax": "write if_else(a > b, a, b)",
-    "eq": "write a = b", "geq": "write a >= b", "leq": "write a <= b",
+    "strtoi_c": "", "strtoip_c": "", "pack": "",
     "timestamptosec": "timestamp is in nanoseconds here: use the time field",
     "timestamptomsec": "use the timestamp_ms field",
     "moving_sum_extract": "", "moving_sum_extract_exp": "", "extr_avg_fcn": "",
@@ -115,6 +113,10 @@ FUNCTIONS = {
 STATEFUL = frozenset({
     "ssample", "packet_count", "gamma", "do_clean_count", "init_threshold", "delay",
     "newly_closed", "local_count", "current_bucket",
+    # the subset-sum and flow sampling of the manual's chapters 14-15
+    "ssthreshold", "ssdo_clean", "ssclean_with", "ssfinal_clean", "flow_ssample",
+    "flow_ssthreshold", "flow_ssdo_clean", "flow_ssclean_with", "flow_ssfinal_clean",
+    "nssample",
 })
 
 #: GS-lite's user-defined aggregates and aggregate extraction functions (UDAF and EXTR entries
@@ -133,7 +135,6 @@ CLAUSE_HINTS = {
     "CLEANING_WHEN": "sampling queries are not run here",
     "CLEANING_BY": "sampling queries are not run here",
     "CLOSING_WHEN": "running aggregation (groups carried over windows) is not run here",
-    "SLACK": "write the MERGE without SLACK",
 }
 
 
@@ -142,16 +143,20 @@ CLAUSE_HINTS = {
 ErrorAt = Callable[[E.Node, str], QueryError]
 
 
-def check_constructs(statement: E.Node, error: ErrorAt) -> None:
+def check_constructs(statement: E.Node, error: ErrorAt,
+                     library: FunctionLibrary | None = None) -> None:
     """Refuse the first GS-lite construct of `statement` (a Select or Merge) that oopscope
     parses but does not run, and any call of an unknown function or aggregate, with a
-    located QueryError made by `error(node, message)`."""
+    located QueryError made by `error(node, message)`. A name `library` declares (user
+    functions, `queries.udf`) is its to judge."""
     found: list[tuple[tuple[int, int], E.Node, str]] = []
     aggregating = _aggregating(statement)
     group_names = _group_names(statement)
     clause_nodes = _select_and_having(statement) if aggregating else []
     for node in statement.walk():
-        message = _message(node, aggregating, group_names, clause_nodes)
+        verdict = None if library is None else library.verdict(node)
+        message = (verdict or None) if verdict is not None else \
+            _message(node, aggregating, group_names, clause_nodes)
         if message is not None:
             where = node.pos or (0, 0)
             found.append(((where[0], where[1]), node, message))
@@ -163,14 +168,10 @@ def check_constructs(statement: E.Node, error: ErrorAt) -> None:
 def _message(node: E.Node, aggregating: bool, group_names: set[str],
              clause_nodes: list[E.Node]) -> str | None:
     if isinstance(node, E.ExtraClause):
-        what = "MERGE ... SLACK" if node.keyword == "SLACK" else node.keyword
+        if node.keyword == "SLACK":
+            return None     # accepted (`Analyser._slack`)
+        what = node.keyword
         return f"GS-lite construct {what} is not supported yet ({CLAUSE_HINTS[node.keyword]})"
-    if isinstance(node, E.GroupingPattern):
-        return (f"GS-lite construct {node.kind} is not supported yet (write the group items "
-                f"plainly, one query per grouping)")
-    if isinstance(node, E.FilterJoin):
-        return ("GS-lite construct FILTER_JOIN is not supported yet (the nearest is an "
-                "INNER_JOIN with a window on each source, a band join)")
     if isinstance(node, E.SuperAggregate):
         return (f"GS-lite construct super-aggregate {node.name}$(...) is not supported yet "
                 f"(it aggregates a SUPERGROUP)")
@@ -179,6 +180,8 @@ def _message(node: E.Node, aggregating: bool, group_names: set[str],
                 f"interface's properties come from GS-lite's ifres.xml, which oopscope has "
                 f"no counterpart of)")
     if isinstance(node, E.PredicateCall):
+        if node.name in STRING_FUNCTIONS and STRING_FUNCTIONS[node.name].predicate:
+            return None
         why = ("GS-lite's predicates are not supported yet" if node.name in PREDICATES
                else "oopscope has no predicate functions")
         return (f"GS-lite predicate {node.name}[...] is not known ({why}; write the condition "
@@ -231,8 +234,10 @@ def _group_names(statement: E.Node) -> set[str]:
     names: set[str] = set()
     if isinstance(statement, E.Select):
         for g in statement.group_by or []:
-            if isinstance(g, E.GroupItem):
-                names.add(g.alias or (g.this.name if isinstance(g.this, E.Column) else ""))
+            items = [g] if isinstance(g, E.GroupItem) else \
+                [i for s in g.sets for i in s] if isinstance(g, E.GroupingPattern) else []
+            for i in items:
+                names.add(i.alias or (i.this.name if isinstance(i.this, E.Column) else ""))
     return names
 
 

@@ -30,6 +30,8 @@ def type_of(expr: E.Expr, params: dict[str, str] | None = None) -> str:
     if isinstance(expr, E.In):
         return "bool"
     if isinstance(expr, E.Func):
+        if expr.external is not None:
+            return expr.external.returns
         return T.function_type(expr.name, [type_of(a, params) for a in expr.args["args"]]) or "llong"
     if isinstance(expr, E.Aggregate):
         arg = None if isinstance(expr.arg, E.Star) else type_of(expr.arg, params)

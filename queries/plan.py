@@ -150,6 +150,13 @@ class LowLevelPlan:
     #: a record protocol's format (the link carries records of a schema file's protocol,
     #: not packets); None for packet protocols
     record: RecordFormat | None = field(default=None, hash=False, compare=False)
+    #: CUBE / ROLLUP / GROUPING_SETS: per grouping pattern, the expression of every key of
+    #: `keys` (an absent variable is its type's default literal; the hidden pattern-id key,
+    #: the last of `keys`, is the pattern's number). The operator folds each packet batch in
+    #: once per pattern. Empty: `keys` as they are.
+    patterns: tuple[tuple[Expr, ...], ...] = ()
+    #: the names of the grouping variables present in each pattern (for explain)
+    pattern_names: tuple[tuple[str, ...], ...] = ()
 
 
 # --- the high level ---------------------------------------------------------------------------
@@ -236,13 +243,15 @@ class JoinSide:
 class JoinPlan:
     """A two-way window join run with OA-Join (docs/semantics.md "Joins").
 
-    type: inner | left | right | outer. Rows l (left) and r (right) join when every pair in
+    type: inner | left | right | outer | semi. Rows l (left) and r (right) join when every pair in
     `keys` is equal (l-side expression, r-side expression), the window matches and `residual`
     holds. Conditions on one side only are pushed to that side (`JoinSide.predicate` or the
     low plans' predicate) unless the side is preserved by an outer join. Window: tumbling when `temporal` is a pair of increasing expressions that must be
     equal; band when both sides carry `range`: l joins r iff
     `l.wa - right.range <= r.wa < l.wa + left.range`. Outer joins keep unmatched rows with
-    the other side's columns null (a query reading the join sees a null as 0).
+    the other side's columns null (a query reading the join sees a null as 0). A semi join
+    (GS-lite's FILTER_JOIN, `queries.filter_join`) outputs each left row that has a match
+    once, from the left side's columns only.
     """
 
     type: str

@@ -20,6 +20,7 @@ from queries import expressions as E
 from queries import types as T
 from queries.analysis import AnalysedQuery, SourceInfo, analyse_file
 from queries.definitions import FLOW_KEYS
+from queries.grouping_sets import default_literal
 from queries.inference import conjoin, conjuncts, type_of, unit_ns
 from queries.plan import (
     ROW_WINDOW_INDEX,
@@ -40,12 +41,13 @@ from queries.plan import (
     WindowPlan,
 )
 from queries.printer import to_gsql
+from queries.udf import FunctionLibrary
 
 DEFAULT_SLOTS = 1 << 16
 DEFAULT_SLOW_FLUSH = {"oop_slow": 160, "iop_slow": 1, "oop_lazy": 160}
 DEFAULT_MAX_DISORDER = 2
 JOIN_TYPES = {"INNER_JOIN": "inner", "LEFT_OUTER_JOIN": "left", "RIGHT_OUTER_JOIN": "right",
-              "OUTER_JOIN": "outer"}
+              "OUTER_JOIN": "outer", "FILTER_JOIN": "semi"}
 _SUB_OF = {"COUNT": "count", "SUM": "sum", "MIN": "min", "MAX": "max", "AND_AGGR": "and",
            "OR_AGGR": "or", "XOR_AGGR": "xor", "FIRST": "first", "LAST": "last",
            "COUNT_DISTINCT": "distinct"}
@@ -53,27 +55,28 @@ _SUB_OF = {"COUNT": "count", "SUM": "sum", "MIN": "min", "MAX": "max", "AND_AGGR
 
 def plan_text(text: str, links: list[str], params: dict[str, str] | None = None,
               overrides: dict[str, str] | None = None, path: str | None = None,
-              schema: Schema = BUILTIN) -> FilePlan:
+              schema: Schema = BUILTIN, functions: FunctionLibrary | None = None) -> FilePlan:
     """Parse and plan query text (errors show the offending source line)."""
     from queries.parser import parse
 
     return plan_file(parse(text, path=path), links, params, overrides, source=text,
-                     schema=schema)
+                     schema=schema, functions=functions)
 
 
 def plan_file(tree: E.QueryFile, links: list[str], params: dict[str, str] | None = None,
               overrides: dict[str, str] | None = None, source: str | None = None,
-              schema: Schema = BUILTIN) -> FilePlan:
+              schema: Schema = BUILTIN, functions: FunctionLibrary | None = None) -> FilePlan:
     """Plan every query of a parsed file for a run over `links` (QueryError / ConfigError),
     its protocols resolved against `schema` (`queries.schemafile.schema_for` adds those of
-    schema files to the built-in packet protocols)."""
+    schema files to the built-in packet protocols) and its user-defined functions against
+    `functions` (`queries.udf`)."""
     links = list(links)
     if not links:
         raise ConfigError("a run needs at least one link (e.g. --link main=trace.pcap)")
     twice = sorted({name for name in links if links.count(name) > 1})
     if twice:
         raise LinkError(f"link {', '.join(twice)} given twice")
-    analysed = analyse_file(tree, links, params, overrides, source, schema)
+    analysed = analyse_file(tree, links, params, overrides, source, schema, functions)
     readers: dict[str, list[str]] = {}
     for aq in analysed:
         for s in aq.sources:
@@ -87,7 +90,9 @@ def plan_file(tree: E.QueryFile, links: list[str], params: dict[str, str] | None
         qp = bind_params(qp, values, aq.params)
         plans.append(replace(qp, read_by=tuple(readers.get(aq.name, ())), params=values,
                              analysed=aq))
-    return FilePlan(tree.path, tuple(links), tuple(plans))
+    # a query set of several files (`parser.parse_files`) is named by its files
+    path = " + ".join(tree.sources) if len(tree.sources or ()) > 1 else tree.path
+    return FilePlan(path, tuple(links), tuple(plans))
 
 
 # --- sub-aggregates ---------------------------------------------------------------------------
@@ -111,6 +116,8 @@ def _state_dtype(kind: str, arg_type: str | None) -> str:
         return "uint64"
     if kind == "sum":
         return {"float": "float64"}.get(arg_type, "int64" if arg_type in T.SIGNED else "uint64")
+    if arg_type == "string" and kind in ("min", "max"):
+        return "string"
     return {"float": "float64", "int": "int64", "llong": "int64"}.get(arg_type, "uint64")
 
 
@@ -320,6 +327,7 @@ def _plan_aggregate(aq: AnalysedQuery, links: list[str]):
     if flow is not None:
         # the hidden flow id: written by the kernel, keeps the flows of one bucket apart
         keys += (KeyColumn(flow.key, E.Literal(value=0, kind="int"), "ullong"),)
+    keys, patterns = grouping_patterns(aq, keys, taken)
     union = None
     inputs: tuple[str, ...]
     if source.kind == "link":
@@ -328,7 +336,8 @@ def _plan_aggregate(aq: AnalysedQuery, links: list[str]):
         union = ("merge" if settings["flush"] == "iop_slow" else "meld") if len(inputs) > 1 else None
         low = [LowLevelPlan(aq.name, link, source.protocol, aq.where, window, keys,
                             tuple(split.subaggs), late=aq.defines.get("late", "drop"),
-                            flow=flow, record=source.record, **settings)
+                            flow=flow, record=source.record, patterns=patterns,
+                            pattern_names=aq.patterns or (), **settings)
                for link in inputs]
         row_plans: tuple = ()
     else:
@@ -336,7 +345,8 @@ def _plan_aggregate(aq: AnalysedQuery, links: list[str]):
         inputs = (source.query,)
         low = []
         row_plans = (LowLevelPlan(aq.name, source.query, "", aq.where, window, keys,
-                                  tuple(split.subaggs), source_kind="query", **settings),)
+                                  tuple(split.subaggs), source_kind="query", patterns=patterns,
+                                  pattern_names=aq.patterns or (), **settings),)
     key_fields = tuple(KeyColumn(k.name, E.Field(name=k.name, type=k.type), k.type) for k in keys)
     outputs = _outputs(aq, split.final_of)
     late = aq.defines.get("late", "drop")
@@ -356,6 +366,24 @@ def _plan_aggregate(aq: AnalysedQuery, links: list[str]):
         having=replace_aggregates(aq.having, split.final_of), row_plans=row_plans,
         late=late, correction=correction, window2=_second_window(aq))
     return low, high
+
+
+def grouping_patterns(aq: AnalysedQuery, keys: tuple[KeyColumn, ...], taken: set[str]):
+    """CUBE / ROLLUP / GROUPING_SETS: `keys` plus the hidden pattern-id key (so groups of
+    different patterns stay apart), and per pattern the expression of every key (an absent
+    variable is its type's default, queries.grouping_sets)."""
+    if aq.patterns is None:
+        return keys, ()
+    name, k = "_pattern", 2
+    while name in taken:
+        name, k = f"_pattern{k}", k + 1
+    taken.add(name)
+    keys += (KeyColumn(name, E.Literal(value=0, kind="int"), "uint"),)
+    patterns = []
+    for number, present in enumerate(aq.patterns):
+        exprs = [k.expr if k.name in present else default_literal(k.type) for k in keys[:-1]]
+        patterns.append(tuple(exprs) + (E.Literal(value=number, kind="int"),))
+    return keys, tuple(patterns)
 
 
 def _second_window(aq: AnalysedQuery) -> WindowPlan | None:
@@ -427,22 +455,36 @@ def _plan_rows(aq: AnalysedQuery, links: list[str]):
 
 
 def _split_display(expr: E.Expr, projections: list[KeyColumn], taken: set[str]) -> E.Expr:
-    """`expr` with the arguments of display-only functions projected by the low level."""
+    """`expr` with every largest part free of high-level-only calls (`T.high_level_only`:
+    display functions, user functions that are not LFTA_LEGAL) projected by the low level;
+    those calls keep their place and run in the high level."""
 
-    def fn(node):
-        if isinstance(node, E.Func) and node.name in T.HIGH_LEVEL_ONLY:
-            arg = node.args["args"][0]
-            name, k = "_p0", 0
-            while name in taken:
-                k += 1
-                name = f"_p{k}"
-            taken.add(name)
-            t = type_of(arg)
-            projections.append(KeyColumn(name, arg, t))
-            return node.replace(args=[E.Field(name=name, type=t)])
-        return node
+    def inside(node) -> bool:
+        return any(isinstance(n, E.Func) and T.high_level_only(n) for n in node.walk())
 
-    return cast(E.Expr, expr.transform(fn))   # display functions keep their place
+    def project(node):
+        if isinstance(node, E.Literal):
+            return node
+        name, k = "_p0", 0
+        while name in taken:
+            k += 1
+            name = f"_p{k}"
+        taken.add(name)
+        t = type_of(node)
+        projections.append(KeyColumn(name, node, t))
+        return E.Field(name=name, type=t)
+
+    def split(value):
+        if isinstance(value, list):
+            return [split(v) for v in value]
+        if not isinstance(value, E.Node):
+            return value
+        if not inside(value):
+            return project(value)
+        return value.replace(**{k: split(v) for k, v in value.args.items()
+                                if isinstance(v, (E.Node, list))})
+
+    return cast(E.Expr, split(expr))
 
 
 def _plan_select(aq: AnalysedQuery, links: list[str]):
@@ -452,7 +494,7 @@ def _plan_select(aq: AnalysedQuery, links: list[str]):
     outputs = []
     taken = {i.name for i in aq.items}
     for item in aq.items:
-        if any(isinstance(n, E.Func) and n.name in T.HIGH_LEVEL_ONLY for n in item.expr.walk()):
+        if any(isinstance(n, E.Func) and T.high_level_only(n) for n in item.expr.walk()):
             outputs.append(OutputColumn(item.name, item.type,
                                         _split_display(item.expr, projections, taken), item.form))
         else:
@@ -488,7 +530,7 @@ def _side_projection(aq: AnalysedQuery, alias: str) -> tuple[KeyColumn, ...]:
     return tuple(seen.values())
 
 
-_PRESERVED = {"inner": (), "left": (0,), "right": (1,), "outer": (0, 1)}
+_PRESERVED = {"inner": (), "left": (0,), "right": (1,), "outer": (0, 1), "semi": ()}
 
 
 def push_down_join_filters(aq: AnalysedQuery) -> tuple[dict[str, E.Expr | None], E.Expr | None]:

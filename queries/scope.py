@@ -8,6 +8,7 @@ aggregation, where a column must be a group item or sit inside an aggregate.
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -16,7 +17,10 @@ from queries import expressions as E
 from queries import types as T
 from queries.constants import fold
 from queries.errors import QueryError
+from queries.function_library import HANDLE_ARGUMENTS
 from queries.printer import to_gsql
+from queries.string_functions import COUNT, PATTERN, STRING_FUNCTIONS
+from queries.udf import resolve_call
 
 if TYPE_CHECKING:
     from queries.analysis import Analyser, GroupInfo, SourceInfo
@@ -143,6 +147,10 @@ class Scope:
                 return node.replace(this=this, items=items)
             if isinstance(node, E.Func):
                 return self._func(node, [r(x) for x in node.args["args"]])
+            if isinstance(node, E.PredicateCall) and node.name in STRING_FUNCTIONS:
+                # GS-lite's predicate `name[args]` is its function returning 1 or 0
+                call = E.Func(pos=node.pos, name=node.name, args=node.args["args"])
+                return self._func(call, [r(x) for x in node.args["args"]])
             raise self.error(node, f"unexpected {type(node).__name__} in {clause}")
 
         return r(expr)
@@ -168,6 +176,10 @@ class Scope:
 
     def _func(self, node: E.Func, args: list[E.Expr]) -> E.Expr:
         name = node.name.lower()
+        library = self.a.functions
+        if name not in T.FUNCTIONS and library is not None and library.declared(name):
+            return resolve_call(library, node, args, [self.a.type_of(x) for x in args],
+                                self.error)
         if name not in T.FUNCTIONS:
             raise self.error(node, f"unknown function {node.name!r} (known: "
                              f"{', '.join(sorted(T.FUNCTIONS))})")
@@ -177,6 +189,18 @@ class Scope:
         types = [self.a.type_of(x) for x in args]
         if T.function_type(name, types) is None:
             raise self.error(node, f"{name} does not take ({', '.join(types)}): {doc}")
+        if name in STRING_FUNCTIONS:
+            for i, want in enumerate(STRING_FUNCTIONS[name].params):
+                if want == PATTERN and not (isinstance(args[i], E.Literal)
+                                            and isinstance(args[i].value, str)):
+                    raise self.error(node.args["args"][i], f"the regular expression of {name} "
+                                     f"must be a string literal (GS-lite compiles it once)")
+                if want == COUNT and not (isinstance(args[i], E.Literal)
+                                          and isinstance(args[i].value, int)):
+                    raise self.error(node.args["args"][i], f"the length of {name} must be an "
+                                     f"integer literal")
+        if name in HANDLE_ARGUMENTS:
+            args = self._prefix_file(node, args, HANDLE_ARGUMENTS[name])
         if name == "prefix":
             n = args[1]
             if not isinstance(n, (E.Literal, E.Param)):
@@ -185,6 +209,23 @@ class Scope:
             if isinstance(n, E.Literal) and not 0 <= n.value <= limit:
                 raise self.error(node.args["args"][1], f"prefix length {n.value} is outside 0..{limit}")
         return node.replace(name=name, args=args)
+
+    def _prefix_file(self, node: E.Func, args: list[E.Expr], index: int) -> list[E.Expr]:
+        """The prefix file of getlpmid, read now (a missing or broken file is an error at the
+        call, naming the file's line) and named by its absolute path for every evaluator."""
+        from lowlevel.lpm import PrefixFileError, load_table
+
+        written = node.args["args"][index]
+        arg = args[index]
+        if not (isinstance(arg, E.Literal) and isinstance(arg.value, str)):
+            raise self.error(written, f"the prefix file of {node.name} must be a string "
+                             f"literal (a GS-lite HANDLE: the file is read once per query)")
+        path = os.path.abspath(arg.value)
+        try:
+            load_table(path)
+        except PrefixFileError as exc:
+            raise self.error(written, str(exc).replace(path, arg.value, 1)) from None
+        return [*args[:index], arg.replace(value=path), *args[index + 1:]]
 
     def aggregate(self, node: E.Aggregate) -> E.Aggregate:
         name = node.name.upper()
@@ -210,8 +251,9 @@ class Scope:
         if T.aggregate_type(name, t) is None:
             raise self.error(node, f"{name} does not apply to a {t} value")
         for bad in arg.find_all(E.Func):
-            if bad.name in T.HIGH_LEVEL_ONLY:
-                raise self.error(bad, f"{bad.name} is for display: not inside an aggregate")
+            why = T.high_level_only(bad)
+            if why:
+                raise self.error(bad, f"{bad.name} {why}: not inside an aggregate")
         return node.replace(name=name, arg=arg)
 
 
@@ -237,6 +279,12 @@ class GroupedScope:
                 return None
             if isinstance(node, E.Column) and node.table is None and node.name in by_name:
                 return self._key(by_name[node.name], node.pos)
+            if isinstance(node, E.Column) and node.table is None:
+                # names are case-insensitive, as columns are (the manual's 9.1.3 names its
+                # group `Hostheader` and selects `hostheader`)
+                folded = [g for g in self.group if g.name.lower() == node.name.lower()]
+                if len(folded) == 1:
+                    return self._key(folded[0], node.pos)
             if not any(True for _ in node.find_all(E.Aggregate)):
                 try:
                     plain = self.base.resolve(node, clause)

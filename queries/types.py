@@ -19,6 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from queries.function_library import LIBRARY_FUNCTIONS, library_function_type
+from queries.string_functions import STRING_FUNCTIONS, string_function_type
+
 #: the largest signed 64-bit integer (llong); ullong goes to 2**64 - 1
 LLONG_MAX = 2**63 - 1
 NS_PER_DAY = 86_400 * 10**9
@@ -67,7 +70,8 @@ def binary_type(op: str, a: str, b: str) -> str | None:
             return "bool"
         if a in ADDRESS and b in ADDRESS:
             return "bool"
-        if a == b == "string" and op in ("=", "<>"):
+        if a == b == "string":
+            # byte-wise lexicographic order, as GS-lite's str_compare
             return "bool"
         if a == b == "mac":
             return "bool"
@@ -132,16 +136,38 @@ FUNCTIONS = {
     "if_else": (3, "if_else(c, a, b): a where c holds, else b"),
     "ip_str": (1, "ip_str(ip): the address as text (display only: SELECT / HAVING)"),
 }
+#: GS-lite's string matching functions (`queries.string_functions`)
+FUNCTIONS.update({name: (len(f.params), f.doc) for name, f in STRING_FUNCTIONS.items()})
+#: GS-lite's MIN/MAX, conditional, numeric and prefix functions (`queries.function_library`)
+FUNCTIONS.update({name: (f.arity, f.doc) for name, f in LIBRARY_FUNCTIONS.items()})
 #: functions only the high level may run (they build Python strings)
 HIGH_LEVEL_ONLY = frozenset({"ip_str"})
 
 
+def high_level_only(node) -> str | None:
+    """Why a call (an `expressions.Func`) runs in the high level only, or None: ip_str is for
+    display, and a user-defined function not declared LFTA_LEGAL stays out of the low level
+    as GS-lite keeps it out of its LFTAs (`queries.udf`)."""
+    if node.name in HIGH_LEVEL_ONLY:
+        return "is for display"
+    external = node.args.get("external")
+    if external is not None and not external.lfta_legal:
+        return (f"is not LFTA_LEGAL (declared at {external.declared_at}): it runs in the high "
+                f"level only")
+    return None
+
+
 def function_type(name: str, args: list[str]) -> str | None:
     """Result type of a function call (None when the argument types do not fit)."""
+    if name in STRING_FUNCTIONS:
+        return string_function_type(name, args)
+    if name in LIBRARY_FUNCTIONS:
+        return library_function_type(name, args)
     if name == "prefix":
         return args[0] if args[0] in ADDRESS and args[1] in INTEGER else None
     if name in ("uint", "ullong"):
-        return name if args[0] in NUMERIC else None
+        # UINT(ip): the IPv4 address of an IPv4-mapped address (GS-lite's UINT(IP))
+        return name if args[0] in NUMERIC or (name, args[0]) == ("uint", "ip") else None
     if name in ("llong", "int"):
         return name if args[0] in NUMERIC else None
     if name == "float":
@@ -175,7 +201,10 @@ def aggregate_type(name: str, arg: str | None) -> str | None:
         if arg in SIGNED:
             return "llong"
         return "ullong" if arg in UNSIGNED - {"ipv4", "mac"} else None
-    if name in ("MIN", "MAX", "FIRST", "LAST"):
+    if name in ("MIN", "MAX"):
+        # strings: byte-wise order (lowlevel.strings.StringOrder keeps the state fixed-width)
+        return arg if arg != "ip" else None
+    if name in ("FIRST", "LAST"):
         return arg if arg not in ("ip", "string") else None
     if name in ("AND_AGGR", "OR_AGGR", "XOR_AGGR"):
         return arg if arg in INTEGER else None

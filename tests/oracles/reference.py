@@ -23,6 +23,7 @@ the join sees them as 0: GSQL has no NULL arithmetic).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -30,13 +31,19 @@ import pandas as pd
 from capture.batch import PacketBatch
 from capture.schema import L_TCP, protocol_mask
 from common.errors import LinkError
-from lowlevel.evaluate import evaluate, evaluate_columns, plain, truthy
+from lowlevel import evaluate as _evaluate
+from lowlevel.evaluate import plain, truthy
 from lowlevel.hll import estimate, registers_of
 from queries import expressions as E
 from queries.analysis import AnalysedQuery
 from queries.inference import unit_ns
 from queries.plan import FilePlan, QueryPlan
 from queries.planner import param_literal, plan_file
+from tests.oracles.functions import reference_functions
+
+# getlpmid and user functions by the reference's own row-by-row code (tests/oracles/functions.py)
+evaluate = partial(_evaluate.evaluate, functions=reference_functions)
+evaluate_columns = partial(_evaluate.evaluate_columns, functions=reference_functions)
 
 _REDUCE = {"SUM": np.add, "MIN": np.minimum, "MAX": np.maximum, "AND_AGGR": np.bitwise_and,
            "OR_AGGR": np.bitwise_or, "XOR_AGGR": np.bitwise_xor}
@@ -286,6 +293,8 @@ def _aggregate(qp, aq, batches, tables) -> Table:
         count = np.floor_divide(x + r, s) - first
         keys, args, times, n = _in_windows(first, count, s, keys, args, times,
                                            aq.window_end)
+    if aq.patterns is not None:
+        keys, args, times, n = pattern_rows(aq, keys, args, times, n)
     codes, ngroups = group_codes(list(keys.values()), n)
     first_row = np.full(ngroups, -1, np.int64)
     first_row[codes[::-1]] = np.arange(n)[::-1]
@@ -314,6 +323,32 @@ def _aggregate(qp, aq, batches, tables) -> Table:
         # "Late data")
         out[qp.high.correction] = np.zeros(ngroups, np.int64)
     return Table(out, ngroups)
+
+
+def pattern_rows(aq: AnalysedQuery, keys: dict, args: list, times, n: int):
+    """CUBE / ROLLUP / GROUPING_SETS as the union of one group-by per pattern (Tigon SQL
+    manual 6.2.11.2): every row once per pattern, the variables absent from it at their
+    type's default, and the pattern's number as a hidden key."""
+    from queries.grouping_sets import default_literal
+
+    types = {g.name: g.type for g in aq.group}
+    parts: dict = {k: [] for k in keys}
+    parts["\0pattern"] = []
+    for number, present in enumerate(aq.patterns):
+        for k, v in keys.items():
+            if k in types and k not in present:
+                d = evaluate_columns(default_literal(types[k]), {}, n)
+                if isinstance(d, tuple):
+                    d = tuple(np.broadcast_to(np.asarray(x), (n,)).copy() for x in d)
+                else:
+                    d = np.broadcast_to(np.asarray(d), (n,)).copy()
+                v = d
+            parts[k].append(v)
+        parts["\0pattern"].append(np.full(n, number, np.int64))
+    count = len(aq.patterns)
+    new_keys = {k: _concat(v) for k, v in parts.items()}
+    new_args = [None if a is None else _concat([a] * count) for a in args]
+    return new_keys, new_args, np.concatenate([np.asarray(times)] * count), n * count
 
 
 def row_windows(qp, aq: AnalysedQuery, rows: Rows, keys: dict, aggs, args, times) -> np.ndarray:
@@ -438,6 +473,11 @@ def _join(qp, aq, batches, tables) -> Table:
         keep = np.flatnonzero(truthy(evaluate_columns(_bind(aq.join_residual, aq), joined, len(li))))
         li, ri = li[keep], ri[keep]
         joined = {k: _take(v, keep) for k, v in joined.items()}
+    if aq.join.upper() == "FILTER_JOIN" and len(li):
+        # a semi-join (Tigon SQL manual 6.2.10): each result-stream row with a match, once
+        _, first = np.unique(li, return_index=True)
+        li, ri = li[first], ri[first]
+        joined = {k: _take(v, first) for k, v in joined.items()}
     out = {i.name: [evaluate_columns(_bind(i.expr, aq), joined, len(li))] for i in aq.items}
     n = len(li)
     kind = aq.join.upper()

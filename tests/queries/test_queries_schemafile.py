@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from capture.schema import BUILTIN, GIGASCOPE_ALIASES, PROTOCOLS, protocol_fields
+from lowlevel.operator import LowLevelOperator
 from queries.errors import QueryError, SchemaError
 from queries.explain import explain_text
 from queries.planner import plan_text
@@ -354,13 +355,15 @@ def test_aliases_keep_the_protocol_type():
             assert (alias in fields) == (ours in fields), (p, alias)
 
 
-def test_payload_fields_are_not_supported_yet():
-    with pytest.raises(QueryError) as info:
-        plan_text("SELECT time\nFROM TCP WHERE data_length > 0 AND TCP_data = 'GET'", ["main"],
-                  path="q.gsql")
-    assert str(info.value).startswith("q.gsql:2:36: TCP_data is not supported yet")
-    with pytest.raises(QueryError, match="1:8: UDP_data is not supported yet"):
-        plan_text("SELECT udp_data FROM UDP", ["main"])
+def test_payload_fields_are_read_only_by_the_queries_naming_them():
+    plan = plan_text("SELECT time\nFROM TCP WHERE data_length > 0 AND TCP_data = 'GET'",
+                     ["main"], path="q.gsql")
+    low = plan.queries[0].low[0]
+    assert "payload" in LowLevelOperator(low).read_columns
+    plain = plan_text("SELECT time FROM TCP WHERE data_length > 0", ["main"])
+    assert "payload" not in LowLevelOperator(plain.queries[0].low[0]).read_columns
+    with pytest.raises(QueryError, match="unknown column 'UDP_data' in protocol TCP"):
+        plan_text("SELECT UDP_data FROM TCP", ["main"])
 
 
 def test_alias_table_is_documented():

@@ -35,6 +35,14 @@ GROUP BY time AS tb;
 
 
 @pytest.fixture(scope="session")
+def spark_session():
+    """The process-wide Spark session the runs use (`highlevel.session`), started once."""
+    from highlevel.session import get_session
+
+    return get_session()
+
+
+@pytest.fixture(scope="session")
 def ten_seconds_pcap(tmp_path_factory):
     """20,000 packets over 10 s of capture time (the generator's manifest beside it)."""
     path = tmp_path_factory.mktemp("serve-pcap") / "ten.pcap"

@@ -17,14 +17,6 @@ NS = 1_000_000_000
 # --- fixtures -----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="session")
-def spark_session():
-    from highlevel.session import get_session
-
-    # process-wide session (the high-level tests use the same one); started once
-    return get_session()
-
-
-@pytest.fixture(scope="session")
 def capture(tmp_path_factory) -> Path:
     """One generated link: 120k packets over 4 minutes, IPv4 and IPv6, TCP/UDP (DNS)/ICMP."""
     from tools.gen.traffic import TrafficConfig, generate
@@ -80,6 +72,8 @@ def _text(value, gsql_type: str) -> str:
         return str(ipaddress.IPv6Address(v))
     if t in ("float", "double"):
         return repr(float(value))
+    if t == "string":
+        return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
     return str(int(value))
 
 

@@ -34,13 +34,6 @@ GROUP BY time/5 AS tb, protocol;
 
 
 @pytest.fixture(scope="session")
-def spark_session():
-    from highlevel.session import get_session
-
-    return get_session()
-
-
-@pytest.fixture(scope="session")
 def lull(tmp_path_factory):
     """Two links over 60 s: `busy` all along, `quiet` silent for 40 s of it."""
     from tools.gen.traffic import TrafficConfig, generate

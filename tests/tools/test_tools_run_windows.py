@@ -7,17 +7,8 @@ both in one run of the CLI over `synscan.pcap`, write the rows the reference eva
 
 from __future__ import annotations
 
-import pytest
-
 from tests.conftest import PCAPS
 from tests.tools.test_tools_run import assert_same_rows, reference, run_cli
-
-
-@pytest.fixture(scope="module")
-def spark_session():
-    from highlevel.session import get_session
-
-    return get_session()
 
 
 def test_landmark_and_rows_queries_on_a_real_capture(spark_session, tmp_path, capsys):

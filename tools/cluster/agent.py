@@ -71,30 +71,32 @@ class AgentSummary:
         return "\n".join(lines)
 
 
-def plan_for_agent(config, text: str, path: str):
-    """The file's plan over the links it names (every agent plans the same stages), or over
-    this agent's links when it names none; this agent's links must be among them."""
+def plan_for_agent(config):
+    """The query set's plan over the links it names (every agent plans the same stages), or
+    over this agent's links when it names none; this agent's links must be among them."""
     from queries.explain import mentioned_links
-    from queries.parser import parse
-    from tools.run.config import plan_text
+    from tools.run.config import functions_of, plan_tree, read_query_set, schema_of
 
+    tree, text, paths = read_query_set(config.query_files)
+    label = " + ".join(str(p) for p in paths)
+    schema = schema_of(paths, config.schema_files)
     own = config.link_names
-    wanted = mentioned_links(parse(text, path=path))
+    wanted = mentioned_links(tree)
     if wanted:
         stray = [n for n in own if n not in wanted]
         if stray:
-            raise RunLinkError(f"{Path(path).name}: {', '.join(stray)} is not a link of the "
-                               f"query file; its links are {', '.join(wanted)}")
-        return plan_text(text, path, list(wanted), dict(config.params),
-                         dict(config.overrides))
-    return plan_text(text, path, own, dict(config.params), dict(config.overrides))
+            raise RunLinkError(f"{' + '.join(Path(p).name for p in paths)}: "
+                               f"{', '.join(stray)} is not a link of the query file; its "
+                               f"links are {', '.join(wanted)}")
+    return plan_tree(tree, text, label, list(wanted or own), dict(config.params),
+                     dict(config.overrides), schema=schema,
+                     functions=functions_of(config.function_files, config.udf_module))
 
 
 def run_agent(agent: AgentConfig, stop) -> AgentSummary:
     """Run the low level of the query file for the agent's links until end of input or a
     stop request (`stop()` true)."""
     from highlevel.graph import StageGraph
-    from queries.explain import find_query_file
     from tools.cluster.heartbeat import Heartbeat, check_host_id
     from tools.run.config import QuerySummary, choose_queries
     from tools.run.feeds import LinkFeeds, OperatorFeed, SpoolQueue
@@ -106,14 +108,7 @@ def run_agent(agent: AgentConfig, stop) -> AgentSummary:
     check_sources(config)
     if config.fanout > 1 and agent.member is None:
         return _fanout_parent(agent, stop, started)
-    path = find_query_file(config.query_file)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        from queries.errors import QueryError
-
-        raise QueryError(f"cannot read the query file: {exc}", path=str(path)) from None
-    plan = plan_for_agent(config, text, str(path))
+    plan = plan_for_agent(config)
     chosen = choose_queries(plan, replace(config, outputs=()))
     sub: dict[str, str] = {}            # link -> the sub-link this fanout member spools as
     if agent.member is not None:
@@ -133,8 +128,8 @@ def run_agent(agent: AgentConfig, stop) -> AgentSummary:
                for lp in graph.low_plans()]
         low = [lp for lp in low if lp.link in own]
     if not low:
-        raise RunLinkError(f"no query of {path.name} reads the links "
-                           f"{', '.join(sorted(own))}")
+        files = " + ".join(Path(f).name for f in config.query_files)
+        raise RunLinkError(f"no query of {files} reads the links {', '.join(sorted(own))}")
     resume, starts = _continue_from(spool, low, config, chosen)
     queries = {q: QuerySummary(q, "(spool)", "spool") for q in {graph.query_of(lp)
                                                                 for lp in low}}
@@ -225,7 +220,6 @@ def _fanout_parent(agent: AgentConfig, stop, started: float) -> AgentSummary:
     summaries are theirs, on the same stderr); a stop request is passed on to them."""
     from highlevel.errors import StageConfigError
     from highlevel.graph import StageGraph
-    from queries.explain import find_query_file
     from tools.cluster.fanout import FanoutMembers
     from tools.errors import UnsupportedQueryError
 
@@ -233,8 +227,7 @@ def _fanout_parent(agent: AgentConfig, stop, started: float) -> AgentSummary:
     if config.links:
         raise RunConfigError("--fanout splits live interfaces over capture processes; a "
                              "capture file (--link) is read by one")
-    path = find_query_file(config.query_file)
-    plan = plan_for_agent(config, path.read_text(encoding="utf-8"), str(path))
+    plan = plan_for_agent(config)
     from tools.run.config import choose_queries
 
     chosen = choose_queries(plan, replace(config, outputs=()))

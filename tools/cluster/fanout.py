@@ -76,9 +76,8 @@ def member_argv(config, spool: str, host: str, member: Member) -> list[str]:
     from tools.cluster.heartbeat import check_host_id
 
     ((link, iface),) = config.interfaces
-    query_file = getattr(config, "query_file", None)
-    argv = [sys.executable, "-m", "tools.cli", "agent",
-            *([str(query_file)] if query_file is not None else []),
+    query_files = getattr(config, "query_files", ())
+    argv = [sys.executable, "-m", "tools.cli", "agent", *map(str, query_files),
             "--interface", f"{link}={iface}", "--spool", str(spool),
             "--host-id", check_host_id(f"{host}.{member.k}"),
             "--fanout-member", str(member),
@@ -88,6 +87,12 @@ def member_argv(config, spool: str, host: str, member: Member) -> list[str]:
         argv += ["--set", f"{key}={value}"]
     for key, value in getattr(config, "params", ()):
         argv += ["--param", f"{key}={value}"]
+    for schema in getattr(config, "schema_files", ()):
+        argv += ["--schema", str(schema)]
+    for declarations in getattr(config, "function_files", ()):
+        argv += ["--functions", str(declarations)]
+    if getattr(config, "udf_module", None):
+        argv += ["--udf", str(config.udf_module)]
     options = dict(config.capture_options)
     flags = {"promiscuous": "--promiscuous"}
     valued = {"direction": "--direction", "snaplen": "--snaplen",

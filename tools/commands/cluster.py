@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import click
 
-from tools.commands.params import Duration
-from tools.commands.run import _interfaces, _links, _pairs, _speed, live_options
+from tools.commands.params import Duration, functions_option, schema_option
+from tools.commands.run import _interfaces, _links, _pairs, _separator, _speed, live_options
 
 
 @click.command()
-@click.argument("query_file", required=False)
+@click.argument("query_files", metavar="[QUERY_FILE...]", nargs=-1)
 @click.option("--link", "links", multiple=True, metavar="NAME=PCAP",
-              help="A capture file this agent replays as link NAME (repeatable).")
+              help="A capture file this agent replays as link NAME (repeatable), or a CSV "
+                   "file (or FIFO) of records when the queries read it as a record protocol.")
+@schema_option
+@click.option("--csv-separator", "csv_separator", default=None, metavar="CHAR",
+              help="The field separator of CSV record links (as on run).")
+@functions_option
 @click.option("--interface", "interfaces", multiple=True, metavar="NAME=IFACE",
               help="Capture live on IFACE as link NAME (repeatable). Needs root or "
                    "CAP_NET_RAW.")
@@ -42,7 +47,8 @@ from tools.commands.run import _interfaces, _links, _pairs, _speed, live_options
 @click.option("--fanout-member", "fanout_member", default=None, hidden=True,
               help="K/N/GROUP: run as member K of an N-way fanout group (set by --fanout).")
 @live_options
-def agent(query_file, links, interfaces, spool, host_id, speed, loop, duration, sets, params,
+def agent(query_files, links, schema_files, csv_separator, function_files, udf_module,
+          interfaces, spool, host_id, speed, loop, duration, sets, params,
           punctuate_every, lull_slack, fanout, fanout_member, capture_options) -> None:
     """Run only the low level of QUERY_FILE for this host's links, writing partial rows,
     punctuation and a heartbeat to the shared --spool for `oopscope collect`.
@@ -72,7 +78,11 @@ def agent(query_file, links, interfaces, spool, host_id, speed, loop, duration, 
         raise click.BadParameter("must be positive", param_hint="--punctuate-every")
     if not links and not interfaces:
         raise click.UsageError("give --link NAME=PCAP or --interface NAME=IFACE")
-    if query_file is None:
+    if not query_files:
+        if schema_files or csv_separator or function_files or udf_module:
+            raise click.UsageError("--schema, --csv-separator, --functions and --udf go with "
+                                   "QUERY_FILE (an agent working for `oopscope serve` runs "
+                                   "the server's queries)")
         _watch(links, interfaces, spool, host_id, speed, loop, duration, sets, params,
                punctuate_every, lull_slack, fanout, capture_options,
                None if fanout_member is None else Member.parse(fanout_member))
@@ -80,12 +90,15 @@ def agent(query_file, links, interfaces, spool, host_id, speed, loop, duration, 
     if loop:
         raise click.UsageError("--loop is for an agent without QUERY_FILE (one that works "
                                "for `oopscope serve`)")
-    config = RunConfig(query_file=query_file, links=_links(links),
+    config = RunConfig(query_file=query_files[0], more_query_files=query_files[1:],
+                       links=_links(links),
                        interfaces=_interfaces(interfaces), overrides=_pairs(sets, "--set"),
                        params=_pairs(params, "--param"), punctuate_every_ns=punctuate_every,
                        speed=_speed(speed), duration_ns=duration, lull_slack_ns=lull_slack,
                        capture_options=capture_options, progress=False, keep_results=False,
-                       fanout=fanout)
+                       fanout=fanout, schema_files=tuple(schema_files),
+                       csv_separator=_separator(csv_separator),
+                       function_files=tuple(function_files), udf_module=udf_module)
     member = None if fanout_member is None else Member.parse(fanout_member)
     with StopRequest() as stop:
         summary = run_agent(AgentConfig(config, spool, host_id or default_host_id(), member),
@@ -118,9 +131,11 @@ def _watch(links, interfaces, spool, host_id, speed, loop, duration, sets, param
 
 
 @click.command()
-@click.argument("query_file")
+@click.argument("query_files", metavar="QUERY_FILE...", nargs=-1, required=True)
 @click.option("--spool", required=True, type=click.Path(file_okay=False),
               help="The shared spool directory the agents write.")
+@schema_option
+@functions_option
 @click.option("--links", "links", default=None, metavar="A,B,...",
               help="The links to expect (default: learnt from the heartbeats of "
                    "--expect-agents agents).")
@@ -141,7 +156,7 @@ def _watch(links, interfaces, spool, host_id, speed, loop, duration, sets, param
               help="Spark master URL (default local[*]; spark://HOST:7077 for a cluster).")
 @click.option("--checkpoint", default=None, type=click.Path(file_okay=False),
               help="Spark checkpoint directory (default: temporary).")
-def collect(query_file, spool, links, expect_agents, agent_timeout, outputs, fmt, sets,
+def collect(query_files, spool, schema_files, function_files, udf_module, links, expect_agents, agent_timeout, outputs, fmt, sets,
             params, master, checkpoint) -> None:
     """Run only the high level of QUERY_FILE over every agent's partial rows in --spool:
     Meld across all links of all agents, each window closed once, outputs as `run` writes
@@ -160,7 +175,9 @@ def collect(query_file, spool, links, expect_agents, agent_timeout, outputs, fmt
     names = tuple(n.strip() for n in (links or "").split(",") if n.strip())
     # a speed makes the run a continuous one (`RunConfig.streaming`): rows are written as
     # windows close, never held to the end
-    config = RunConfig(query_file=query_file, outputs=_pairs(outputs, "--output"),
+    config = RunConfig(query_file=query_files[0], more_query_files=query_files[1:],
+                       schema_files=tuple(schema_files), function_files=tuple(function_files),
+                       udf_module=udf_module, outputs=_pairs(outputs, "--output"),
                        format=fmt, overrides=_pairs(sets, "--set"),
                        params=_pairs(params, "--param"), master=master,
                        checkpoint=checkpoint, speed=1.0, progress=False, keep_results=False)

@@ -124,3 +124,20 @@ def schema_option(fn):
         type=click.Path(exists=True, dir_okay=False),
         help="A schema file (GS-lite's packet_schema.txt format) declaring record protocols "
              "(repeatable). The packet_schema.txt beside the query file is read too.")(fn)
+
+
+def functions_option(fn):
+    """`--functions FILE` (repeatable) and `--udf MODULE.py` as the `function_files` and
+    `udf_module` arguments: user-defined functions declared in GS-lite's external_fcns.def
+    syntax and the Python module implementing them (queries.udf). Commands build the library
+    with `tools.run.config.functions_of(function_files, udf_module)`."""
+    fn = click.option(
+        "--udf", "udf_module", metavar="MODULE.py", default=None,
+        type=click.Path(exists=True, dir_okay=False),
+        help="The Python module implementing the declared functions: one callable per "
+             "name, called with numpy arrays (docs/gsql.md, user-defined functions).")(fn)
+    return click.option(
+        "--functions", "function_files", multiple=True, metavar="FILE",
+        type=click.Path(exists=True, dir_okay=False),
+        help="A declarations file in GS-lite's external_fcns.def syntax "
+             "(`float FUN [LFTA_LEGAL] f(uint, float HANDLE);`), repeatable.")(fn)

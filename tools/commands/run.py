@@ -6,7 +6,17 @@ from pathlib import Path
 
 import click
 
-from tools.commands.params import Duration, schema_option
+from tools.commands.params import Duration, functions_option, schema_option
+
+
+def _separator(text: str | None) -> str | None:
+    """--csv-separator as the character it names (None: detect it from the first line)."""
+    from capture.records import resolve_separator
+
+    try:
+        return resolve_separator(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--csv-separator") from None
 
 
 def _pairs(values: tuple[str, ...], option: str) -> tuple[tuple[str, str], ...]:
@@ -98,7 +108,7 @@ def live_options(command):
 
 
 @click.command()
-@click.argument("query_file")
+@click.argument("query_files", metavar="QUERY_FILE...", nargs=-1, required=True)
 @click.option("--link", "links", multiple=True, metavar="NAME=PCAP",
               help="A capture file and the link name it plays (repeatable). A bare PCAP is "
                    "named after the file stem. A FIFO, or - for standard input "
@@ -106,6 +116,7 @@ def live_options(command):
                    "queries read as a record protocol of a --schema file (FROM "
                    "[csv].CSV_EXAMPLE) takes a CSV file, - or a FIFO of records instead.")
 @schema_option
+@functions_option
 @click.option("--csv-separator", "csv_separator", default=None, metavar="CHAR",
               help="The field separator of CSV record links: one character, or tab, comma, "
                    "pipe, semicolon, space (default: detected from the first line among , | "
@@ -158,12 +169,13 @@ def live_options(command):
 @click.option("--netflow-pace", "netflow_pace", type=click.IntRange(0), default=2000,
               show_default=True, help="Datagrams per second at most (0: no pacing; a local "
                                       "nfcapd drops when flooded).")
-def run(query_file: str, links, schema_files, csv_separator, interfaces, outputs, fmt, speed,
-        duration, sets, params, master, spool, checkpoint, punctuate_every: int,
-        lull_slack: int, progress, fanout, capture_options, netflow, netflow_version,
-        netflow_query, netflow_pace) -> None:
+def run(query_files: tuple[str, ...], links, schema_files, function_files, udf_module,
+        csv_separator, interfaces, outputs, fmt, speed, duration, sets, params, master, spool,
+        checkpoint, punctuate_every: int, lull_slack: int, progress, fanout, capture_options,
+        netflow, netflow_version, netflow_query, netflow_pace) -> None:
     """Run QUERY_FILE (a path or a shipped query name such as q8_1) over capture files or
-    live interfaces.
+    live interfaces. Several query files are one query set, as in GS-lite: a query may read
+    a query of another file.
 
     Each capture file (--link) or interface (--interface) is one link. Files are replayed
     interleaved by capture time, as fast as possible or paced (--speed N); each link's
@@ -179,20 +191,17 @@ def run(query_file: str, links, schema_files, csv_separator, interfaces, outputs
       oopscope run top_talkers --link main=trace.pcap --speed 10 --param min_bytes=1M
       sudo oopscope run netflow --interface main=eth0 --duration 1min
       oopscope run example.gsql --schema packet_schema.txt --link csv=records.csv
+      oopscope run local.gsql --functions my.def --udf my_udfs.py --link main=trace.pcap
     """
     import logging
 
-    from capture.records import resolve_separator
     from tools.errors import RunError
     from tools.run.config import RunConfig
     from tools.run.runner import run as run_pipeline
 
     if punctuate_every <= 0:
         raise click.BadParameter("must be positive", param_hint="--punctuate-every")
-    try:
-        separator = resolve_separator(csv_separator)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--csv-separator") from None
+    separator = _separator(csv_separator)
     if not links and not interfaces:
         raise click.UsageError("give --link NAME=PCAP (capture files) or --interface "
                                "NAME=IFACE (live capture)")
@@ -203,8 +212,8 @@ def run(query_file: str, links, schema_files, csv_separator, interfaces, outputs
 
         exporter = NetflowSink(netflow, int(netflow_version), pace=netflow_pace)
         extra = ((netflow_query, exporter),)
-    config = RunConfig(query_file=query_file, links=_links(links),
-                       interfaces=_interfaces(interfaces),
+    config = RunConfig(query_file=query_files[0], more_query_files=query_files[1:],
+                       links=_links(links), interfaces=_interfaces(interfaces),
                        outputs=_pairs(outputs, "--output"), format=fmt,
                        overrides=_pairs(sets, "--set"), params=_pairs(params, "--param"),
                        master=master, spool=spool, checkpoint=checkpoint,
@@ -212,7 +221,8 @@ def run(query_file: str, links, schema_files, csv_separator, interfaces, outputs
                        duration_ns=duration, lull_slack_ns=lull_slack, progress=progress,
                        capture_options=capture_options, extra_sinks=extra,
                        keep_results=False, fanout=fanout,
-                       schema_files=tuple(schema_files), csv_separator=separator)
+                       schema_files=tuple(schema_files), csv_separator=separator,
+                       function_files=tuple(function_files), udf_module=udf_module)
     summary = run_pipeline(config)
     # the summary is the run's report, not a diagnostic: always shown, on stderr
     click.echo(summary.format(), err=True)

@@ -25,7 +25,7 @@ class RunConfig:
     (one kind or the other); `outputs`: (query, path or "-") pairs, empty for every query that
     no other query reads, to stdout."""
 
-    query_file: str
+    query_file: str                      # the first (or only) file of the query set
     links: tuple[tuple[str, str], ...] = ()
     outputs: tuple[tuple[str, str], ...] = ()
     format: str | None = None            # None: from the output path's suffix, else table
@@ -53,8 +53,19 @@ class RunConfig:
     fanout: int = 1
     # GS-lite schema files (`--schema`): record protocols a link may carry instead of packets
     schema_files: tuple[str, ...] = ()
+    # user-defined functions (`--functions`, `--udf`): declarations in GS-lite's
+    # external_fcns.def syntax and the Python module implementing them (queries.udf)
+    function_files: tuple[str, ...] = ()
+    udf_module: str | None = None
     # the field separator of CSV record links (None: detected from the first line)
     csv_separator: str | None = None
+    # the other files of the query set (`oopscope run a.gsql b.gsql`): one set, as GS-lite's
+    # translate_fta takes several files
+    more_query_files: tuple[str, ...] = ()
+
+    @property
+    def query_files(self) -> tuple[str, ...]:
+        return (self.query_file, *self.more_query_files)
 
     @property
     def link_names(self) -> list[str]:
@@ -187,41 +198,84 @@ class RunSummary:
 # --- planning and query choice -------------------------------------------------------------------
 
 def load_plan(config: RunConfig):
-    """Parse and plan the query file over the configured links (one clear error otherwise)."""
+    """Parse and plan the query files over the configured links (one clear error otherwise)."""
+    tree, text, paths = read_query_set(config.query_files)
+    names = config.link_names
+    option = {n: "--interface" if i >= len(config.links) else "--link"
+              for i, n in enumerate(names)}
+    return plan_tree(tree, text, _label(paths), names, dict(config.params),
+                     dict(config.overrides), option=option,
+                     schema=schema_of(paths, config.schema_files),
+                     functions=functions_of(config.function_files, config.udf_module))
+
+
+def read_query_set(names) -> tuple:
+    """The query files named (paths, or shipped queries named without a path: `q8_1`) as
+    one query set: (its tree, the text of a single file for error snippets else None, the
+    paths). Several files are one set, as GS-lite's translate_fta takes them: a query may
+    read a query of another file, and query names are unique across them."""
     from queries.errors import QueryError
     from queries.explain import find_query_file
+    from queries.parser import parse, parse_files
 
-    path = find_query_file(config.query_file)
+    paths = [find_query_file(str(n)) for n in names]
+    if len(paths) > 1:
+        return parse_files(paths), None, paths
+    (path,) = paths
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise QueryError("no such query file (nor a shipped query of that name)",
-                         path=str(config.query_file)) from None
+                         path=str(names[0])) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise QueryError(f"cannot read the query file: {exc}", path=str(path)) from None
-    names = config.link_names
-    option = {n: "--interface" if i >= len(config.links) else "--link"
-              for i, n in enumerate(names)}
+    return parse(text, path=str(path)), text, paths
+
+
+def schema_of(paths, schema_files):
+    """The schema of a run: the built-in protocols, the --schema files and the
+    packet_schema.txt beside each query file (`queries.schemafile.schema_for`)."""
     from queries.schemafile import schema_for
 
-    schema = schema_for([path], config.schema_files)
-    return plan_text(text, str(path), names, dict(config.params), dict(config.overrides),
-                     option=option, schema=schema)
+    return schema_for(list(paths), schema_files)
+
+
+def functions_of(function_files, udf_module):
+    """The user-defined functions of a run (`queries.udf.FunctionLibrary`), None when no
+    --functions or --udf was given."""
+    if not function_files and udf_module is None:
+        return None
+    from queries.udf import FunctionLibrary
+
+    return FunctionLibrary.load(tuple(function_files), udf_module)
+
+
+def _label(paths) -> str:
+    """The query set's name in messages: its file, or its files joined."""
+    return " + ".join(str(p) for p in paths)
 
 
 def plan_text(text: str, path: str, links: list[str], params: dict, overrides: dict, *,
               option: dict | None = None, subset: bool = False, schema=None):
-    """Parse and plan query text over `links`. The links the file's FROM clauses name must
-    be among them; with `subset` (a server's links, of which a query reads some) the file is
-    planned over the links it names only, else every given link must be one of the file's.
+    """Parse and plan query text over `links` (`plan_tree`)."""
+    from queries.parser import parse
+
+    return plan_tree(parse(text, path=path), text, path, links, params, overrides,
+                     option=option, subset=subset, schema=schema)
+
+
+def plan_tree(tree, text: str | None, path: str, links: list[str], params: dict,
+              overrides: dict, *, option: dict | None = None, subset: bool = False,
+              schema=None, functions=None):
+    """Plan a parsed query set over `links`. The links the FROM clauses name must
+    be among them; with `subset` (a server's links, of which a query reads some) the set is
+    planned over the links it names only, else every given link must be one of the set's.
     `option`: the command-line option that gave each link (for the message)."""
     from queries.explain import mentioned_links
-    from queries.parser import parse
     from queries.planner import plan_file
 
-    tree = parse(text, path=path)
     wanted = mentioned_links(tree)
-    name = Path(path).name
+    name = " + ".join(Path(p).name for p in path.split(" + "))
     missing = [n for n in wanted if n not in links]
     unknown = [] if subset else [n for n in links if wanted and n not in wanted]
     if wanted and missing and subset:
@@ -237,8 +291,9 @@ def plan_text(text: str, path: str, links: list[str], params: dict, overrides: d
     if subset and wanted:
         links = [n for n in links if n in wanted]
     if schema is None:
-        return plan_file(tree, links, params, overrides, source=text)
-    return plan_file(tree, links, params, overrides, source=text, schema=schema)
+        return plan_file(tree, links, params, overrides, source=text, functions=functions)
+    return plan_file(tree, links, params, overrides, source=text, schema=schema,
+                     functions=functions)
 
 
 def choose_queries(plan, config: RunConfig) -> list[tuple[QueryPlan, str]]:

@@ -57,10 +57,19 @@ def manifest(config, chosen, formats: dict[str, str]) -> dict:
     """What the state of a resumable run depends on (JSON-able)."""
     from queries.explain import find_query_file
 
-    try:            # a shipped query's name too (the run planned it already)
-        text = find_query_file(config.query_file).read_bytes()
-    except OSError:
-        text = str(config.query_file).encode()
+    digest = hashlib.sha256()
+    for name in config.query_files:
+        try:        # a shipped query's name too (the run planned it already)
+            digest.update(find_query_file(name).read_bytes())
+        except OSError:
+            digest.update(str(name).encode())
+    # record protocols and user functions change what the state means
+    for name in (*config.schema_files, *config.function_files,
+                 *([config.udf_module] if config.udf_module else [])):
+        try:
+            digest.update(Path(name).read_bytes())
+        except OSError:
+            digest.update(str(name).encode())
     links = []
     for name, path in config.links:
         try:
@@ -71,8 +80,8 @@ def manifest(config, chosen, formats: dict[str, str]) -> dict:
             links.append({"name": name, "path": str(path)})
     return {
         "version": VERSION,
-        "query_file": str(config.query_file),
-        "query_sha256": hashlib.sha256(text).hexdigest(),
+        "query_file": " + ".join(str(n) for n in config.query_files),
+        "query_sha256": digest.hexdigest(),
         "params": sorted([list(p) for p in config.params]),
         "overrides": sorted([list(p) for p in config.overrides]),
         "links": links,

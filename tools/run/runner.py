@@ -454,6 +454,11 @@ def open_sources(config: RunConfig, feeds: dict, summary: RunSummary, stop=None,
         from tools.run.livelinks import LiveLink
 
         lives = {}
+        for name, _ in config.interfaces:
+            if "payload" in (feeds[name].read_columns or ()):
+                # the live path (TPACKET ring -> packet ring) carries fixed-width columns only
+                raise RunLinkError(f"link {name}: TCP_data and UDP_data are read from capture "
+                                   f"files only; a live interface does not carry payloads yet")
         try:
             for name, iface in config.interfaces:
                 lives[name] = LiveLink(name, iface, feeds[name],

@@ -1,0 +1,125 @@
+"""Spark columns of GS-lite's library functions and of user-defined functions.
+
+MIN/MAX, IF, EQ/GEQ/LEQ, sqrt and non_temporal are Spark expressions (`library_column`).
+getlpmid and user-defined functions run Python code, so they are Arrow-batched pandas UDFs:
+each executor batch is one call of the same numpy code the low level runs (`lowlevel.lpm`,
+`lowlevel.library`), never a Python call per row. Values travel as Spark holds them (a uint64
+as the bit pattern of a long, an address as two longs, `highlevel.finalize.IpValue`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+
+from highlevel.errors import StageConfigError
+from queries import expressions as E
+
+_INT64_MIN = -(1 << 63)
+#: the Spark type a GSQL type travels as
+SPARK_TYPES = {"uint": "long", "ullong": "long", "int": "long", "llong": "long",
+               "ipv4": "long", "float": "double", "bool": "boolean", "string": "string"}
+
+
+def _is_ip(value) -> bool:
+    # not hasattr(value, "hi"): a Spark Column answers any attribute (a field of a struct)
+    from highlevel.finalize import IpValue
+
+    return isinstance(value, IpValue)
+
+
+def _unsigned_less(a: Column, b: Column) -> Column:
+    """a < b for longs holding uint64 bit patterns (flipping the sign bit maps the orders)."""
+    return a.bitwiseXOR(F.lit(_INT64_MIN)) < b.bitwiseXOR(F.lit(_INT64_MIN))
+
+
+def ip_min_max(name: str, a, b, ip_value: type):
+    """UMIN/UMAX of two addresses (IpValue): compared as 128-bit unsigned numbers."""
+    less = _unsigned_less(a.hi, b.hi) | ((a.hi == b.hi) & _unsigned_less(a.lo, b.lo))
+    first = less if name.endswith("min") else ~less & ~((a.hi == b.hi) & (a.lo == b.lo))
+    return ip_value(F.when(first, a.hi).otherwise(b.hi), F.when(first, a.lo).otherwise(b.lo))
+
+
+def getlpmid_column(path: str, value) -> Column:
+    """getlpmid(value, 'path') as a pandas UDF over the address's long column(s)."""
+
+    def lookup(*series):
+        import numpy as np
+        import pandas as pd
+
+        from lowlevel import lpm
+
+        halves = [s.fillna(0).to_numpy(np.int64).view(np.uint64) for s in series]
+        addr = tuple(halves) if len(halves) == 2 else halves[0]
+        return pd.Series(lpm.getlpmid(addr, path))
+
+    udf = F.pandas_udf(lookup, "long")   # type: ignore[call-overload]
+    return udf(value.hi, value.lo) if _is_ip(value) else udf(value)
+
+
+def external_column(node: E.Func, compile_value: Callable, query: str) -> Column:
+    """A user-defined function (`node.external`) as a pandas UDF: each argument's column(s)
+    in, the function called once per Arrow batch (`lowlevel.library.call_external`)."""
+    fn = node.external
+    spark_type = SPARK_TYPES.get(fn.returns)
+    if spark_type is None:
+        raise StageConfigError(f"query {query!r}: {fn.name} returns {fn.returns}, which the "
+                               f"Spark stage cannot take from a Python function: use it in "
+                               f"WHERE, or in SELECT of a query without aggregates")
+    columns: list[Column] = []
+    layout: list[tuple[str, object]] = []   # per argument: ("value", None) or ("const", v)
+    for arg, gsql, handle in zip(node.args["args"], fn.params, fn.handles):
+        if handle or (isinstance(arg, E.Literal) and arg.kind == "string"):
+            layout.append(("const", arg.value))
+            continue
+        value = compile_value(arg)
+        if _is_ip(value):
+            columns += [value.hi, value.lo]
+            layout.append(("ip", None))
+        else:
+            columns.append(value)
+            layout.append(("value", gsql))
+
+    def run(*series):
+        import numpy as np
+        import pandas as pd
+
+        from lowlevel import library
+
+        values = []
+        k = 0
+        for kind, extra in layout:
+            if kind == "const":
+                values.append(extra)
+            elif kind == "skip":    # the stand-in column of a call without column arguments
+                k += 1
+            elif kind == "ip":
+                values.append(tuple(s.fillna(0).to_numpy(np.int64).view(np.uint64)
+                                    for s in series[k:k + 2]))
+                k += 2
+            else:
+                s = series[k]
+                k += 1
+                if extra == "string":
+                    values.append(s.fillna("").to_numpy(object))
+                elif extra == "float":
+                    values.append(s.fillna(0.0).to_numpy(np.float64))
+                elif extra == "bool":
+                    values.append(s.fillna(False).to_numpy(bool))
+                else:
+                    arr = s.fillna(0).to_numpy(np.int64)
+                    values.append(arr.view(np.uint64) if extra in ("uint", "ullong", "ipv4")
+                                  else arr)
+        n = len(series[0]) if series else 1
+        out = library.call(node, values, n)
+        if out.dtype == np.uint64:
+            out = out.view(np.int64)
+        return pd.Series(out)
+
+    udf = F.pandas_udf(run, spark_type)   # type: ignore[call-overload]
+    if not columns:     # every argument constant: one value for every row
+        columns = [F.lit(0)]
+        layout.insert(0, ("skip", None))
+    return udf(*columns)
