@@ -32,7 +32,6 @@ earlier packet has been yielded.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import mmap
 import os
@@ -79,7 +78,7 @@ from capture.pcapfile import (
 )
 from capture.resync import RS_FOUND, TIME_WINDOW_S, resync_pcap, resync_pcapng, resync_section
 from capture.schema import COLUMNS, REASONS
-from capture.source import STDIN, STDIN_FD, STREAM, classify, display_name
+from capture.source import STDIN, STREAM, classify, display_name, open_input
 
 if TYPE_CHECKING:
     from capture.prefetch import ReadAhead
@@ -100,18 +99,6 @@ _STREAM_CHUNK = 1 << 20
 _WAIT_SLICE_S = 0.2
 #: a stream with no byte after this long (s) says that it waits
 _WAIT_NOTICE_S = 1.0
-
-
-def _grow_pipe(fd: int) -> None:
-    """Ask for a 1 MiB pipe (the default 64 KiB makes a fast writer, `cat` or `tcpdump -w -`,
-    wait on every 64 KiB); what an unprivileged process may not have it goes without."""
-    setsize = getattr(fcntl, "F_SETPIPE_SZ", None)
-    if setsize is None:
-        return
-    try:
-        fcntl.fcntl(fd, setsize, _STREAM_CHUNK)
-    except OSError:
-        pass                        # not a pipe (a regular file on stdin), or over the limit
 
 
 @dataclass
@@ -228,26 +215,7 @@ class CaptureReader:
         self._file.close()
 
     def _open(self, path: str | os.PathLike):
-        """The file, unbuffered (the reader has its own buffer)."""
-        try:
-            if str(path) == STDIN:
-                raw = open(STDIN_FD, "rb", buffering=0, closefd=False)
-                _grow_pipe(raw.fileno())
-                return raw
-            if self.stream:
-                # opening a FIFO for reading waits for a writer, silently and beyond a stop:
-                # open at once, wait in _wait_readable (which says so after a second)
-                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-                os.set_blocking(fd, True)
-                _grow_pipe(fd)
-                return open(fd, "rb", buffering=0)
-            return open(path, "rb", buffering=0)
-        except FileNotFoundError:
-            raise CaptureError(f"{self.path}: capture file not found") from None
-        except IsADirectoryError:
-            raise CaptureError(f"{self.path}: is a directory, not a capture file") from None
-        except OSError as exc:
-            raise CaptureError(f"{self.path}: cannot read capture file: {exc.strerror or exc}") from None
+        return open_input(path, self.stream, "capture file", CaptureError)
 
     # --- buffer management ---------------------------------------------------------------
     def _map_file(self, size: int) -> None:

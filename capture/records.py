@@ -54,7 +54,7 @@ from capture.csvkernels import (
 )
 from capture.errors import CaptureError
 from capture.schema import SCHEMA_ID, SYSTEM_TIME, Field, RecordFormat, record_accessor, record_column
-from capture.source import STDIN, STDIN_FD, STREAM, classify, display_name
+from capture.source import STDIN, STREAM, classify, display_name, open_input
 from capture.strings import StringTable
 from common.units import NS_PER_S
 
@@ -291,22 +291,7 @@ class RecordReader:
         self._file.close()
 
     def _open(self, path):
-        try:
-            if str(path) == STDIN:
-                return open(STDIN_FD, "rb", buffering=0, closefd=False)
-            if self.stream:
-                # opening a FIFO for reading waits for a writer: open at once, wait in
-                # _wait_readable (which can be stopped, and says that it waits)
-                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-                os.set_blocking(fd, True)
-                return open(fd, "rb", buffering=0)
-            return open(path, "rb", buffering=0)
-        except FileNotFoundError:
-            raise RecordError(f"{self.path}: record file not found") from None
-        except IsADirectoryError:
-            raise RecordError(f"{self.path}: is a directory, not a record file") from None
-        except OSError as exc:
-            raise RecordError(f"{self.path}: cannot read it: {exc.strerror or exc}") from None
+        return open_input(path, self.stream, "record file", RecordError)
 
     def _wait_readable(self) -> bool | None:
         """A stream: True when bytes (or the end) arrived, False when stopped, None after one

@@ -192,7 +192,13 @@ GIGASCOPE_ALIASES: dict[str, tuple[str, str]] = {
 
 #: fields of Gigascope's packet schema that oopscope has no data for yet (the queries that
 #: name them get a located "not supported yet" error rather than "unknown column")
-UNSUPPORTED_FIELDS: dict[str, str] = {}
+UNSUPPORTED_FIELDS: dict[str, str] = {
+    "hdr_length": "the IP header length is not decoded",
+    "id": "the IPv4 identification field is not decoded",
+    "timewarp": "Gigascope's clock-adjustment field has no counterpart here",
+    "raw_packet_data": "the frame's bytes are not kept (TCP_data and UDP_data give the "
+                       "transport payload)",
+}
 
 
 def _with_aliases(p: Protocol) -> Protocol:

@@ -12,6 +12,7 @@ imported, so `oopscope run` checks its paths before it starts anything.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 
@@ -67,3 +68,45 @@ def classify(path: str | os.PathLike) -> tuple[str | None, str]:
 def display_name(path: str | os.PathLike) -> str:
     """The name messages use for a path (`-` is standard input)."""
     return "<stdin>" if str(path) == STDIN else str(path)
+
+
+#: the pipe size a stream asks for (`open_input`)
+PIPE_BYTES = 1 << 20
+
+
+def open_input(path: str | os.PathLike, stream: bool, what: str, error: type[Exception]):
+    """`path` opened unbuffered for reading (the readers have their own buffers): standard
+    input, a stream (a FIFO), or a file. Opening a FIFO for reading waits for a writer,
+    silently and beyond a stop: it is opened at once, and the reader waits for its bytes where
+    it can be stopped and say that it waits. A stream asks for a 1 MiB pipe (the default
+    64 KiB makes a fast writer wait on every 64 KiB). Errors are `error` naming the path and
+    `what` it should be ("capture file", "record file")."""
+    name = display_name(path)
+    try:
+        if str(path) == STDIN:
+            raw = open(STDIN_FD, "rb", buffering=0, closefd=False)
+            _grow_pipe(raw.fileno())
+            return raw
+        if stream:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            os.set_blocking(fd, True)
+            _grow_pipe(fd)
+            return open(fd, "rb", buffering=0)
+        return open(path, "rb", buffering=0)
+    except FileNotFoundError:
+        raise error(f"{name}: {what} not found") from None
+    except IsADirectoryError:
+        raise error(f"{name}: is a directory, not a {what}") from None
+    except OSError as exc:
+        raise error(f"{name}: cannot read {what}: {exc.strerror or exc}") from None
+
+
+def _grow_pipe(fd: int) -> None:
+    """Ask for a larger pipe; what an unprivileged process may not have it goes without."""
+    setsize = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if setsize is None:
+        return
+    try:
+        fcntl.fcntl(fd, setsize, PIPE_BYTES)
+    except OSError:
+        pass                        # not a pipe (a regular file on stdin), or over the limit

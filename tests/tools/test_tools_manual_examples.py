@@ -39,12 +39,15 @@ RUNS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     "27_udf_getlpmid_local": ((), {"i2": "l0"}),
     "28_aggr_src_bytes": ((), {"main": "l0"}),
     "29_aggr_http_hostheader": ((), {"main": "http"}),
+    "32_p2p_signatures": ((), {"main": "bittorrent"}),
 }
 
 #: files an example reads from the working directory (27's `./localprefix.tbl`: the prefix
 #: file format of the manual's section 12.3, covering part of the generated addresses)
 CWD_FILES = {"27_udf_getlpmid_local": {"localprefix.tbl": "10.0.0.0/9|1\n10.128.0.0/9|2\n"
-                                                          "172.16.0.0/12|3\n"}}
+                                                          "172.16.0.0/12|3\n"},
+             # 32 keeps the packets of site 18: here every address
+             "32_p2p_signatures": {"mesaprefix.tbl": "0.0.0.0/0|18\n"}}
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +63,8 @@ def links(tmp_path_factory) -> dict[str, Path]:
     paths = generate(cfg.validate(), out)
     # GET requests with Host headers (example 29 reads them from TCP payloads)
     paths["http"] = PCAPS / "aimini-http.pcap"
+    # BitTorrent handshakes (example 32 classifies peer-to-peer payloads)
+    paths["bittorrent"] = PCAPS / "bittorrent.pcap"
     return paths
 
 
