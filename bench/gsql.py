@@ -115,7 +115,7 @@ def lpm_rate(directory: Path, repeat: int) -> tuple[float, int]:
     from lowlevel import lpm
 
     rng = np.random.default_rng(5)
-    prefixes = set()
+    prefixes: set[tuple[int, int]] = set()
     while len(prefixes) < 5000:         # distinct networks (a prefix given twice is refused)
         length = int(rng.integers(8, 33))
         prefixes.add((int(rng.integers(0, 2**32)) >> (32 - length) << (32 - length), length))
