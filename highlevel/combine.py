@@ -2,8 +2,11 @@
 
 count/sum -> sum, min -> min, max -> max, and/or/xor -> bit_and/bit_or/bit_xor, first -> the
 value at the smallest time, last -> the value at the largest time, distinct -> register-wise
-max of HyperLogLog registers (one column per register, see `common.spool`). The combined rows have the same columns as the partial rows, so
-the stage's open state and new partials combine with one `groupBy`.
+max of HyperLogLog registers (one column per register, see `common.spool`), udaf -> the
+user-defined aggregate's `combine` over the group's state words (collected by the `groupBy`,
+folded by a pandas UDF: `highlevel.udfcolumns.udaf_fold_column`). The combined rows have the
+same columns as the partial rows, so the stage's open state and new partials combine with one
+`groupBy`.
 
 uint64 values travel as int64 with the same bits (Spark has no unsigned type): sums and bit
 operations are bit-exact; min/max flip the sign bit to compare as unsigned.
@@ -16,7 +19,9 @@ from pyspark.sql import functions as F
 
 from common.spool import register_column
 from highlevel.errors import StageConfigError
+from highlevel.udfcolumns import udaf_collect, udaf_fold_column
 from lowlevel.hll import hll_alpha
+from queries.plan import udaf_words
 
 
 def _sign() -> Column:
@@ -37,11 +42,18 @@ def hll_estimate_col(name: str, m: int) -> Column:
     return F.rint(F.when((raw <= F.lit(2.5 * m)) & (zeros > 0), small).otherwise(raw))
 
 
-def _agg_exprs(states, m: int) -> tuple[list[Column], list[Column]]:
-    """(aggregate expressions, post-aggregation selects) restoring the state column names."""
-    aggs, post = [], []
+def _agg_exprs(states, m: int) -> tuple[list[Column], list[Column], dict[str, Column]]:
+    """(aggregate expressions, post-aggregation selects restoring the state column names,
+    columns computed between the two: a UDAF's combined state words as one array)."""
+    aggs, post, folds = [], [], {}
     for s in states:
         c = F.col(s.name)
+        if s.kind == "udaf":
+            words = list(udaf_words(s.name, s.udaf.size))
+            aggs.append(udaf_collect(words).alias(f"__{s.name}"))
+            folds[f"__{s.name}"] = udaf_fold_column(s.udaf, F.col(f"__{s.name}"))
+            post += [F.col(f"__{s.name}")[j].alias(w) for j, w in enumerate(words)]
+            continue
         if s.kind in ("count", "sum"):
             aggs.append(F.sum(c).alias(s.name))
         elif s.kind in ("min", "max"):
@@ -69,20 +81,22 @@ def _agg_exprs(states, m: int) -> tuple[list[Column], list[Column]]:
         else:
             raise StageConfigError(f"state `{s.name}`: unknown sub-aggregate kind {s.kind!r}")
         post.append(F.col(s.name))
-    return aggs, post
+    return aggs, post, folds
 
 
 class Combiner:
     """The aggregate expressions of a set of states, built once and applied to many frames."""
 
     def __init__(self, states, registers: int = 64):
-        self.aggs, self.post = _agg_exprs(states, registers)
+        self.aggs, self.post, self.folds = _agg_exprs(states, registers)
 
     def __call__(self, df: DataFrame, group_columns: list[str]) -> DataFrame:
         """One row per distinct `group_columns` value, every state combined; names kept."""
         if not self.aggs:
             return df.select(*group_columns).distinct()
         grouped = df.groupBy(*group_columns).agg(*self.aggs)
+        if self.folds:      # each UDAF's fold once, its words then taken from the array
+            grouped = grouped.withColumns(self.folds)
         return grouped.select(*[F.col(g) for g in group_columns], *self.post)
 
 

@@ -19,7 +19,12 @@ from common.jit import ngjit, ngjit_inline
 from highlevel.combine import hll_estimate_col
 from highlevel.errors import StageConfigError
 from highlevel.strings import string_function
-from highlevel.udfcolumns import external_column, getlpmid_column, ip_min_max
+from highlevel.udfcolumns import (
+    external_column,
+    getlpmid_column,
+    ip_min_max,
+    udaf_output_column,
+)
 from queries import expressions as E
 from queries.constants import fold
 from queries.function_library import MIN_MAX, PREFIX_MATCH
@@ -66,6 +71,9 @@ class Compiler:
         self.window_id = window_id if window_id is not None else F.col("window")
         self.keys = {k.name: k for k in spec.keys}
         self.states = {s.name: s for s in spec.states}
+        # every state column (a UDAF's further state words `name__w1`... too)
+        self.state_columns = {c for c, _ in spec.state_columns()} \
+            if hasattr(spec, "state_columns") else set()
         self.finals = dict(spec.finals)
         # per division or modulo, 1 where its divisor is 0 on a branch the row takes (the
         # quotient is the defined 0; `zero_divisor_column` counts the rows)
@@ -81,7 +89,7 @@ class Compiler:
             if key.type == "ip":
                 return IpValue(F.col(f"{name}__hi"), F.col(f"{name}__lo"))
             return F.col(name)
-        if name in self.states:
+        if name in self.states or name in self.state_columns:
             return F.col(name)
         if name in self.finals:
             return self.compile(self.finals[name])
@@ -203,6 +211,9 @@ class Compiler:
             return F.round(hll_estimate_col(arg.name, self.spec.distinct_registers))
         if name == "ip_str":
             return self.column(args[0])
+        if name == "udaf_output":
+            # a user-defined aggregate's `output` over its combined state words
+            return udaf_output_column(node.external, [self.column(a) for a in args])
         if node.external is not None:
             return external_column(node, self.compile, self.spec.query)
         if name in PREFIX_MATCH:

@@ -37,6 +37,8 @@ from highlevel.aggregate import AggregateStage
 from highlevel.batchfiles import SpoolFileMarker
 from highlevel.errors import StageConfigError
 from highlevel.state import StageState
+from highlevel.udfcolumns import udaf_fold_column
+from queries.plan import udaf_words
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +53,12 @@ def running_states(states, registers: int, spec) -> list[Column]:
     out = []
     for s in states:
         c = F.col(s.name)
-        if s.kind in ("count", "sum"):
+        if s.kind == "udaf":
+            # the running fold of the words so far, as one array (`unfold_udafs` splits it)
+            words = udaf_words(s.name, s.udaf.size)
+            collected = F.flatten(F.collect_list(F.array(*[F.col(w) for w in words])).over(spec))
+            out.append(udaf_fold_column(s.udaf, collected).alias(f"__{s.name}"))
+        elif s.kind in ("count", "sum"):
             out.append(F.sum(c).over(spec).alias(s.name))
         elif s.kind in ("min", "max"):
             fn = F.min if s.kind == "min" else F.max
@@ -72,6 +79,14 @@ def running_states(states, registers: int, spec) -> list[Column]:
         else:
             raise StageConfigError(f"state `{s.name}`: unknown sub-aggregate kind {s.kind!r}")
     return out
+
+
+def unfold_udafs(states, columns: list[str]) -> list[Column]:
+    """`columns` (the state columns) after `running_states`: each UDAF's running array back
+    to its words, the other columns as they are."""
+    word = {w: F.col(f"__{s.name}")[j].alias(w) for s in states if s.kind == "udaf"
+            for j, w in enumerate(udaf_words(s.name, s.udaf.size))}
+    return [word.get(c, F.col(c)) for c in columns]
 
 
 class LandmarkStage(AggregateStage):
@@ -174,6 +189,9 @@ class LandmarkStage(AggregateStage):
         closing = combined.where(F.col("window") <= F.lit(target))
         running = closing.select("window", *keys, *self._running,
                                  self._next.alias("__next"))
+        if any(s.kind == "udaf" for s in spec.states):
+            running = running.select("window", *keys, *unfold_udafs(spec.states, state_cols),
+                                     "__next")
         running = running.persist()
         self._release.append(running)      # released once the new state is written
         if (not self.only_at_end) or at_end:

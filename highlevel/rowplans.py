@@ -27,6 +27,15 @@ def state_arrays(sub, v, n: int, registers: int) -> dict[str, pa.Array]:
         return {register_column(sub.name, i): pa.array(regs[:, i].astype(np.int32))
                 for i in range(registers)}
     a = np.broadcast_to(np.asarray(v), (n,))
+    if sub.kind == "udaf":
+        from lowlevel.udafs import single_states
+        from queries.plan import udaf_words
+
+        rows = single_states(sub.udaf, a)
+        if rows.dtype == np.uint64:
+            rows = rows.view(np.int64)
+        return {w: pa.array(np.ascontiguousarray(rows[:, j]))
+                for j, w in enumerate(udaf_words(sub.name, sub.udaf.size))}
     if sub.dtype == "string":
         return {sub.name: pa.array(np.asarray(a, dtype=object), pa.string())}
     if a.dtype == np.bool_:

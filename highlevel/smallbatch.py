@@ -13,6 +13,7 @@ combined on the driver with numpy, with exactly the super-aggregates of `highlev
 | and, or, xor | bitwise over the group |
 | first, last | the value at the smallest / largest (time, value) pair |
 | distinct | the HyperLogLog registers' maximum |
+| udaf | the user-defined aggregate's `combine` over the group's state words |
 
 The windows the punctuation passed are finalised by Spark over the closed rows as a local
 relation (the same output and HAVING expressions as the Spark path: one small job, no
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 #: partial rows (the batch's and the open state's) above which the Spark path combines
 MAX_ROWS = 200_000
 KINDS = frozenset({"count", "sum", "min", "max", "and", "or", "xor", "first", "last",
-                   "distinct"})
+                   "distinct", "udaf"})
 
 
 def usable(stage: AggregateStage) -> bool:
@@ -95,7 +96,27 @@ def combine(table: pa.Table, group_columns: list[str], states, registers: int) -
     inverse = inverse.reshape(-1)
     g = len(first)
     out = {c: table[c].take(pa.array(first)) for c in group_columns}
+    grouped = None      # (row order by group, group starts) for the UDAFs' folds
     for s in states:
+        if s.kind == "udaf":
+            from lowlevel.udafs import fold_rows, state_rows
+            from queries.plan import udaf_words
+
+            if grouped is None:
+                order = np.argsort(inverse, kind="stable")     # arrival order within a group
+                grouped = order, np.r_[0, np.flatnonzero(np.diff(inverse[order])) + 1]
+            words = udaf_words(s.name, s.udaf.size)
+            rows = state_rows(s.name, s.udaf, {word: np.asarray(table[word].combine_chunks())
+                                               .view(np.dtype(s.udaf.dtype))
+                                               if s.udaf.dtype == "uint64"
+                                               else np.asarray(table[word].combine_chunks())
+                                               for word in words})
+            folded = fold_rows(s.udaf, np.ascontiguousarray(rows[grouped[0]]), grouped[1])
+            if s.udaf.dtype == "uint64":
+                folded = folded.view(np.int64)
+            for j, word in enumerate(words):
+                out[word] = pa.array(np.ascontiguousarray(folded[:, j]), table[word].type)
+            continue
         if s.kind == "distinct":
             for i in range(registers):
                 name = register_column(s.name, i)

@@ -16,7 +16,7 @@ from pyspark.sql import types as T
 
 from common.spool import JOINT_MARKERS, LINK, PUNCT, SEQ, register_column
 from highlevel.errors import StageConfigError
-from queries.plan import SUBAGG_KINDS, LowLevelPlan, SubAggregate, WindowPlan
+from queries.plan import SUBAGG_KINDS, LowLevelPlan, SubAggregate, WindowPlan, udaf_words
 
 KEY_TYPES = ("ip", "int64", "uint64", "float64", "string", "bool")
 OUTPUT_TYPES = ("int64", "uint64", "float64", "string", "bool", "ip")
@@ -88,6 +88,9 @@ class StageSpec:
             if s.kind != "distinct" and s.dtype not in STATE_DTYPES:
                 raise StageConfigError(f"query {self.query!r}: state `{s.name}` has dtype "
                                        f"{s.dtype!r}; allowed: {', '.join(STATE_DTYPES)}")
+            if s.kind == "udaf" and s.udaf is None:
+                raise StageConfigError(f"query {self.query!r}: state `{s.name}` of kind udaf "
+                                       f"carries no user-defined aggregate (its `udaf`)")
         for o in self.outputs:
             if o.type not in OUTPUT_TYPES:
                 raise StageConfigError(f"query {self.query!r}: output `{o.name}` has type "
@@ -114,7 +117,11 @@ class StageSpec:
                 out += [(register_column(s.name, i), "int")
                         for i in range(self.distinct_registers)]
                 continue
-            out.append((s.name, {"float64": "double", "string": "string"}.get(s.dtype, "long")))
+            spark = {"float64": "double", "string": "string"}.get(s.dtype, "long")
+            if s.kind == "udaf":        # its state words, one column each, of one dtype
+                out += [(w, spark) for w in udaf_words(s.name, s.udaf.size)]
+                continue
+            out.append((s.name, spark))
             if s.kind in ("first", "last"):
                 out.append((f"{s.name}__t", "long"))
         return out
@@ -163,6 +170,8 @@ def from_high_level(plan, low_plans=()) -> StageSpec:
 
     HighLevelPlan -> StageSpec: inputs -> links; window -> window; keys (KeyColumn, GSQL type)
     -> KeySpec; superaggs (name, sub_kind, dtype) -> states (SubAggregate(name, sub_kind));
+    udaf: the sub-aggregate keeps its `ExternalAggregate` (whose `combine` and `output` the
+    stage runs);
     finals (name, expr over state Fields) -> finals; outputs (name, GSQL type, expr over keys,
     the window column and finals) -> outputs; having -> having; union None/"meld"/"merge";
     distinct_registers. `low_plans` (the query's `LowLevelPlan`s): a flow query's partial rows
@@ -173,7 +182,8 @@ def from_high_level(plan, low_plans=()) -> StageSpec:
         raise StageConfigError(f"query {plan.query!r}: the Spark stage runs windowed "
                                f"aggregates over links (got kind {plan.kind!r} over "
                                f"{plan.input_kind!r})")
-    states = tuple(SubAggregate(s.name, s.sub_kind, None, s.dtype) for s in plan.superaggs)
+    states = tuple(SubAggregate(s.name, s.sub_kind, None, s.dtype, s.udaf)
+                   for s in plan.superaggs)
     keys = tuple(KeySpec(k.name, _key_type(k.type)) for k in plan.keys)
     outputs = tuple(OutputColumn(o.name, o.expr, output_type(o.type)) for o in plan.outputs)
     return StageSpec(query=plan.query, links=tuple(plan.inputs), window=plan.window, keys=keys,

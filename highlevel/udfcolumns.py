@@ -123,3 +123,76 @@ def external_column(node: E.Func, compile_value: Callable, query: str) -> Column
         columns = [F.lit(0)]
         layout.insert(0, ("skip", None))
     return udf(*columns)
+
+
+# --- user-defined aggregates (docs/gsql.md "User-defined aggregates") ---------------------------
+# A UDAF's state is `size` words of one dtype, one state column each (`queries.plan.
+# udaf_words`); Spark holds float64 words as doubles, int64 and uint64 words as longs (a
+# uint64 as its bit pattern). The combine collects each group's words into one flat array
+# (`udaf_collect`) and folds it with the UDAF's `combine` in a pandas UDF (`udaf_fold_column`,
+# one call per Arrow batch of groups: `lowlevel.udafs.fold_rows`, jitted when Numba compiles
+# `combine`); `udaf_output_column` maps `output` over the combined words the same way.
+
+def _udaf_spark_type(udaf) -> str:
+    return "double" if udaf.dtype == "float64" else "long"
+
+
+def udaf_collect(words: list[str]) -> Column:
+    """A group's state words, row after row, as one flat array (an aggregate expression).
+    The rows come in no particular order: `combine` must be associative and commutative, as
+    every built-in super-aggregate is (floating-point sums up to their order of addition)."""
+    return F.flatten(F.collect_list(F.array(*[F.col(w) for w in words])))
+
+
+def udaf_fold_column(udaf, collected: Column) -> Column:
+    """The combined state of each group (an array of `udaf.size` words) from its collected
+    words (`udaf_collect`), folded with the UDAF's `combine`."""
+    size, dtype = udaf.size, udaf.dtype
+
+    def fold(flat):
+        import numpy as np
+        import pandas as pd
+
+        from lowlevel.udafs import fold_rows
+
+        if len(flat) == 0:
+            return pd.Series([], dtype=object)
+        lengths = np.fromiter((len(a) // size for a in flat), np.int64, len(flat))
+        values = np.concatenate([np.asarray(a) for a in flat])
+        if dtype == "float64":
+            rows = values.astype(np.float64)
+        else:
+            rows = values.astype(np.int64).view(np.dtype(dtype))
+        rows = np.ascontiguousarray(rows.reshape(-1, size))
+        starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+        out = fold_rows(udaf, rows, starts)
+        if dtype == "uint64":
+            out = out.view(np.int64)
+        return pd.Series(list(out))
+
+    udf = F.pandas_udf(fold, f"array<{_udaf_spark_type(udaf)}>")   # type: ignore[call-overload]
+    return udf(collected)
+
+
+def udaf_output_column(udaf, words: list[Column]) -> Column:
+    """`udaf_output(words...)`: the UDAF's `output` of each row's combined state words, as
+    the declared result type travels in Spark (float: double; others a long, a uint64 as its
+    bit pattern)."""
+    dtype = udaf.dtype
+
+    def output(*series):
+        import numpy as np
+        import pandas as pd
+
+        from lowlevel.udafs import udaf_output
+
+        cols = [s.to_numpy(np.float64) if dtype == "float64"
+                else s.to_numpy(np.int64).view(np.dtype(dtype)) for s in series]
+        out = udaf_output(udaf, np.stack(cols, axis=1))
+        if out.dtype == np.uint64:
+            out = out.view(np.int64)
+        return pd.Series(out)
+
+    spark_type = "double" if udaf.returns == "float" else "long"
+    udf = F.pandas_udf(output, spark_type)   # type: ignore[call-overload]
+    return udf(*words)

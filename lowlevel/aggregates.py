@@ -23,11 +23,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from common.jit import ngjit_inline
 from lowlevel.hll import estimate, hash64, index_and_rank
+
+if TYPE_CHECKING:
+    from queries.udf import ExternalAggregate
 
 OP_COUNT = 0
 OP_SUM_I, OP_SUM_U, OP_SUM_F = 1, 2, 3
@@ -40,6 +44,9 @@ OP_FIRST_I, OP_FIRST_U, OP_FIRST_F = 16, 17, 18
 OP_LAST_I, OP_LAST_U, OP_LAST_F = 19, 20, 21
 OP_DISTINCT = 22
 OP_COUNT_U = 23
+#: a user-defined aggregate (aux: its index in `StateLayout.udafs`): only the specialized
+#: kernels run it (`lowlevel.specialize` writes a call of its jitted `update`)
+OP_UDAF = 24
 
 #: a "string" state (MIN/MAX over strings) is a uint64 rank (`lowlevel.strings.StringOrder`)
 _BANK = {"int64": "i", "uint64": "u", "float64": "f", "string": "u"}
@@ -83,9 +90,17 @@ class AggSpec:
     kind: str
     dtype: str = "int64"
     registers: int = 64   # distinct only: HLL registers, a power of two
+    udaf: ExternalAggregate | None = None   # udaf only
+
+    @property
+    def ext(self) -> ExternalAggregate:
+        assert self.udaf is not None, f"{self.name} is not a user-defined aggregate"
+        return self.udaf
 
     @property
     def bank(self) -> str:
+        if self.kind == "udaf":
+            return _BANK[self.ext.dtype]
         if self.kind == "count":
             return "u" if self.dtype == "uint64" else "i"
         if self.kind == "distinct":
@@ -99,6 +114,8 @@ class AggSpec:
             return None
         if self.kind == "distinct":
             return "d"
+        if self.kind == "udaf":
+            return _BANK[self.ext.arg_dtype]
         return self.bank
 
 
@@ -118,7 +135,25 @@ class StateLayout:
         self.columns: dict[str, tuple[str, int, int]] = {}
         #: sub-aggregate name -> argument (bank, column index)
         self.arg_columns: dict[str, tuple[str, int]] = {}
+        #: the user-defined aggregates, in the order their ops' aux column numbers them
+        self.udafs: list[AggSpec] = []
         for s in self.specs:
+            if s.kind == "udaf":
+                from queries.plan import udaf_words
+
+                bank = s.bank
+                col = width[bank]
+                width[bank] += s.ext.size
+                ident[bank].extend(s.ext.identity)
+                for j, w in enumerate(udaf_words(s.name, s.ext.size)):
+                    self.columns[w] = (bank, col + j, 1)
+                udaf_bank = _BANK[s.ext.arg_dtype]
+                a = args[udaf_bank]
+                args[udaf_bank] += 1
+                self.arg_columns[s.name] = (udaf_bank, a)
+                ops.append((OP_UDAF, a, col, len(self.udafs)))
+                self.udafs.append(s)
+                continue
             if s.kind == "distinct":
                 r = s.registers
                 if r < 16 or r > 65536 or r & (r - 1):
@@ -151,10 +186,11 @@ class StateLayout:
                 ident["i"].append(_I64_MAX if s.kind == "first" else _I64_MIN)
                 self.columns[s.name + "__t"] = ("i", aux, 1)
             a = 0
-            if s.arg_bank is not None:
-                a = args[s.arg_bank]
-                args[s.arg_bank] += 1
-                self.arg_columns[s.name] = (s.arg_bank, a)
+            arg_bank = s.arg_bank
+            if arg_bank is not None:
+                a = args[arg_bank]
+                args[arg_bank] += 1
+                self.arg_columns[s.name] = (arg_bank, a)
             ops.append((op, a, col, aux))
         self.width = width
         self.arg_width = args
@@ -175,6 +211,9 @@ class StateLayout:
         for row in ops:
             op = int(row[0])
             if op == OP_DISTINCT:
+                continue
+            if op == OP_UDAF:
+                row[2] += base[self.udafs[int(row[3])].bank]
                 continue
             row[2] += base[_OP_BANK[op]]
             if OP_FIRST_I <= op <= OP_LAST_F:
@@ -430,6 +469,11 @@ def combine_states(layout: StateLayout, keys: list[np.ndarray],
     out_keys = [k[order][starts] for k in keys]
     out: dict[str, np.ndarray] = {}
     for s in layout.specs:
+        if s.kind == "udaf":
+            from lowlevel.udafs import combine_udaf_states
+
+            out.update(combine_udaf_states(s.name, s.udaf, states, order, starts))
+            continue
         col = states[s.name][order]
         if s.kind in ("first", "last"):
             t = states[s.name + "__t"][order]

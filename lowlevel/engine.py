@@ -125,6 +125,12 @@ class HashAggregator:
         self.params[P_LATE] = EMPTY
         self.ctl = make_ctl()
         self.ops, self.ident, self._base = layout.record_ops(nkeys)
+        # user-defined aggregates run in a kernel with their update calls written in
+        self._append = append
+        if layout.udafs:
+            from lowlevel.specialize import specialized
+
+            self._append = specialized(append, self.ops, layout.udafs)
         width = len(self.ident)
         rec = np.zeros((self.slots, width), np.uint64)
         rec[:, 0] = np.uint64(1 << 63)  # EMPTY as uint64 bits
@@ -200,7 +206,7 @@ class HashAggregator:
         chunks = []
         start = 0
         while start < n:
-            start, self.held = append(self.table, self.out, self.ctl, self.params, self.ops,
+            start, self.held = self._append(self.table, self.out, self.ctl, self.params, self.ops,
                                       self.ident, start, self.held, panes, ts, keys, ai, au,
                                       af, ad, valid, homes)
             if self.held and (start < n or self.held >= self.hold_rows):

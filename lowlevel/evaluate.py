@@ -493,6 +493,13 @@ class Evaluator:
                 return prefix(self.ev(args[0]), int(args[1].value))
             if node.name == "if_else" and self.zeros is not None:
                 return self._if_else(*args)
+            if node.name == "udaf_output":
+                # a user-defined aggregate's result from its combined state words
+                from lowlevel.udafs import udaf_output
+
+                words = [np.asarray(self.ev(a)) for a in args]
+                return udaf_output(node.external, np.stack(words, axis=1) if words else
+                                   np.zeros((0, 0)))
             if node.external is not None or node.name in LIBRARY_FUNCTIONS:
                 return self._library_call(node)
             if node.name in STRING_FUNCTIONS:

@@ -273,7 +273,7 @@ class FlowAggregator(HashAggregator):
         self._lw = 2 + nkeys
         #: idle flows are looked for at most this often (capture time, ns)
         self.scan_gap = (idle_ns // 16) if idle_ns is not None else self.pane_ns
-        self._kernel = specialized(flow_append, self.ops)
+        self._kernel = specialized(flow_append, self.ops, layout.udafs)
         self._last_scan: int | None = None
         self.max_ts: int | None = None   # the link's largest capture time seen
 

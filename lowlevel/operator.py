@@ -135,7 +135,8 @@ class LowLevelOperator:
                 raise LowLevelError(f"{where}: column {k.name!r} has type {k.type!r}; the low "
                                     f"level takes {', '.join(sorted(supported))}")
         self._keys = [KeySpec(k.name, k.type) for k in cols]
-        specs = [AggSpec(s.name, s.kind, s.dtype, plan.distinct_registers) for s in plan.subaggs]
+        specs = [AggSpec(s.name, s.kind, s.dtype, plan.distinct_registers, s.udaf)
+                 for s in plan.subaggs]
         try:
             self.layout = StateLayout(specs)
         except ValueError as exc:

@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from lowlevel.aggregates import StateLayout, combine_states
 from lowlevel.engine import Partials
+from queries.plan import udaf_words
 
 if TYPE_CHECKING:
     from capture.strings import StringTable
@@ -126,6 +127,11 @@ class PartialSchema:
                 fields.append(pa.field(spec.name + "__t", pa.int64(), nullable=False,
                                        metadata={b"oopscope.kind": b"time"}))
                 self.state_names.append(spec.name + "__t")
+            if spec.kind == "udaf":     # its further state words
+                for w in udaf_words(spec.name, spec.ext.size)[1:]:
+                    fields.append(pa.field(w, _BANK_ARROW[bank], nullable=False,
+                                           metadata={b"oopscope.kind": b"udaf_word"}))
+                    self.state_names.append(w)
         schema_meta = {"oopscope.query": query, "oopscope.link": link,
                        "oopscope.pane_ns": str(pane_ns), "oopscope.offset_ns": str(offset_ns),
                        "oopscope.flush": flush}

@@ -44,7 +44,7 @@ from queries.printer import to_gsql
 from queries.query_graph import dependency_order
 from queries.scope import GroupedScope, Scope
 from queries.tokens import MAX_NAME_LENGTH
-from queries.udf import FunctionLibrary
+from queries.udf import FunctionLibrary, udaf_calls
 
 log = logging.getLogger(__name__)
 
@@ -261,6 +261,7 @@ class Analyser:
         self.cur_refs = define_refs(q.statement)
         if self.cur_refs:
             q = q.replace(statement=substitute_refs(q.statement))
+        q = q.replace(statement=udaf_calls(q.statement, self.functions))
         check_constructs(q.statement, self.error, self.functions)
         self.cur_warnings = []
         aq = self._query(q, name, all_names)

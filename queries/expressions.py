@@ -309,9 +309,11 @@ class WindowSpec(Node):
 
 class Aggregate(Expr):
     """An aggregate call. name upper case: COUNT SUM MIN MAX AVG AND_AGGR OR_AGGR XOR_AGGR FIRST
-    LAST COUNT_DISTINCT; arg is Star for count(*); window is an optional WindowSpec."""
+    LAST COUNT_DISTINCT; arg is Star for count(*); window is an optional WindowSpec. udaf: a
+    user-defined aggregate's call (name lower case): True as `queries.udf.udaf_calls` marks it,
+    its `queries.udf.ExternalAggregate` once resolved."""
 
-    arg_types = {"name": True, "arg": True, "window": False}
+    arg_types = {"name": True, "arg": True, "window": False, "udaf": False}
 
 
 # --- statements --------------------------------------------------------------------------------

@@ -34,6 +34,8 @@ def type_of(expr: E.Expr, params: dict[str, str] | None = None) -> str:
             return expr.external.returns
         return T.function_type(expr.name, [type_of(a, params) for a in expr.args["args"]]) or "llong"
     if isinstance(expr, E.Aggregate):
+        if expr.udaf is not None and not isinstance(expr.udaf, (bool, tuple)):
+            return expr.udaf.returns
         arg = None if isinstance(expr.arg, E.Star) else type_of(expr.arg, params)
         return T.aggregate_type(expr.name, arg) or "llong"
     return "llong"

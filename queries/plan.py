@@ -21,7 +21,8 @@ from typing import Any
 from capture.schema import RecordFormat
 
 FLUSH_POLICIES = ("oop_lazy", "oop_slow", "iop_slow")
-SUBAGG_KINDS = ("count", "sum", "min", "max", "and", "or", "xor", "first", "last", "distinct")
+SUBAGG_KINDS = ("count", "sum", "min", "max", "and", "or", "xor", "first", "last", "distinct",
+                "udaf")
 
 Expr = Any  # a queries.expressions node
 
@@ -101,12 +102,15 @@ class KeyColumn:
 @dataclass(frozen=True)
 class SubAggregate:
     """A low-level partial aggregate; its state columns are named `name` (and `name`_t for
-    first/last, the time of the value)."""
+    first/last, the time of the value; for a user-defined aggregate `name` is its first state
+    word, `name`__w1, `name`__w2 ... the others, `udaf_words`)."""
 
     name: str
     kind: str            # one of SUBAGG_KINDS
     arg: Expr | None     # None for count(*)
     dtype: str           # numpy dtype name of the state: int64 | uint64 | float64
+    #: kind "udaf": the user-defined aggregate (`queries.udf.ExternalAggregate`)
+    udaf: Any = None
 
 
 @dataclass(frozen=True)
@@ -176,7 +180,13 @@ class RowsWindow:
     order: tuple[str, ...]                    # projected columns breaking timestamp ties
 
 SUPERAGG_OF = {"count": "sum", "sum": "sum", "min": "min", "max": "max", "and": "and",
-               "or": "or", "xor": "xor", "first": "first", "last": "last", "distinct": "max"}
+               "or": "or", "xor": "xor", "first": "first", "last": "last", "distinct": "max",
+               "udaf": "udaf"}
+
+
+def udaf_words(name: str, size: int) -> tuple[str, ...]:
+    """The state columns of a user-defined aggregate's state of `size` words."""
+    return (name,) + tuple(f"{name}__w{j}" for j in range(1, size))
 
 
 @dataclass(frozen=True)
@@ -194,6 +204,8 @@ class SuperAggregate:
     kind: str
     sub_kind: str        # the SubAggregate kind it combines
     dtype: str
+    #: kind "udaf": the user-defined aggregate whose `combine` merges the states
+    udaf: Any = None
 
 
 @dataclass(frozen=True)

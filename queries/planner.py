@@ -39,6 +39,7 @@ from queries.plan import (
     SubAggregate,
     SuperAggregate,
     WindowPlan,
+    udaf_words,
 )
 from queries.printer import to_gsql
 from queries.udf import FunctionLibrary
@@ -134,17 +135,23 @@ def split_aggregates(aggs: list[E.Aggregate], taken: set[str]) -> AggregateSplit
     SUM(x) and AVG(x); one state per distinct (kind, argument)."""
     split = AggregateSplit()
 
-    def sub(kind: str, arg: E.Expr | None) -> SubAggregate:
-        key = (kind, arg)
+    def sub(kind: str, arg: E.Expr | None, udaf=None) -> SubAggregate:
+        key = (kind, arg) if udaf is None else (kind, udaf.name, arg)
         if key in split.by_key:
             return split.by_key[key]
         cols = [] if arg is None else [f.name for f in arg.find_all(E.Field)]
-        base = "cnt" if kind == "count" else f"{kind}_{'_'.join(dict.fromkeys(cols)) or 'expr'}"
+        prefix = kind if udaf is None else udaf.name
+        base = "cnt" if kind == "count" else f"{prefix}_{'_'.join(dict.fromkeys(cols)) or 'expr'}"
+        size = 1 if udaf is None else udaf.size
         name, k = base, 2
-        while name in taken:
+        while any(w in taken for w in udaf_words(name, size)):
             name, k = f"{base}_{k}", k + 1
-        taken.add(name)
-        s = SubAggregate(name, kind, arg, _state_dtype(kind, None if arg is None else type_of(arg)))
+        taken.update(udaf_words(name, size))
+        if udaf is not None:
+            s = SubAggregate(name, kind, arg, udaf.dtype, udaf)
+        else:
+            s = SubAggregate(name, kind, arg,
+                             _state_dtype(kind, None if arg is None else type_of(arg)))
         split.by_key[key] = s
         split.subaggs.append(s)
         return s
@@ -158,7 +165,14 @@ def split_aggregates(aggs: list[E.Aggregate], taken: set[str]) -> AggregateSplit
             continue
         name = agg.name
         expr: E.Expr
-        if name == "AVG":
+        if agg.udaf is not None:
+            # a user-defined aggregate: its state words, combined by its `combine`, and its
+            # `output` over them (docs/gsql.md "User-defined aggregates")
+            s = sub("udaf", agg.arg, agg.udaf)
+            words = [E.Field(name=w, type={"float64": "float", "int64": "llong"}.get(
+                s.dtype, "ullong")) for w in udaf_words(s.name, agg.udaf.size)]
+            expr = E.Func(name="udaf_output", args=words, external=agg.udaf)
+        elif name == "AVG":
             total, count = sub("sum", agg.arg), sub("count", None)
             expr = E.Binary(op="/", left=E.Func(name="float", args=[state(total)]),
                             right=state(count))
@@ -211,7 +225,8 @@ def format_agg(agg: E.Aggregate) -> str:
 
 
 def superaggs_of(subaggs: list[SubAggregate]) -> tuple[SuperAggregate, ...]:
-    return tuple(SuperAggregate(s.name, SUPERAGG_OF[s.kind], s.kind, s.dtype) for s in subaggs)
+    return tuple(SuperAggregate(s.name, SUPERAGG_OF[s.kind], s.kind, s.dtype, s.udaf)
+                 for s in subaggs)
 
 
 def replace_aggregates(expr: E.Expr | None, final_of: dict) -> E.Expr | None:
@@ -438,7 +453,7 @@ def _plan_rows(aq: AnalysedQuery, links: list[str]):
     # is the "pane", the states' arguments are the projected columns
     subaggs = tuple(SubAggregate(sa.name, sa.kind, None if sa.arg is None else
                                  E.Field(name=args[sa.arg].name, type=args[sa.arg].type),
-                                 sa.dtype) for sa in split.subaggs)
+                                 sa.dtype, sa.udaf) for sa in split.subaggs)
     index = WindowPlan(1, 1, 1, 0, aq.window_end, expr=E.Field(name=ROW_WINDOW_INDEX, type="llong"))
     key_fields = tuple(field_of(k) for k in partition + keys)
     row_plan = LowLevelPlan(aq.name, aq.name, "", None, index, key_fields, subaggs,

@@ -20,7 +20,7 @@ from queries.errors import QueryError
 from queries.function_library import HANDLE_ARGUMENTS
 from queries.printer import to_gsql
 from queries.string_functions import COUNT, PATTERN, STRING_FUNCTIONS
-from queries.udf import resolve_call
+from queries.udf import resolve_aggregate, resolve_call
 
 if TYPE_CHECKING:
     from queries.analysis import Analyser, GroupInfo, SourceInfo
@@ -228,6 +228,8 @@ class Scope:
         return [*args[:index], arg.replace(value=path), *args[index + 1:]]
 
     def aggregate(self, node: E.Aggregate) -> E.Aggregate:
+        if node.udaf is not None:
+            return self._udaf(node)
         name = node.name.upper()
         if name not in T.AGGREGATES:
             raise self.error(node, f"unknown aggregate {node.name!r}")
@@ -255,6 +257,31 @@ class Scope:
             if why:
                 raise self.error(bad, f"{bad.name} {why}: not inside an aggregate")
         return node.replace(name=name, arg=arg)
+
+
+    def _udaf(self, node: E.Aggregate) -> E.Aggregate:
+        """A user-defined aggregate's call (`queries.udf.resolve_aggregate`)."""
+        library = self.a.functions
+        assert library is not None          # only a declared UDAF is marked
+        if node.window is not None:
+            raise self.error(node.window, f"{node.name} is a user-defined aggregate: it takes "
+                             f"no window spec")
+        arg = node.arg
+        if not isinstance(arg, E.Star):
+            arg = self.resolve(arg, f"the argument of {node.name}")
+            for bad in arg.find_all(E.Func):
+                why = T.high_level_only(bad)
+                if why:
+                    raise self.error(bad, f"{bad.name} {why}: not inside an aggregate")
+        t = "" if isinstance(arg, E.Star) else self.a.type_of(arg)
+        resolved = resolve_aggregate(library, node, arg, t, self.error)
+        if not resolved.udaf.lfta:
+            # docs/gsql.md "User-defined aggregates": the plan then projects the argument in
+            # the low level and folds the rows in the high level; not written yet
+            raise self.error(node, f"user-defined aggregate {node.name}: Numba cannot compile "
+                             f"its update (the log says why), and running it in the high "
+                             f"level only is not supported yet")
+        return resolved
 
 
 class GroupedScope:

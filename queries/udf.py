@@ -9,7 +9,8 @@ manual, chapter 8):
     PRED [LFTA_LEGAL] is_http_port[uint];              -- parsed, refused when used
 
 Every entry kind is parsed (FUN, PRED, UDAF, EXTR, STATE, SFUN), so GS-lite's own file can be
-given as it is; only FUN entries run, and a query using another kind gets a located error.
+given as it is; FUN and UDAF entries run (UDAFs: docs/gsql.md "User-defined aggregates"), and a
+query using another kind gets a located error.
 Names are case-insensitive and may be overloaded by parameter types. A built-in function of
 the same name (`UMAX`, `INT`, ...) wins over a declaration: oopscope runs its own.
 
@@ -37,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from types import ModuleType
+from typing import Any
 
 from common.errors import ConfigError
 from queries import expressions as E
@@ -282,6 +284,8 @@ class FunctionLibrary:
             return None
         if isinstance(node, E.Func) and any(d.kind == "FUN" for d in decls):
             return ""
+        if isinstance(node, E.Aggregate) and node.udaf is not None:
+            return ""           # a UDAF call (`udaf_calls`), resolved by the analyser
         d = decls[0]
         return (f"{node.name} is declared as {KIND_NAMES.get(d.kind, d.kind)} ({d.kind}, at "
                 f"{d.where}): oopscope runs user-defined scalar functions (FUN) only")
@@ -356,3 +360,170 @@ def resolve_call(library: FunctionLibrary, node: E.Func, args: list[E.Expr],
         handles=tuple(p.handle for p in decl.params), returns=returns,
         lfta_legal=bool({"LFTA_LEGAL", "LFTA_ONLY"} & decl.modifiers), declared_at=decl.where)
     return node.replace(name=name, args=args, external=external)
+
+
+# --- user-defined aggregates (docs/gsql.md "User-defined aggregates") -------------------------
+
+#: numpy dtype of a UDAF's argument per declared (oopscope) parameter type
+ARG_DTYPES = {"uint": "uint64", "ullong": "uint64", "ipv4": "uint64", "bool": "uint64",
+              "int": "int64", "llong": "int64", "float": "float64"}
+STATE_DTYPES = ("int64", "uint64", "float64")
+MAX_STATE_WORDS = 16
+
+
+@dataclass(frozen=True)
+class ExternalAggregate:
+    """A resolved UDAF call's aggregate, carried by the `E.Aggregate` node (`udaf`) and the
+    plan's sub-aggregate to every evaluator; plain data (the module is imported where it
+    runs). `identity` is the state `init` gives, `lfta` whether Numba compiles `update` (then
+    the low level runs it in its hash-table kernel)."""
+
+    name: str
+    module: str                     # absolute path of the Python module
+    param: str                      # the oopscope type the argument is passed as
+    returns: str
+    dtype: str                      # the state words' dtype (STATE_DTYPES)
+    size: int                       # how many words
+    identity: tuple                 # the state of an empty group
+    lfta: bool
+    declared_at: str
+
+    @property
+    def arg_dtype(self) -> str:
+        return ARG_DTYPES[self.param]
+
+    def implementation(self):
+        """The module's object for this UDAF (state, init, update, combine, output)."""
+        obj = implementation(self.module, self.name)
+        assert obj is not None          # checked when the call was resolved
+        return obj
+
+
+def udaf_calls(statement: E.Node, library: FunctionLibrary | None) -> E.Node:
+    """`statement` with every call of a declared UDAF (and of no FUN of that name) turned into
+    an `E.Aggregate` marked `udaf=True`, so the analyser treats it as the aggregate it is;
+    `resolve_aggregate` resolves it."""
+    if library is None or not any(d.kind == "UDAF" for d in library.declarations):
+        return statement
+
+    def rewrite(node: E.Node) -> E.Node:
+        if not isinstance(node, E.Func):
+            return node
+        decls = library.declared(node.name)
+        if not decls or any(d.kind == "FUN" for d in decls) \
+                or not any(d.kind == "UDAF" for d in decls):
+            return node
+        args = node.args["args"] or []
+        if len(args) != 1:
+            # an Aggregate has one argument: the call keeps its form and fails in resolution
+            arg = E.Star(pos=node.pos) if not args else args[0]
+            return E.Aggregate(pos=node.pos, name=node.name.lower(), arg=arg,
+                               udaf=("arity", len(args)))
+        return E.Aggregate(pos=node.pos, name=node.name.lower(), arg=args[0], udaf=True)
+
+    return statement.transform(rewrite)
+
+
+def resolve_aggregate(library: FunctionLibrary, node: E.Aggregate, arg: E.Expr, type_: str,
+                      error: ErrorAt) -> E.Aggregate:
+    """The resolved UDAF call (`udaf` set to its `ExternalAggregate`), errors located."""
+    name = node.name.lower()
+    udafs = [d for d in library.declared(name) if d.kind == "UDAF"]
+    if isinstance(node.udaf, tuple) or isinstance(arg, E.Star):
+        given = node.udaf[1] if isinstance(node.udaf, tuple) else 0
+        raise error(node, f"{name} is called with {given} arguments: oopscope's user-defined "
+                    f"aggregates take exactly one (declared at {udafs[0].where})")
+    fits = [d for d in udafs if len(d.params) == 1
+            and _accepts(TYPES.get(d.params[0].type.lower(), ""), type_)]
+    if not fits:
+        shown = "; ".join(f"{d.signature()} at {d.where}" for d in udafs)
+        raise error(node, f"{name} does not take ({type_}): declared {shown} (a UDAF takes one "
+                    f"argument of type {', '.join(sorted(ARG_DTYPES))})")
+    decl = fits[0]
+    if "RUNNING" in decl.modifiers:
+        raise error(node, f"{name} is declared as a running user-defined aggregate (UDAF "
+                    f"[RUNNING], at {decl.where}): GS-lite's running aggregation is not "
+                    f"supported yet")
+    param = TYPES[decl.params[0].type.lower()]
+    returns = TYPES.get((decl.returns or "").lower())
+    if param not in ARG_DTYPES or returns not in ("uint", "ullong", "int", "llong", "float",
+                                                  "bool"):
+        raise error(node, f"{name} (declared at {decl.where}): a UDAF takes and returns a "
+                    f"number (uint, int, ullong, llong, float, bool)")
+    if library.module is None:
+        raise error(node, f"{name} is declared at {decl.where} but no Python module implements "
+                    f"it (give one: --udf MODULE.py)")
+    try:
+        obj = implementation(library.module, decl.name)
+    except ConfigError as exc:
+        raise error(node, str(exc)) from None
+    if obj is None:
+        raise error(node, f"{name} is declared at {decl.where} but {library.module} defines no "
+                    f"{decl.name}")
+    problem = _udaf_problem(obj)
+    if problem:
+        raise error(node, f"user-defined aggregate {name} in {library.module}: {problem} (e.g. "
+                    f"class {name}: state = ('float64', 2); def init(state): ...; def "
+                    f"update(state, value): ...; def combine(state, other): ...; def "
+                    f"output(state): ...)")
+    udaf: Any = obj                 # a class or object with the four parts, checked above
+    dtype, size = udaf.state
+    identity = _identity(obj, dtype, size)
+    lfta = update_compiles(library.module, decl.name, dtype, ARG_DTYPES[param])
+    ext = ExternalAggregate(name, library.module, param, returns, dtype, int(size),
+                            identity, lfta, decl.where)
+    return node.replace(name=name, arg=arg, udaf=ext)
+
+
+def _udaf_problem(obj) -> str:
+    state = getattr(obj, "state", None)
+    if not (isinstance(state, tuple) and len(state) == 2 and state[0] in STATE_DTYPES
+            and isinstance(state[1], int) and 1 <= state[1] <= MAX_STATE_WORDS):
+        return (f"`state` must be (dtype, words) with dtype one of {', '.join(STATE_DTYPES)} "
+                f"and 1 to {MAX_STATE_WORDS} words, not {state!r}")
+    missing = [f for f in ("init", "update", "combine", "output")
+               if not callable(getattr(obj, f, None))]
+    return f"it defines no {', '.join(missing)}" if missing else ""
+
+
+def _identity(obj, dtype: str, size: int) -> tuple:
+    import numpy as np
+
+    state = np.zeros(size, dtype)
+    obj.init(state)
+    return tuple(state.tolist())
+
+
+@lru_cache(maxsize=64)
+def jitted(module: str, name: str, part: str):
+    """Numba's dispatcher of a UDAF's `part` (update, combine, output), one per function."""
+    import numba
+
+    fn = getattr(implementation(module, name), part)
+    return fn if isinstance(fn, numba.core.dispatcher.Dispatcher) else \
+        numba.njit(nogil=True)(fn)
+
+
+@lru_cache(maxsize=64)
+def update_compiles(module: str, name: str, dtype: str, arg_dtype: str) -> bool:
+    """Whether Numba compiles the UDAF's `update` for a state row and one argument value:
+    then the low level runs it; otherwise the UDAF runs in the high level only (logged)."""
+    import logging
+
+    from numba import from_dtype, types
+
+    try:
+        jitted(module, name, "update").compile(
+            (types.Array(from_dtype(np_dtype(dtype)), 1, "A"), from_dtype(np_dtype(arg_dtype))))
+    except Exception as exc:     # any typing or lowering error: not compilable
+        logging.getLogger(__name__).info(
+            "user-defined aggregate %s: Numba cannot compile its update (%s: %s); it runs in "
+            "the high level only", name, type(exc).__name__, str(exc).splitlines()[0][:200])
+        return False
+    return True
+
+
+def np_dtype(name: str):
+    import numpy as np
+
+    return np.dtype(name)

@@ -155,6 +155,21 @@ def aggregate(name: str, arg, times: np.ndarray, codes: np.ndarray, ngroups: int
     return v[order][pick]
 
 
+def udaf_fold(udaf, arg, codes: np.ndarray, ngroups: int) -> np.ndarray:
+    """A user-defined aggregate per group, directly: `init`, `update` with every row of the
+    group in input order, `output`; plain Python calls (no Numba, no combine), so a split run
+    that combines partial states must agree with it."""
+    impl = udaf.implementation()
+    states = np.zeros((ngroups, udaf.size), udaf.dtype)
+    for g in range(ngroups):
+        impl.init(states[g])
+    values = np.asarray(arg).astype(udaf.arg_dtype)
+    for v, g in zip(values, codes):
+        impl.update(states[g], v)
+    want = {"float": np.float64, "int": np.int64, "llong": np.int64}.get(udaf.returns, np.uint64)
+    return np.array([impl.output(s) for s in states], dtype=want)
+
+
 def _bind(expr, aq: AnalysedQuery):
     if expr is None or not aq.param_values:
         return expr
@@ -302,7 +317,8 @@ def _aggregate(qp, aq, batches, tables) -> Table:
     agg_field = {}
     for i, (a, arg) in enumerate(zip(aggs, args)):
         name = f"_ref{i}"
-        frame[name] = aggregate(a.name, arg, times, codes, ngroups)
+        frame[name] = udaf_fold(a.udaf, arg, codes, ngroups) if a.udaf is not None else \
+            aggregate(a.name, arg, times, codes, ngroups)
         agg_field[a] = E.Field(name=name, type="llong")
 
     def finals(e):
