@@ -272,6 +272,11 @@ class StageGraph:
                 from highlevel.landmark import LandmarkStage
 
                 kind = LandmarkStage
+            elif h.closing is not None:
+                # CLOSING_WHEN: groups carried from window to window (highlevel.running)
+                from highlevel.running import RunningStage
+
+                kind = RunningStage
             if h.input_kind == "links":
                 self._add_low(qp)
                 spec = from_high_level(h, qp.low)

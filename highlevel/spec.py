@@ -72,6 +72,8 @@ class StageSpec:
     late: str = "drop"                      # drop | correct (highlevel.aggregate)
     correction: str | None = None           # late correct: the output marking correction rows
     window2: WindowPlan | None = None       # a join reader's second temporal key (joint.py)
+    closing: object | None = None           # CLOSING_WHEN (highlevel.running), like having
+    empty: tuple = ()                       # (state column, value) of a carried group's window
 
     def __post_init__(self):
         if not self.links:
@@ -191,7 +193,8 @@ def from_high_level(plan, low_plans=()) -> StageSpec:
                      union=plan.union or "meld", distinct_registers=plan.distinct_registers,
                      finals=tuple((f.name, f.expr) for f in plan.finals),
                      extras=StageExtras(unique_rows=unique_rows(plan, low_plans)),
-                     late=plan.late, correction=plan.correction, window2=plan.window2)
+                     late=plan.late, correction=plan.correction, window2=plan.window2,
+                     closing=plan.closing, empty=plan.empty)
 
 
 def unique_rows(plan, low_plans) -> bool:

@@ -144,6 +144,9 @@ class AnalysedQuery:
     window: WindowInfo | None = None
     items: list[ItemInfo] = field(default_factory=list)
     having: E.Expr | None = None
+    #: GS-lite's CLOSING_WHEN (running aggregation): a group stays open from window to window
+    #: until this holds at a window's end (docs/semantics.md "Running aggregation")
+    closing: E.Expr | None = None
     join: str | None = None
     merge_fields: tuple[E.Field, ...] = ()
     outputs: list[ColumnInfo] = field(default_factory=list)
@@ -545,10 +548,16 @@ class Analyser:
         aggs = [a for it in stmt.items for a in it.find_all(E.Aggregate)]
         if stmt.having is not None:
             aggs += list(stmt.having.find_all(E.Aggregate))
+        closing = [c for c in stmt.extra or [] if c.keyword == "CLOSING_WHEN"]
+        aggs += [a for c in closing for a in c.this.find_all(E.Aggregate)]
         aggregating = bool(group_nodes or aggs)
         if not aggregating:
             if stmt.having is not None:
                 raise self.error(stmt.having, "HAVING needs GROUP BY or aggregates")
+            if closing:
+                raise self.error(closing[0], "CLOSING_WHEN closes groups: it needs GROUP BY "
+                                 "with a temporal group item (e.g. GROUP BY time/10 AS tb, "
+                                 "srcIP)")
             aq.kind = "select"
             names = unique_names([(it.alias, self._default_name(it.this, i))
                                   for i, it in enumerate(stmt.items)])
@@ -641,6 +650,38 @@ class Analyser:
             aliases = {i.name: i.expr for i in aq.items}
             expr = grouped.resolve(stmt.having, "HAVING", aliases)
             aq.having = self.condition(expr, stmt.having, "HAVING")
+        if closing:
+            self._closing(aq, closing, grouped)
+
+    def _closing(self, aq: AnalysedQuery, clauses: list[E.ExtraClause],
+                 grouped: GroupedScope) -> None:
+        """GS-lite's running aggregation: `CLOSING_WHEN cond` carries each group (its keys
+        without the temporal item) from one window to the next until `cond` holds at the end
+        of a window. Windows are those of the temporal group item, so a window spec, a second
+        temporal item, grouping patterns and flow queries are refused."""
+        clause = clauses[0]
+        if len(clauses) > 1:
+            raise self.error(clauses[1], "one CLOSING_WHEN per query (join conditions with AND)")
+        if aq.temporal is None:
+            raise self.error(clause, "CLOSING_WHEN carries groups from one time window to the "
+                             "next: it needs a temporal group item (e.g. GROUP BY time/10 AS "
+                             "tb, srcIP), not a window spec")
+        if aq.temporal2 is not None:
+            raise self.error(clause, "CLOSING_WHEN over a join's output with two temporal "
+                             "group items is not supported")
+        if aq.patterns is not None:
+            raise self.error(clause, "CLOSING_WHEN with CUBE, ROLLUP or GROUPING_SETS is not "
+                             "supported")
+        if self.flow_mode:
+            raise self.error(clause, "CLOSING_WHEN is not for flow queries (DEFINE "
+                             "idle_timeout / flow_end): a flow ends by its own rules")
+        if aq.defines.get("late") == "correct":
+            raise self.error(clause, "late 'correct' is not for running aggregation "
+                             "(CLOSING_WHEN): a group's later windows depend on the closed "
+                             "ones, so late data is dropped and counted")
+        aliases = {i.name: i.expr for i in aq.items}
+        expr = grouped.resolve(clause.this, "CLOSING_WHEN", aliases)
+        aq.closing = self.condition(expr, clause.this, "CLOSING_WHEN")
 
     def _grouping_patterns(self, aq: AnalysedQuery, stmt: E.Select, expansion) -> None:
         """CUBE / ROLLUP / GROUPING_SETS (queries.grouping_sets): the temporal item stands in

@@ -186,11 +186,20 @@ def format_high(h: HighLevelPlan) -> list[str]:
                        f"{_seconds(w2.pane_ns)} on the other side's time; closed once the "
                        f"join's individual punctuation i1 >= e1 or i2 >= e2, or its joint "
                        f"punctuation (j1, j2) >= (e1, e2)")
+        elif w is not None and h.closing is not None:
+            out.append("  running aggregation: a group (its keys without the window) stays open "
+                       "from window to window; at each window's end it is output (HAVING) and "
+                       "closed if CLOSING_WHEN holds, else carried into the next window with "
+                       "empty states (" + ", ".join(f"{c} = {v if v is not None else 'none'}"
+                                                   for c, v in h.empty) + "); windows up to the "
+                       "last one with a row, closed at punctuation >= window end")
         elif w is not None:
             out.append("  close windows: at punctuation >= window end")
         out.append("  finalise: " + ", ".join(f"{f.name} = {format_expr(f.expr)} [{f.text}]"
                                               for f in h.finals))
         out.append(f"  having: {format_expr(h.having)}")
+        if h.closing is not None:
+            out.append(f"  closing when: {format_expr(h.closing)}")
     if h.join is not None:
         j = h.join
         def side(s):

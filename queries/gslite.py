@@ -134,7 +134,6 @@ CLAUSE_HINTS = {
     "SUPERGROUP": "supergroups are for sampling queries",
     "CLEANING_WHEN": "sampling queries are not run here",
     "CLEANING_BY": "sampling queries are not run here",
-    "CLOSING_WHEN": "running aggregation (groups carried over windows) is not run here",
 }
 
 
@@ -168,8 +167,8 @@ def check_constructs(statement: E.Node, error: ErrorAt,
 def _message(node: E.Node, aggregating: bool, group_names: set[str],
              clause_nodes: list[E.Node]) -> str | None:
     if isinstance(node, E.ExtraClause):
-        if node.keyword == "SLACK":
-            return None     # accepted (`Analyser._slack`)
+        if node.keyword in ("SLACK", "CLOSING_WHEN"):
+            return None     # run (`Analyser._slack`, `Analyser._closing`)
         what = node.keyword
         return f"GS-lite construct {what} is not supported yet ({CLAUSE_HINTS[node.keyword]})"
     if isinstance(node, E.SuperAggregate):
@@ -226,7 +225,8 @@ def _aggregating(statement: E.Node) -> bool:
         return False
     if statement.group_by:
         return True
-    places = [*statement.items, statement.having]
+    places = [*statement.items, statement.having,
+              *[c.this for c in statement.extra or [] if c.keyword == "CLOSING_WHEN"]]
     return any(True for p in places if p is not None for _ in p.find_all(E.Aggregate))
 
 
@@ -242,8 +242,11 @@ def _group_names(statement: E.Node) -> set[str]:
 
 
 def _select_and_having(statement: E.Node) -> list[E.Node]:
+    """The clauses of an aggregation that read groups (aggregates and group items)."""
     assert isinstance(statement, E.Select)
-    return [*statement.items] + ([statement.having] if statement.having is not None else [])
+    closing = [c.this for c in statement.extra or [] if c.keyword == "CLOSING_WHEN"]
+    return [*statement.items] + ([statement.having] if statement.having is not None else []) \
+        + closing
 
 
 def _reads_input(node: E.Func, group_names: set[str]) -> bool:

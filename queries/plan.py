@@ -184,6 +184,38 @@ SUPERAGG_OF = {"count": "sum", "sum": "sum", "min": "min", "max": "max", "and": 
                "udaf": "udaf"}
 
 
+#: the largest and smallest value of each GSQL integer type (GS-lite's reinitialised MIN / MAX)
+TYPE_RANGE = {"uint": (0, 2**32 - 1), "ushort": (0, 2**16 - 1), "ullong": (0, 2**64 - 1),
+              "int": (-2**31, 2**31 - 1), "llong": (-2**63, 2**63 - 1), "bool": (0, 1),
+              "ipv4": (0, 2**32 - 1)}
+FLOAT_MAX = 1.7976931348623157e308
+
+
+def empty_state(sub: SubAggregate, arg_type: str | None) -> tuple[tuple[str, Any], ...]:
+    """The state columns of `sub` for a group that got no row in a window (a group carried
+    over by CLOSING_WHEN), as GS-lite reinitialises them: COUNT and SUM 0, MIN the type's
+    largest value, MAX its smallest (for float -DBL_MAX, where GS-lite's DBL_MIN is a small
+    positive number), AND/OR/XOR 0, FIRST/LAST 0, COUNT_DISTINCT no value seen, a UDAF its
+    `init` state. Unsigned values as their uint64 bit pattern in a uint64 state."""
+    if sub.kind == "udaf":
+        return tuple(zip(udaf_words(sub.name, sub.udaf.size), sub.udaf.identity))
+    if sub.kind == "distinct":
+        return ((sub.name, None),)          # every register 0
+    value: Any = 0
+    if sub.kind in ("min", "max"):
+        if sub.dtype == "float64":
+            value = FLOAT_MAX if sub.kind == "min" else -FLOAT_MAX
+        else:
+            lo, hi = TYPE_RANGE.get(arg_type or "llong", TYPE_RANGE["llong"])
+            value = hi if sub.kind == "min" else lo
+    elif sub.dtype == "float64":
+        value = 0.0
+    out: tuple[tuple[str, Any], ...] = ((sub.name, value),)
+    if sub.kind in ("first", "last"):
+        out += ((f"{sub.name}__t", 0),)
+    return out
+
+
 def udaf_words(name: str, size: int) -> tuple[str, ...]:
     """The state columns of a user-defined aggregate's state of `size` words."""
     return (name,) + tuple(f"{name}__w{j}" for j in range(1, size))
@@ -321,6 +353,11 @@ class HighLevelPlan:
     #: a tuple-count window (then `window` is None, the low plans are selections and
     #: `row_plans` holds the plan turning the numbered rows into partial rows)
     rows: RowsWindow | None = None
+    #: GS-lite's CLOSING_WHEN (running aggregation; docs/semantics.md): groups stay open across
+    #: windows until `closing` (over keys, the window column and finals, like HAVING) holds;
+    #: `empty` is each state column's value in a window where an open group got no row
+    closing: Expr | None = None
+    empty: tuple[tuple[str, Any], ...] = ()
     #: a reader of an inner join grouping by both sides' times: the second temporal group
     #: item (a key of `keys`, `column` its name), whose groups also close on the join's
     #: individual punctuation on that time and its joint punctuation (highlevel.joint)

@@ -39,6 +39,7 @@ from queries.plan import (
     SubAggregate,
     SuperAggregate,
     WindowPlan,
+    empty_state,
     udaf_words,
 )
 from queries.printer import to_gsql
@@ -323,8 +324,9 @@ def _outputs(aq: AnalysedQuery, final_of: dict | None = None) -> tuple[OutputCol
 def _aggregates(aq: AnalysedQuery) -> list[E.Aggregate]:
     """Every aggregate of the SELECT list and HAVING, in query order (repeats included)."""
     aggs = [a for item in aq.items for a in item.expr.find_all(E.Aggregate)]
-    if aq.having is not None:
-        aggs += list(aq.having.find_all(E.Aggregate))
+    for clause in (aq.having, aq.closing):
+        if clause is not None:
+            aggs += list(clause.find_all(E.Aggregate))
     return aggs
 
 
@@ -380,6 +382,10 @@ def _plan_aggregate(aq: AnalysedQuery, links: list[str]):
         superaggs=superaggs_of(split.subaggs), finals=tuple(split.finals),
         having=replace_aggregates(aq.having, split.final_of), row_plans=row_plans,
         late=late, correction=correction, window2=_second_window(aq))
+    if aq.closing is not None:
+        empty = tuple(c for sa in split.subaggs
+                      for c in empty_state(sa, None if sa.arg is None else type_of(sa.arg)))
+        high = replace(high, closing=replace_aggregates(aq.closing, split.final_of), empty=empty)
     return low, high
 
 

@@ -36,7 +36,7 @@ from lowlevel.evaluate import plain, truthy
 from lowlevel.hll import estimate, registers_of
 from queries import expressions as E
 from queries.analysis import AnalysedQuery
-from queries.inference import unit_ns
+from queries.inference import type_of, unit_ns
 from queries.plan import FilePlan, QueryPlan
 from queries.planner import param_literal, plan_file
 from tests.oracles.functions import reference_functions
@@ -265,7 +265,7 @@ def _aggregate(qp, aq, batches, tables) -> Table:
     n = rows.n
     keys = {g.name: rows.eval(_bind(g.expr, aq)) for g in aq.group}
     aggs: list[E.Aggregate] = []
-    for e in [i.expr for i in aq.items] + [aq.having]:
+    for e in [i.expr for i in aq.items] + [aq.having, aq.closing]:
         for a in (e.find_all(E.Aggregate) if e is not None else ()):
             if a not in aggs:
                 aggs.append(a)
@@ -324,6 +324,8 @@ def _aggregate(qp, aq, batches, tables) -> Table:
     def finals(e):
         return _bind(e.transform(lambda n: agg_field.get(n, n) if isinstance(n, E.Aggregate) else n), aq)
 
+    if aq.closing is not None:
+        frame, ngroups = running_frame(aq, frame, ngroups, agg_field, finals)
     if aq.having is not None and ngroups:
         keep = np.flatnonzero(truthy(evaluate_columns(finals(aq.having), frame, ngroups)))
         frame = {k: _take(v, keep) for k, v in frame.items()}
@@ -339,6 +341,90 @@ def _aggregate(qp, aq, batches, tables) -> Table:
         # "Late data")
         out[qp.high.correction] = np.zeros(ngroups, np.int64)
     return Table(out, ngroups)
+
+
+#: GS-lite's value of an aggregate over no row, in a window where a running aggregation's group
+#: got none (its reinitialised aggregates): MIN the largest value of the type, MAX the smallest
+_TYPE_RANGE = {"uint": (0, 2**32 - 1), "ullong": (0, 2**64 - 1), "int": (-2**31, 2**31 - 1),
+               "llong": (-2**63, 2**63 - 1), "bool": (0, 1)}
+
+
+def _empty_aggregate(a: E.Aggregate, aq: AnalysedQuery, udaf_empty):
+    if a.udaf is not None:
+        return udaf_empty(a.udaf)
+    t = "" if isinstance(a.arg, E.Star) else type_of(a.arg)
+    if a.name in ("MIN", "MAX"):
+        if t == "float":
+            return 1.7976931348623157e308 if a.name == "MIN" else -1.7976931348623157e308
+        lo, hi = _TYPE_RANGE.get(t, _TYPE_RANGE["llong"])
+        return hi if a.name == "MIN" else lo
+    return 0.0 if t == "float" and a.name in ("SUM", "AVG") else 0
+
+
+def running_frame(aq: AnalysedQuery, frame: dict, n: int, agg_field: dict, finals):
+    """GS-lite's running aggregation (CLOSING_WHEN), brute force: per group (keys without the
+    temporal item), window after window from its first row up to the input's last window
+    with a row; a group with no row in a window it is open in gets every aggregate's empty
+    value; after each window it closes when CLOSING_WHEN holds (on that window's values),
+    else it stays open into the next window."""
+    from lowlevel.udafs import udaf_output
+
+    def udaf_empty(udaf):
+        return udaf_output(udaf, np.asarray([udaf.identity], udaf.dtype))[0].item()
+
+    if not n:
+        return frame, n
+    tb, form = aq.temporal.name, aq.temporal.form
+    wid = [(int(v) - form.shift) // form.scale for v in np.asarray(frame[tb])]
+    others = [g.name for g in aq.group if g is not aq.temporal]
+
+    def key(i):
+        return tuple(_value(frame[k], i) for k in others)
+
+    rows_of: dict = {}
+    for i in range(n):
+        rows_of.setdefault(key(i), {})[wid[i]] = i
+    last = max(wid)
+    empty = {f.name: _empty_aggregate(a, aq, udaf_empty) for a, f in agg_field.items()}
+    out_rows: list[dict] = []
+    for windows in rows_of.values():
+        any_row = next(iter(windows.values()))
+        w, open_ = min(windows), True
+        while w <= last:
+            if w in windows:
+                row = {c: _value(frame[c], windows[w]) for c in frame}
+            elif open_:
+                row = {c: _value(frame[c], any_row) for c in others}
+                row[tb] = w * form.scale + form.shift
+                row.update(empty)
+            else:
+                later = [x for x in windows if x > w]
+                if not later:
+                    break
+                w, open_ = min(later), True
+                continue
+            one = {c: _column([v], frame[c]) for c, v in row.items()}
+            closes = bool(truthy(evaluate_columns(finals(aq.closing), one, 1))[0])
+            out_rows.append(row)
+            open_ = not closes
+            w += 1
+    cols = {c: _column([r[c] for r in out_rows], frame[c]) for c in frame}
+    return cols, len(out_rows)
+
+
+def _value(col, i):
+    if isinstance(col, tuple):
+        return (int(col[0][i]), int(col[1][i]))
+    v = col[i]
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _column(values: list, like):
+    """`values` as a column of `like`'s kind (an IP column stays a (hi, lo) pair)."""
+    if isinstance(like, tuple):
+        return (np.array([v[0] for v in values], np.uint64),
+                np.array([v[1] for v in values], np.uint64))
+    return np.array(values, dtype=np.asarray(like).dtype)
 
 
 def pattern_rows(aq: AnalysedQuery, keys: dict, args: list, times, n: int):

@@ -288,8 +288,18 @@ def test_parse_files_refuses_a_name_clash_naming_both_places(tmp_path):
 # --- constructs we do not run -------------------------------------------------------------------
 
 UNSUPPORTED = [
-    ("SELECT tb, count(*) FROM main.IP GROUP BY time/60 AS tb HAVING count(*) > 0 "
-     "§CLOSING_WHEN count(*) = 0", "GS-lite construct CLOSING_WHEN is not supported yet"),
+    # CLOSING_WHEN runs (highlevel.running); what it cannot be combined with is located
+    ("SELECT count(*) [RANGE 1 minute] AS n FROM main.IP GROUP BY srcIP "
+     "§CLOSING_WHEN count(*) = 0", "CLOSING_WHEN carries groups from one time window to the "
+     "next: it needs a temporal group item"),
+    ("SELECT tb, count(*) FROM main.IP GROUP BY time/60 AS tb, CUBE(srcIP) "
+     "§CLOSING_WHEN count(*) = 0", "CLOSING_WHEN with CUBE, ROLLUP or GROUPING_SETS"),
+    ("SELECT tb, count(*) FROM main.IP GROUP BY time/60 AS tb CLOSING_WHEN §avg(len)",
+     "CLOSING_WHEN must be a condition, not a float value"),
+    ("SELECT len FROM main.IP WHERE len > 0 §CLOSING_WHEN len = 0", "CLOSING_WHEN closes groups: it needs "
+     "GROUP BY"),
+    ("DEFINE { late 'correct'; } SELECT tb, count(*) FROM main.IP GROUP BY time/60 AS tb "
+     "§CLOSING_WHEN count(*) = 0", "late 'correct' is not for running aggregation"),
     ("SELECT tb, count(*) FROM main.IP GROUP BY time/60 AS tb §CLEANING_WHEN count(*) > 9",
      "GS-lite construct CLEANING_WHEN is not supported yet"),
     ("SELECT tb, count(*) FROM main.IP GROUP BY time/60 AS tb\n§CLEANING BY count(*) > 1",
