@@ -262,6 +262,8 @@ class StageGraph:
         outputs = [(o.name, o.expr, _gsql(o.type)) for o in h.outputs]
         if h.kind == "aggregate" and h.rows is not None:
             return self._rows_stage(qp)
+        if h.kind in ("aggregate", "select") and h.sampling is not None:
+            return self._sampling_stage(qp)
         if h.kind == "aggregate":
             if h.window is None:
                 raise StageConfigError(f"query {name!r}: an aggregation without a window "
@@ -357,11 +359,24 @@ class StageGraph:
         return lambda: CountWindowStage(spec, h.rows, cols, rp, self.spool, self._ck(name),
                                         self.sinks[name], **self._kw())
 
+    def _sampling_stage(self, qp):
+        """A sampling query: the low level selects, `SamplingStage` samples each window."""
+        from highlevel.sampling import SamplingSpec, SamplingStage
+
+        h, name = qp.high, qp.name
+        self._add_low(qp)
+        cols = tuple((k.name, _gsql(k.type)) for k in qp.low[0].projections)
+        outputs = tuple((o.name, o.expr, _gsql(o.type)) for o in h.outputs)
+        spec = SamplingSpec(name, tuple(h.inputs), cols, outputs, h.sampling)
+        return lambda: SamplingStage(spec, self.spool, self._ck(name), self.sinks[name],
+                                     **self._kw())
+
     def _add_low(self, qp) -> None:
         for lp in qp.low:
             subs = self.sublinks.get(lp.link)
             if subs and (qp.high.kind not in _FANOUT_KINDS
-                         or getattr(qp.high, "rows", None) is not None):
+                         or getattr(qp.high, "rows", None) is not None
+                         or getattr(qp.high, "sampling", None) is not None):
                 raise StageConfigError(f"query {qp.name!r}: link {lp.link!r} is captured by "
                                        f"{len(subs)} fanout sockets, and a {qp.high.kind} "
                                        f"query needs its packets in one stream; run it "

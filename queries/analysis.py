@@ -42,6 +42,8 @@ from queries.naming import generated_name, unique_names
 from queries.partial_functions import guard_partial_calls
 from queries.printer import to_gsql
 from queries.query_graph import dependency_order
+from queries.sampling import SamplingInfo, analyse_selection, sampling_node, selection_sampling
+from queries.sampling import analyse as analyse_sampling
 from queries.scope import GroupedScope, Scope
 from queries.tokens import MAX_NAME_LENGTH
 from queries.udf import FunctionLibrary, udaf_calls
@@ -147,6 +149,9 @@ class AnalysedQuery:
     #: GS-lite's CLOSING_WHEN (running aggregation): a group stays open from window to window
     #: until this holds at a window's end (docs/semantics.md "Running aggregation")
     closing: E.Expr | None = None
+    #: GS-lite's sampling query (SUPERGROUP, CLEANING_WHEN/BY, super-aggregates, stateful
+    #: functions; `queries.sampling`)
+    sampling: SamplingInfo | None = None
     join: str | None = None
     merge_fields: tuple[E.Field, ...] = ()
     outputs: list[ColumnInfo] = field(default_factory=list)
@@ -550,7 +555,15 @@ class Analyser:
             aggs += list(stmt.having.find_all(E.Aggregate))
         closing = [c for c in stmt.extra or [] if c.keyword == "CLOSING_WHEN"]
         aggs += [a for c in closing for a in c.this.find_all(E.Aggregate)]
+        marker = sampling_node(stmt)
+        sampling = marker is not None
         aggregating = bool(group_nodes or aggs)
+        if marker is not None and not group_nodes and not aggs and \
+                not selection_sampling(stmt, marker):
+            raise self.error(marker, "a sampling query (super-aggregates, SUPERGROUP, "
+                             "CLEANING_WHEN/BY) groups its rows: it needs GROUP BY with a "
+                             "temporal item (a selection may call stateful functions in WHERE "
+                             "only)")
         if not aggregating:
             if stmt.having is not None:
                 raise self.error(stmt.having, "HAVING needs GROUP BY or aggregates")
@@ -559,6 +572,8 @@ class Analyser:
                                  "with a temporal group item (e.g. GROUP BY time/10 AS tb, "
                                  "srcIP)")
             aq.kind = "select"
+            if sampling:
+                analyse_selection(self, aq)
             names = unique_names([(it.alias, self._default_name(it.this, i))
                                   for i, it in enumerate(stmt.items)])
             for it, nm in zip(stmt.items, names):
@@ -650,7 +665,9 @@ class Analyser:
             aliases = {i.name: i.expr for i in aq.items}
             expr = grouped.resolve(stmt.having, "HAVING", aliases)
             aq.having = self.condition(expr, stmt.having, "HAVING")
-        if closing:
+        if sampling:
+            analyse_sampling(self, aq, stmt, grouped)
+        elif closing:
             self._closing(aq, closing, grouped)
 
     def _closing(self, aq: AnalysedQuery, clauses: list[E.ExtraClause],

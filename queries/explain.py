@@ -143,12 +143,50 @@ def format_record(r: RecordFormat) -> list[str]:
     return lines
 
 
+def format_sampling(h: HighLevelPlan) -> list[str]:
+    """A sampling query's high level (`queries.plan.SamplingPlan`)."""
+    sp = h.sampling
+    assert sp is not None
+    w = sp.window
+
+    def agg(prefix, table):
+        return ", ".join(f"{prefix}{k} = {kind}({arg or ''})" for k, (kind, arg) in
+                         enumerate(table)) or "-"
+
+    keys = ", ".join(f"{k.name} = {format_expr(k.expr)}" for k in sp.keys) or "-"
+    if w is None:
+        return ["  sampling selection: one sampling state for the whole stream; rows in order "
+                "of (timestamp, link, projected values) once punctuation passes them",
+                "  where (stateful conjuncts, every one evaluated per row): "
+                + " AND ".join(format_expr(c) for c in sp.where),
+                "  output: " + ", ".join(f"{o.name} {o.type.lower()} = {format_expr(o.expr)}"
+                                         for o in sp.outputs)]
+    out = [f"  sampling, sequential per window of {_seconds(w.pane_ns)} ({w.column}): the "
+           f"window's rows in order of (timestamp, link, projected values) once punctuation "
+           f">= its end",
+           f"  group keys: {keys}; supergroup: " + (", ".join(sp.supergroup) or
+                                                     "one per window"),
+           "  where (stateful conjuncts, every one evaluated per row): "
+           + (" AND ".join(format_expr(c) for c in sp.where) or "-"),
+           f"  aggregates: {agg('__a', sp.aggregates)}; super-aggregates: "
+           f"{agg('__s', sp.super_aggregates)}, __cd = live groups",
+           f"  cleaning when (after each admitted row): {format_expr(sp.cleaning_when)}",
+           f"  cleaning by (each group of the supergroup, in creation order): "
+           f"{format_expr(sp.cleaning_by)}",
+           f"  having (window end, after final_init): {format_expr(sp.having)}",
+           "  output: " + ", ".join(f"{o.name} {o.type.lower()} = {format_expr(o.expr)}"
+                                    for o in sp.outputs)]
+    return out
+
+
 def format_high(h: HighLevelPlan) -> list[str]:
     out = ["high level:"]
     union = f"; union: {h.union}" if h.union else ""
     out.append(f"  inputs: {h.input_kind} {', '.join(h.inputs)}{union}")
     if h.predicate is not None:
         out.append(f"  where: {format_expr(h.predicate)}")
+    if h.sampling is not None:
+        return out + format_sampling(h)
     if h.kind == "aggregate":
         out.append("  combine partials: " + ", ".join(
             f"{s.name} = {s.kind}({s.name})" + (" by time" if s.kind in ("first", "last") else "")

@@ -20,6 +20,7 @@ from decimal import Decimal, InvalidOperation
 from queries import expressions as E
 from queries import types as T
 from queries.errors import QueryError
+from queries.stateful import STATEFUL_FUNCTIONS
 from queries.string_functions import STRING_FUNCTIONS
 from queries.udf import FunctionLibrary
 
@@ -129,14 +130,6 @@ AGGREGATES = frozenset({
     "running_array_aggr_lfta",
 })
 
-#: the GS-lite clauses and join types, as the messages name them
-CLAUSE_HINTS = {
-    "SUPERGROUP": "supergroups are for sampling queries",
-    "CLEANING_WHEN": "sampling queries are not run here",
-    "CLEANING_BY": "sampling queries are not run here",
-}
-
-
 # --- the check --------------------------------------------------------------------------------
 
 ErrorAt = Callable[[E.Node, str], QueryError]
@@ -167,13 +160,9 @@ def check_constructs(statement: E.Node, error: ErrorAt,
 def _message(node: E.Node, aggregating: bool, group_names: set[str],
              clause_nodes: list[E.Node]) -> str | None:
     if isinstance(node, E.ExtraClause):
-        if node.keyword in ("SLACK", "CLOSING_WHEN"):
-            return None     # run (`Analyser._slack`, `Analyser._closing`)
-        what = node.keyword
-        return f"GS-lite construct {what} is not supported yet ({CLAUSE_HINTS[node.keyword]})"
+        return None     # run (`Analyser._slack`, `_closing`, `queries.sampling`)
     if isinstance(node, E.SuperAggregate):
-        return (f"GS-lite construct super-aggregate {node.name}$(...) is not supported yet "
-                f"(it aggregates a SUPERGROUP)")
+        return None     # a sampling query's (`queries.sampling`)
     if isinstance(node, E.IfaceParam):
         return (f"GS-lite construct interface property @{node.name} is not supported (an "
                 f"interface's properties come from GS-lite's ifres.xml, which oopscope has "
@@ -198,8 +187,11 @@ def _function_message(node: E.Func, aggregating: bool, group_names: set[str],
     if name in AGGREGATES:
         return (f"aggregate {name} is not supported yet (a GS-lite user-defined aggregate; "
                 f"aggregates: {_aggregate_list()})")
+    if name in STATEFUL_FUNCTIONS:
+        return None     # a sampling query's (`queries.sampling`)
     if name in STATEFUL:
-        return f"function {name} is not supported yet (a GS-lite stateful function)"
+        return (f"function {name} is not supported yet (a GS-lite stateful function; "
+                f"supported: {', '.join(sorted(STATEFUL_FUNCTIONS))})")
     if name in FUNCTIONS:
         hint = FUNCTIONS[name]
         return f"function {name} is not supported yet" + (f": {hint}" if hint else "")
@@ -225,8 +217,7 @@ def _aggregating(statement: E.Node) -> bool:
         return False
     if statement.group_by:
         return True
-    places = [*statement.items, statement.having,
-              *[c.this for c in statement.extra or [] if c.keyword == "CLOSING_WHEN"]]
+    places = [*statement.items, statement.having, *_conditions(statement)]
     return any(True for p in places if p is not None for _ in p.find_all(E.Aggregate))
 
 
@@ -244,9 +235,13 @@ def _group_names(statement: E.Node) -> set[str]:
 def _select_and_having(statement: E.Node) -> list[E.Node]:
     """The clauses of an aggregation that read groups (aggregates and group items)."""
     assert isinstance(statement, E.Select)
-    closing = [c.this for c in statement.extra or [] if c.keyword == "CLOSING_WHEN"]
     return [*statement.items] + ([statement.having] if statement.having is not None else []) \
-        + closing
+        + _conditions(statement)
+
+
+def _conditions(statement: E.Select) -> list[E.Node]:
+    """The conditions of GS-lite's further clauses (CLOSING_WHEN, CLEANING_WHEN/BY)."""
+    return [c.this for c in statement.extra or [] if c.this is not None]
 
 
 def _reads_input(node: E.Func, group_names: set[str]) -> bool:

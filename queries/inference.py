@@ -33,6 +33,11 @@ def type_of(expr: E.Expr, params: dict[str, str] | None = None) -> str:
         if expr.external is not None:
             return expr.external.returns
         return T.function_type(expr.name, [type_of(a, params) for a in expr.args["args"]]) or "llong"
+    if isinstance(expr, E.SuperAggregate):
+        args = [a for a in expr.arguments if not isinstance(a, E.Star)]
+        if expr.name in ("COUNT", "COUNT_DISTINCT"):
+            return "ullong" if expr.name == "COUNT" else "int"
+        return T.aggregate_type(expr.name, type_of(args[0], params) if args else None) or "llong"
     if isinstance(expr, E.Aggregate):
         if expr.udaf is not None and not isinstance(expr.udaf, (bool, tuple)):
             return expr.udaf.returns

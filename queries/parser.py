@@ -160,6 +160,10 @@ class Parser(ExpressionParser):
             try:
                 queries.append(self._parse_query())
                 if not self.at_op(";") and self.tok.kind is not Kind.EOF:
+                    if self.tok.upper == "CLEANIN":
+                        raise self.error("CLEANIN is a typo of the manual's (its flow "
+                                         "sampling examples): write CLEANING BY (GS-lite "
+                                         "does not accept CLEANIN either)")
                     raise self.unexpected("';' or the end of the query")
             except QueryError as e:
                 errors.append(e)

@@ -179,6 +179,32 @@ class RowsWindow:
     partition: tuple[KeyColumn, ...]          # projected PARTITION BY columns (hidden keys)
     order: tuple[str, ...]                    # projected columns breaking timestamp ties
 
+@dataclass(frozen=True)
+class SamplingPlan:
+    """A sampling query's high level (`queries.sampling`, `highlevel.sampling`).
+
+    The low level selects (WHERE without stateful calls) and projects `columns` (named
+    `__p0`, `__p1`...: the group items other than the temporal one, the aggregates' and
+    super-aggregates' arguments, the columns WHERE's stateful conjuncts read). Expressions here
+    read those names, plus `__a<k>` (aggregate k of the group), `__s<k>` (super-aggregate k of
+    the supergroup), `__cd` (its live groups: count_distinct$), the window column and stateful
+    calls (`queries.stateful`). Rows of a window are processed in order of (timestamp, link
+    position, the projected columns' values). A selection whose WHERE calls stateful
+    functions has no window (one state for the whole stream), no keys and no aggregates."""
+
+    window: WindowPlan | None
+    columns: tuple[KeyColumn, ...]            # projected per row
+    keys: tuple[KeyColumn, ...]               # group items but the temporal: name -> `__pN`
+    supergroup: tuple[str, ...]               # key names making the supergroup
+    aggregates: tuple[tuple[str, str | None], ...]        # (kind, argument column) per `__a<k>`
+    super_aggregates: tuple[tuple[str, str | None], ...]  # (kind, argument column) per `__s<k>`
+    where: tuple[Expr, ...]                   # WHERE's stateful conjuncts (over the row)
+    cleaning_when: Expr | None                # over the row's keys, super-aggregates
+    cleaning_by: Expr | None                  # over a group's keys, aggregates, ...
+    having: Expr | None
+    outputs: tuple[OutputColumn, ...]
+
+
 SUPERAGG_OF = {"count": "sum", "sum": "sum", "min": "min", "max": "max", "and": "and",
                "or": "or", "xor": "xor", "first": "first", "last": "last", "distinct": "max",
                "udaf": "udaf"}
@@ -358,6 +384,7 @@ class HighLevelPlan:
     #: `empty` is each state column's value in a window where an open group got no row
     closing: Expr | None = None
     empty: tuple[tuple[str, Any], ...] = ()
+    sampling: SamplingPlan | None = None
     #: a reader of an inner join grouping by both sides' times: the second temporal group
     #: item (a key of `keys`, `column` its name), whose groups also close on the join's
     #: individual punctuation on that time and its joint punctuation (highlevel.joint)

@@ -36,6 +36,7 @@ from queries.plan import (
     OutputColumn,
     QueryPlan,
     RowsWindow,
+    SamplingPlan,
     SubAggregate,
     SuperAggregate,
     WindowPlan,
@@ -43,6 +44,7 @@ from queries.plan import (
     udaf_words,
 )
 from queries.printer import to_gsql
+from queries.stateful import STATEFUL_FUNCTIONS
 from queries.udf import FunctionLibrary
 
 DEFAULT_SLOTS = 1 << 16
@@ -333,6 +335,8 @@ def _aggregates(aq: AnalysedQuery) -> list[E.Aggregate]:
 def _plan_aggregate(aq: AnalysedQuery, links: list[str]):
     if aq.window is not None and aq.window.kind == "rows":
         return _plan_rows(aq, links)
+    if aq.sampling is not None:
+        return _plan_sampling(aq, links)
     source = aq.sources[0]
     keys = tuple(KeyColumn(g.name, g.expr, g.type) for g in aq.group if g is not aq.temporal)
     aggs = _aggregates(aq)
@@ -475,6 +479,102 @@ def _plan_rows(aq: AnalysedQuery, links: list[str]):
     return low, high
 
 
+_AGG_KIND = {"COUNT": "count", "SUM": "sum", "MIN": "min", "MAX": "max", "AND_AGGR": "and",
+             "OR_AGGR": "or", "XOR_AGGR": "xor"}
+
+
+def _plan_sampling(aq: AnalysedQuery, links: list[str]):
+    """A sampling query (`queries.sampling`): the low level selects and projects what the
+    sequential high level reads per row; every clause is rewritten over the projected
+    columns, the group's aggregates `__a<k>`, the super-aggregates `__s<k>` and `__cd`
+    (`queries.plan.SamplingPlan`)."""
+    sp, source, temporal = aq.sampling, aq.sources[0], aq.temporal
+    assert sp is not None
+    if source.kind != "link":
+        raise ConfigError(f"query {aq.name!r}: a sampling query over another query's rows is "
+                          f"not supported yet: read the packets (FROM link.PROTOCOL)")
+    assert source.protocol is not None
+    columns: dict = {}
+
+    def project(expr) -> E.Field:
+        if expr not in columns:
+            columns[expr] = KeyColumn(f"__p{len(columns)}", expr, type_of(expr))
+        k = columns[expr]
+        return E.Field(name=k.name, type=k.type)
+
+    keys = tuple(KeyColumn(g.name, project(g.expr), g.type) for g in aq.group
+                 if g is not temporal)
+    key_field = {k.name: k.expr for k in keys}
+    aggregates: list[tuple[str, str | None]] = []
+    supers: list[tuple[str, str | None]] = []
+
+    def ref(table: list, prefix: str, kind: str, arg, t: str) -> E.Field:
+        col = None if arg is None or isinstance(arg, E.Star) else project(arg).name
+        if (kind, col) not in table:
+            table.append((kind, col))
+        return E.Field(name=f"{prefix}{table.index((kind, col))}", type=t)
+
+    def rebuild(n, fn):
+        return n.replace(**{k: fn(v) if isinstance(v, E.Node) else
+                            [fn(x) if isinstance(x, E.Node) else x for x in v]
+                            if isinstance(v, list) else v for k, v in n.args.items()})
+
+    def row(n):
+        """A row-level expression over the projected columns."""
+        if isinstance(n, E.Func) and n.name in STATEFUL_FUNCTIONS:
+            return n.replace(args=[a if isinstance(a, (E.Literal, E.Param)) else project(a)
+                                   for a in n.args["args"]])
+        if isinstance(n, E.Field):
+            return project(n)
+        return rebuild(n, row)
+
+    def group(n):
+        """A group-level expression (SELECT, HAVING, CLEANING_WHEN/BY)."""
+        if isinstance(n, E.Aggregate):
+            if n.name == "AVG":
+                total = ref(aggregates, "__a", "sum", n.arg, type_of(E.Aggregate(
+                    name="SUM", arg=n.arg)))
+                count = ref(aggregates, "__a", "count", None, "ullong")
+                return E.Binary(op="/", left=E.Func(name="float", args=[total]), right=count)
+            return ref(aggregates, "__a", _AGG_KIND[n.name], n.arg, type_of(n))
+        if isinstance(n, E.SuperAggregate):
+            if n.name == "COUNT_DISTINCT":
+                return E.Field(name="__cd", type="int")
+            args = n.arguments
+            return ref(supers, "__s", _AGG_KIND[n.name], args[0] if args else None, type_of(n))
+        if isinstance(n, E.Field) and n.name in key_field:
+            return key_field[n.name]
+        if isinstance(n, E.Field):
+            return n                 # the temporal item: the window column
+        return rebuild(n, group)
+
+    def maybe(expr, fn):
+        return None if expr is None else fn(expr)
+
+    # aggregates first: their order is the query's (explain shows them so)
+    selection = aq.kind == "select"
+    outputs = tuple(OutputColumn(i.name, i.type, row(i.expr) if selection else group(i.expr),
+                                 i.form) for i in aq.items)
+    plan = SamplingPlan(
+        window=None if selection else window_plan(aq), columns=(), keys=keys,
+        supergroup=sp.supergroup, aggregates=(), super_aggregates=(),
+        where=tuple(row(c) for c in sp.where_stateful),
+        cleaning_when=maybe(sp.cleaning_when, group), cleaning_by=maybe(sp.cleaning_by, group),
+        having=maybe(aq.having, group), outputs=outputs)
+    plan = replace(plan, columns=tuple(columns.values()), aggregates=tuple(aggregates),
+                   super_aggregates=tuple(supers))
+    settings = _flush_settings(aq.defines)
+    inputs = _links_of(source, links)
+    low = [LowLevelPlan(aq.name, link, source.protocol, aq.where, None, (), (),
+                        projections=plan.columns, late=aq.defines.get("late", "drop"),
+                        record=source.record, **settings)
+           for link in inputs]
+    high = HighLevelPlan(aq.name, aq.kind, inputs, "links",
+                         "meld" if len(inputs) > 1 else None, outputs, window=plan.window,
+                         keys=keys, having=plan.having, sampling=plan)
+    return low, high
+
+
 def _split_display(expr: E.Expr, projections: list[KeyColumn], taken: set[str]) -> E.Expr:
     """`expr` with every largest part free of high-level-only calls (`T.high_level_only`:
     display functions, user functions that are not LFTA_LEGAL) projected by the low level;
@@ -509,6 +609,8 @@ def _split_display(expr: E.Expr, projections: list[KeyColumn], taken: set[str]) 
 
 
 def _plan_select(aq: AnalysedQuery, links: list[str]):
+    if aq.sampling is not None:
+        return _plan_sampling(aq, links)
     source = aq.sources[0]
     settings = _flush_settings(aq.defines)
     projections: list[KeyColumn] = []

@@ -19,6 +19,7 @@ from queries.constants import fold
 from queries.errors import QueryError
 from queries.function_library import HANDLE_ARGUMENTS
 from queries.printer import to_gsql
+from queries.stateful import STATEFUL_FUNCTIONS, SUPER_AGGREGATES, stateful_type
 from queries.string_functions import COUNT, PATTERN, STRING_FUNCTIONS
 from queries.udf import resolve_aggregate, resolve_call
 
@@ -118,6 +119,10 @@ class Scope:
                 raise self.error(node, "* is only allowed in count(*)")
             if isinstance(node, E.Aggregate):
                 raise self.error(node, f"aggregate {node.name} is not allowed in {clause}")
+            if isinstance(node, E.SuperAggregate):
+                raise self.error(node, f"super-aggregate {node.name}$ is not allowed in {clause} "
+                                 f"(it aggregates a supergroup: SELECT, HAVING, CLEANING_WHEN "
+                                 f"and CLEANING_BY may read it)")
             if isinstance(node, E.Unary):
                 this = r(node.this)
                 t = self.a.type_of(this)
@@ -176,6 +181,16 @@ class Scope:
 
     def _func(self, node: E.Func, args: list[E.Expr]) -> E.Expr:
         name = node.name.lower()
+        if name in STATEFUL_FUNCTIONS:
+            arity, _ = STATEFUL_FUNCTIONS[name]
+            types = [self.a.type_of(x) for x in args]
+            if len(args) != arity:
+                raise self.error(node, f"stateful function {name} takes {arity} argument(s) "
+                                 f"(the sampling state and the group count are implicit)")
+            if stateful_type(name, types) is None:
+                raise self.error(node, f"stateful function {name} takes numbers, not "
+                                 f"({', '.join(types)})")
+            return node.replace(name=name, args=args)
         library = self.a.functions
         if name not in T.FUNCTIONS and library is not None and library.declared(name):
             return resolve_call(library, node, args, [self.a.type_of(x) for x in args],
@@ -226,6 +241,30 @@ class Scope:
         except PrefixFileError as exc:
             raise self.error(written, str(exc).replace(path, arg.value, 1)) from None
         return [*args[:index], arg.replace(value=path), *args[index + 1:]]
+
+    def super_aggregate(self, node: E.SuperAggregate) -> E.SuperAggregate:
+        """`name$(arg)`: an aggregate of the supergroup over the rows that passed WHERE."""
+        name = node.name.upper()
+        if name not in SUPER_AGGREGATES:
+            raise self.error(node, f"super-aggregate {node.name}$ is not supported (super-"
+                             f"aggregates: {', '.join(a + '$' for a in SUPER_AGGREGATES)})")
+        args = node.arguments
+        if name == "COUNT_DISTINCT":
+            if args and not (len(args) == 1 and isinstance(args[0], E.Star)):
+                raise self.error(node, "count_distinct$() counts the supergroup's groups: it "
+                                 "takes no argument (or *)")
+            return node.replace(name=name, args=[])
+        if len(args) != 1:
+            raise self.error(node, f"{name}$ takes one argument")
+        if isinstance(args[0], E.Star):
+            if name != "COUNT":
+                raise self.error(node, f"{name}$(*) is not a super-aggregate: only count$(*)")
+            return node.replace(name=name)
+        arg = self.resolve(args[0], f"the argument of {name}$")
+        t = self.a.type_of(arg)
+        if T.aggregate_type(name, t) is None or t not in T.NUMERIC:
+            raise self.error(node, f"{name}$ does not apply to a {t} value")
+        return node.replace(name=name, args=[arg])
 
     def aggregate(self, node: E.Aggregate) -> E.Aggregate:
         if node.udaf is not None:
@@ -302,6 +341,8 @@ class GroupedScope:
         def hook(node: E.Node):
             if isinstance(node, E.Aggregate):
                 return self.base.aggregate(node)
+            if isinstance(node, E.SuperAggregate):
+                return self.base.super_aggregate(node)
             if isinstance(node, (E.Literal, E.Param, E.Field)):
                 return None
             if isinstance(node, E.Column) and node.table is None and node.name in by_name:

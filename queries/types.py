@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from queries.function_library import LIBRARY_FUNCTIONS, library_function_type
+from queries.stateful import STATEFUL_FUNCTIONS, stateful_type
 from queries.string_functions import STRING_FUNCTIONS, string_function_type
 
 #: the largest signed 64-bit integer (llong); ullong goes to 2**64 - 1
@@ -159,6 +160,8 @@ def high_level_only(node) -> str | None:
 
 def function_type(name: str, args: list[str]) -> str | None:
     """Result type of a function call (None when the argument types do not fit)."""
+    if name in STATEFUL_FUNCTIONS:
+        return stateful_type(name, args)
     if name in STRING_FUNCTIONS:
         return string_function_type(name, args)
     if name in LIBRARY_FUNCTIONS:

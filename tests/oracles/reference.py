@@ -252,6 +252,10 @@ def evaluate_query(qp: QueryPlan, batches, tables) -> Table:
         raise ValueError("the reference evaluator needs a plan made by plan_file")
     if aq.kind == "aggregate":
         return _aggregate(qp, aq, batches, tables)
+    if aq.kind == "select" and aq.sampling is not None:
+        from tests.oracles.sampling import evaluate_sampling_selection
+
+        return evaluate_sampling_selection(qp, aq, batches, tables)
     if aq.kind == "select":
         rows = input_rows(qp, aq, aq.sources[0], batches, tables, _bind(aq.where, aq))
         return Table({i.name: rows.eval(_bind(i.expr, aq)) for i in aq.items}, rows.n)
@@ -261,6 +265,10 @@ def evaluate_query(qp: QueryPlan, batches, tables) -> Table:
 
 
 def _aggregate(qp, aq, batches, tables) -> Table:
+    if getattr(aq, "sampling", None) is not None:
+        from tests.oracles.sampling import evaluate_sampling
+
+        return evaluate_sampling(qp, aq, batches, tables)
     rows = input_rows(qp, aq, aq.sources[0], batches, tables, _bind(aq.where, aq))
     n = rows.n
     keys = {g.name: rows.eval(_bind(g.expr, aq)) for g in aq.group}

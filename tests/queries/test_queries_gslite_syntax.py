@@ -300,16 +300,29 @@ UNSUPPORTED = [
      "GROUP BY"),
     ("DEFINE { late 'correct'; } SELECT tb, count(*) FROM main.IP GROUP BY time/60 AS tb "
      "§CLOSING_WHEN count(*) = 0", "late 'correct' is not for running aggregation"),
-    ("SELECT tb, count(*) FROM main.IP GROUP BY time/60 AS tb §CLEANING_WHEN count(*) > 9",
-     "GS-lite construct CLEANING_WHEN is not supported yet"),
+    # sampling queries run (queries.sampling); their rules are located
+    ("SELECT tb, count(*) FROM main.IP GROUP BY time/60 AS tb §CLEANING_WHEN count$(*) > 9",
+     "CLEANING_WHEN needs CLEANING_BY"),
     ("SELECT tb, count(*) FROM main.IP GROUP BY time/60 AS tb\n§CLEANING BY count(*) > 1",
-     "GS-lite construct CLEANING_BY is not supported yet"),
+     "CLEANING_BY needs CLEANING_WHEN"),
     ("SELECT tb, count(*) FROM main.IP GROUP BY time/60 AS tb, srcIP, destIP "
-     "§SUPERGROUP srcIP, destIP", "GS-lite construct SUPERGROUP is not supported yet"),
-    ("SELECT tb, §count$(*) FROM main.IP GROUP BY time/60 AS tb",
-     "GS-lite construct super-aggregate COUNT$(...) is not supported yet"),
-    ("SELECT tb, count(*) FROM main.IP GROUP BY time/60 AS tb HAVING §sum$(len) > 3",
-     "super-aggregate SUM$(...)"),
+     "SUPERGROUP srcIP, §ttl", "SUPERGROUP item 'ttl' is not a GROUP BY item"),
+    ("SELECT tb, count(*) FROM main.IP GROUP BY time/60 AS tb, srcIP SUPERGROUP §tb",
+     "'tb' is the temporal group item"),
+    ("SELECT tb, count(*) FROM main.IP GROUP BY time/60 AS tb CLEANING_WHEN §count(*) > 9 "
+     "CLEANING_BY count(*) > 1", "CLEANING_WHEN may not read the group's aggregates (COUNT)"),
+    ("SELECT tb, §count$(*) FROM main.IP", "a sampling query (super-aggregates, "
+     "SUPERGROUP, CLEANING_WHEN/BY) groups its rows"),
+    ("SELECT tb, count(*) FROM main.IP WHERE §sum$(len) > 3 GROUP BY time/60 AS tb",
+     "super-aggregate SUM$ is not allowed in WHERE"),
+    ("SELECT tb, §ssdo_clean() FROM main.IP GROUP BY time/60 AS tb",
+     "SELECT may call only the stateful functions that read the final state"),
+    ("SELECT tb, count(*) FROM main.IP WHERE §ssample(len) = TRUE GROUP BY time/60 AS tb",
+     "stateful function ssample takes 2 argument(s)"),
+    ("SELECT tb, count(*) FROM main.IP GROUP BY time/60 AS tb, srcIP HAVING "
+     "§ssfinal_clean(srcIP) = TRUE", "stateful function ssfinal_clean takes numbers"),
+    ("SELECT tb, §local_count() FROM main.IP GROUP BY time/60 AS tb",
+     "function local_count is not supported yet (a GS-lite stateful function"),
     ("SELECT len, §@Name FROM main.IP", "GS-lite construct interface property @Name"),
     ("SELECT len FROM main.IP t WHERE §t.@Dir = 1", "interface property @Dir"),
     ("SELECT len FROM main.TCP WHERE len > 0 AND §http_port[destPort]",
@@ -336,8 +349,8 @@ UNSUPPORTED = [
     ("SELECT §timestamptosec(time) FROM main.IP",
      "function timestamptosec is not supported yet: timestamp is in nanoseconds here"),
     ("SELECT §get_int(link, 1) FROM main.IP", "function get_int is not supported yet"),
-    ("SELECT len FROM main.IP WHERE §ssample(len, 100) = TRUE",
-     "function ssample is not supported yet (a GS-lite stateful function)"),
+    ("SELECT len, §ssthreshold() FROM main.IP WHERE ssample(len, 100) = TRUE",
+     "a selection may call stateful functions in WHERE only"),
 ]
 
 
@@ -368,8 +381,8 @@ def test_unsupported_sources_are_parse_errors(marked, message):
 
 
 def test_the_first_construct_in_the_text_is_reported():
-    text, line, col = _locate("SELECT tb, §count$(*) FROM main.IP GROUP BY time/60 AS tb, "
-                              "CUBE(srcIP) CLOSING_WHEN count(*) = 0")
+    text, line, col = _locate("SELECT tb, §@Name FROM main.IP WHERE http_port[destPort] "
+                              "GROUP BY time/60 AS tb, CUBE(srcIP)")
     with pytest.raises(QueryError) as info:
         analyse(text)
     assert (info.value.line, info.value.column) == (line, col)

@@ -1,0 +1,329 @@
+"""The sequential kernel of a sampling query: Numba code written for the query's clauses.
+
+A sampling query's window is a sequence of decisions, each depending on the state the rows
+before it left (`queries.sampling`), so it cannot be vectorised; it is compiled instead. For
+each query, `SamplingKernel` writes the source of two functions from its
+`queries.plan.SamplingPlan` and has Numba compile them:
+
+- `rows(...)`: every row of one window in order: WHERE's stateful conjuncts (every one
+  evaluated), the supergroup's super-aggregates, the group (created, or re-created after a
+  cleaning removed it, at the end of its supergroup's creation order; else updated),
+  CLEANING_WHEN and, when it holds, the cleaning pass over the supergroup's live groups in
+  creation order (every CLEANING_BY conjunct evaluated, with the live-group count of the
+  pass's start);
+- `admit(...)`: WHERE's stateful conjuncts over rows in order, one state (a selection
+  that samples, e.g. `WHERE nssample(len, 100) = TRUE`);
+- `finish(...)`: at the window's end, per supergroup, `final_init` then HAVING over its live
+  groups in creation order (conjuncts in order, up to the first false), with the live-group
+  count of the pass's start.
+
+A removed group gives back its COUNT$, SUM$ and XOR_AGGR$ contributions (each group keeps its
+own share); MIN$ and MAX$ keep theirs, as in GS-lite. Values are float64 in the kernel: the
+projected row values, the aggregates, the super-aggregates, the results of operators (integer
+`/` and `%` truncate, a zero divisor gives 0, bitwise operators work on int64): exact for
+integers up to 2^53. Plain arrays in, counts out; nothing raises in the loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+import tempfile
+from pathlib import Path
+
+from highlevel.errors import StageConfigError
+from queries import expressions as E
+from queries.inference import conjuncts, type_of
+from queries.printer import to_gsql
+
+#: which super-aggregates a removed group gives its share back to
+GIVES_BACK = ("count", "sum", "xor")
+
+_INTEGER = {"uint", "ushort", "int", "ullong", "llong", "bool", "ipv4"}
+
+_PRELUDE = '''\
+import math
+import numpy as np
+from numba import njit
+from highlevel import stateful as _S
+
+
+@njit(inline="always")
+def _fdiv(a, b):
+    return 0.0 if b == 0.0 else a / b
+
+
+@njit(inline="always")
+def _idiv(a, b):
+    return 0.0 if b == 0.0 else float(math.trunc(a / b))
+
+
+@njit(inline="always")
+def _imod(a, b):
+    return 0.0 if b == 0.0 else math.fmod(a, b)
+
+
+@njit(inline="always")
+def _b(x):
+    return 1.0 if x else 0.0
+
+
+@njit(inline="always")
+def _i(a):
+    return np.int64(a) if a == a else np.int64(0)
+
+'''
+
+
+class _Writer:
+    """Python source of an expression in one of the kernel's contexts."""
+
+    def __init__(self, window_column: str | None, ctx: str):
+        self.window_column = window_column
+        self.ctx = ctx              # "row" (WHERE), "when" (CLEANING_WHEN), "group"
+
+    def ref(self, name: str) -> str:
+        if name.startswith("__p"):
+            row = "i" if self.ctx in ("row", "when") else "first[h]"
+            return f"P[{row}, {int(name[3:])}]"
+        if name.startswith("__a"):
+            if self.ctx != "group":
+                raise StageConfigError(f"aggregate {name} read outside a group")
+            return f"agg[h, {int(name[3:])}]"
+        if name.startswith("__s"):
+            return f"sagg[s, {int(name[3:])}]"
+        if name == "__cd":
+            return "float(cdv)"
+        if name == self.window_column:
+            return "wv"
+        raise StageConfigError(f"unknown name {name!r} in a sampling query's condition")
+
+    def expr(self, n) -> str:
+        if isinstance(n, E.Literal):
+            if not isinstance(n.value, (int, float, bool)):
+                raise StageConfigError(f"literal {n.value!r} in a sampling query's condition")
+            return repr(float(n.value))
+        if isinstance(n, E.Field):
+            return self.ref(n.name)
+        if isinstance(n, E.Unary):
+            this = self.expr(n.this)
+            if n.op == "-":
+                return f"(-{this})"
+            if n.op == "+":
+                return this
+            if n.op.upper() in ("NOT", "!"):
+                return f"_b({this} == 0.0)"
+            if n.op == "~":
+                return f"float(~_i({this}))"
+        if isinstance(n, E.Binary):
+            return self.binary(n)
+        if isinstance(n, E.Func):
+            args = [self.expr(a) for a in n.args["args"]]
+            if n.name in ("float", "uint", "ullong", "int", "llong"):
+                return args[0] if n.name == "float" else f"float(_i({args[0]}))"
+            from highlevel.stateful import FUNCTIONS
+
+            if n.name in FUNCTIONS:
+                return f"float(_S.{n.name}(st, cdv{''.join(', ' + a for a in args)}))"
+        raise StageConfigError(f"{to_gsql(n)} cannot be compiled in a sampling query's "
+                               f"condition")
+
+    def binary(self, n) -> str:
+        op = n.op.upper()
+        a, b = self.expr(n.left), self.expr(n.right)
+        if op in ("AND", "OR"):
+            return f"_b(({a} != 0.0) {op.lower()} ({b} != 0.0))"
+        cmp = {"=": "==", "==": "==", "<>": "!=", "!=": "!=", "<": "<", "<=": "<=", ">": ">",
+               ">=": ">="}
+        if op in cmp:
+            return f"_b({a} {cmp[op]} {b})"
+        integer = type_of(n.left) in _INTEGER and type_of(n.right) in _INTEGER
+        if op in ("+", "-", "*"):
+            return f"({a} {op} {b})"
+        if op == "/":
+            return f"{'_idiv' if integer else '_fdiv'}({a}, {b})"
+        if op == "%":
+            return f"_imod({a}, {b})"
+        if op in ("&", "|", "^", "<<", ">>"):
+            return f"float(_i({a}) {op} _i({b}))"
+        raise StageConfigError(f"operator {n.op} in a sampling query's condition")
+
+
+def _conditions(expr, writer: _Writer, name: str, indent: str) -> tuple[str, list]:
+    """(source computing `name` = every conjunct true, evaluating each one), conjuncts."""
+    parts = conjuncts(expr)
+    lines = [f"{indent}{name}{k} = {writer.expr(c)} != 0.0" for k, c in enumerate(parts)]
+    lines.append(f"{indent}{name} = " + (" and ".join(f"{name}{k}" for k in range(len(parts)))
+                                        or "True"))
+    return "\n".join(lines), parts
+
+
+def _update(table: str, row: str, k: int, kind: str, v: str, indent: str) -> str:
+    cell = f"{table}[{row}, {k}]"
+    if kind == "count":
+        return f"{indent}{cell} += 1.0"
+    if kind == "sum":
+        return f"{indent}{cell} += {v}"
+    if kind in ("min", "max"):
+        op = "<" if kind == "min" else ">"
+        return (f"{indent}if {cell} != {cell} or {v} {op} {cell}:\n"
+                f"{indent}    {cell} = {v}")
+    op = {"and": "&", "or": "|", "xor": "^"}[kind]
+    return f"{indent}{cell} = float(_i({cell}) {op} _i({v}))"
+
+
+def _init(table: str, row: str, k: int, kind: str, v: str, indent: str) -> str:
+    return f"{indent}{table}[{row}, {k}] = {'1.0' if kind == 'count' else v}"
+
+
+def _arg(col: str | None) -> str:
+    return "0.0" if col is None else f"P[i, {int(col[3:])}]"
+
+
+def kernel_source(plan) -> str:
+    """The Python source of the query's `rows` and `finish` functions."""
+    wc = plan.window.column if plan.window is not None else None
+    row_w, when_w, group_w = _Writer(wc, "row"), _Writer(wc, "when"), _Writer(wc, "group")
+    i3, i4 = " " * 12, " " * 16
+    where_src, _ = _conditions(E.chain("AND", list(plan.where)) if plan.where else None,
+                               row_w, "ok", " " * 8)
+    sup_upd = "\n".join(_update("sagg", "s", k, kind, _arg(col), " " * 8)
+                        for k, (kind, col) in enumerate(plan.super_aggregates)) or "        pass"
+    shadow_init = "\n".join(_init("shadow", "g", k, kind, _arg(col), i3)
+                            for k, (kind, col) in enumerate(plan.super_aggregates)
+                            if kind in GIVES_BACK)
+    shadow_upd = "\n".join(_update("shadow", "g", k, kind, _arg(col), i3)
+                           for k, (kind, col) in enumerate(plan.super_aggregates)
+                           if kind in GIVES_BACK)
+    agg_init = "\n".join(_init("agg", "g", k, kind, _arg(col), i3)
+                         for k, (kind, col) in enumerate(plan.aggregates))
+    agg_upd = "\n".join(_update("agg", "g", k, kind, _arg(col), i3)
+                        for k, (kind, col) in enumerate(plan.aggregates))
+    give_back = []
+    for k, (kind, _) in enumerate(plan.super_aggregates):
+        if kind in ("count", "sum"):
+            give_back.append(f"    sagg[s, {k}] -= shadow[h, {k}]")
+        elif kind == "xor":
+            give_back.append(f"    sagg[s, {k}] = float(_i(sagg[s, {k}]) ^ _i(shadow[h, {k}]))")
+    remove = ("@njit(inline='always')\n"
+              "def _remove(h, s, alive, cd, sagg, shadow):\n"
+              "    alive[h] = False\n"
+              "    cd[s] -= 1\n" + "\n".join(give_back) + "\n\n\n")
+    if plan.cleaning_when is not None:
+        when_src = f"        cdv = cd[s]\n        when = {when_w.expr(plan.cleaning_when)} != 0.0"
+        by_src, _ = _conditions(plan.cleaning_by, group_w, "keep", i4 + "    ")
+        cleaning = f'''{when_src}
+        if when:
+            cleanings += 1
+            cdv = cd[s]
+            e = head[s]
+            while e >= 0:
+                h = ent_g[e]
+                if alive[h] and cur[h] == e:
+{by_src}
+                    if not keep:
+                        _remove(h, s, alive, cd, sagg, shadow)
+                        removed += 1
+                e = ent_next[e]
+'''
+    else:
+        cleaning = ""
+    having_lines = []
+    for c in conjuncts(plan.having):
+        having_lines.append(f"{' ' * 16}if keep:\n{' ' * 20}keep = {group_w.expr(c)} != 0.0")
+    having_src = "\n".join(having_lines)
+    return _PRELUDE + remove + f'''@njit(nogil=True)
+def rows(P, sgi, gid, wv, states, cd, sagg, agg, shadow, alive, first, cur, ent_g, ent_next,
+         head, tail, counts):
+    nent = counts[0]
+    cleanings = 0
+    removed = 0
+    for i in range(P.shape[0]):
+        s = sgi[i]
+        g = gid[i]
+        st = states[s]
+        cdv = cd[s]
+{where_src}
+        if not ok:
+            continue
+        counts[1] += 1
+{sup_upd}
+        if not alive[g]:
+            alive[g] = True
+            if first[g] < 0:
+                first[g] = i
+{agg_init or '            pass'}
+{shadow_init}
+            cd[s] += 1
+            e = nent
+            nent += 1
+            ent_g[e] = g
+            ent_next[e] = -1
+            cur[g] = e
+            if head[s] < 0:
+                head[s] = e
+            else:
+                ent_next[tail[s]] = e
+            tail[s] = e
+        else:
+{agg_upd or '            pass'}
+{shadow_upd}
+{cleaning}
+    counts[0] = nent
+    counts[2] += cleanings
+    counts[3] += removed
+
+
+@njit(nogil=True)
+def admit(P, wv, st, cdv, out):
+    for i in range(P.shape[0]):
+{where_src}
+        out[i] = ok
+
+
+@njit(nogil=True)
+def finish(wv, states, cd, sagg, agg, shadow, alive, first, cur, ent_g, ent_next, head, P,
+           counts):
+    removed = 0
+    for s in range(states.shape[0]):
+        st = states[s]
+        _S.final_init(st, cd[s])
+        cdv = cd[s]
+        e = head[s]
+        while e >= 0:
+            h = ent_g[e]
+            if alive[h] and cur[h] == e:
+                keep = True
+{having_src or '                pass'}
+                if not keep:
+                    _remove(h, s, alive, cd, sagg, shadow)
+                    removed += 1
+            e = ent_next[e]
+    counts[3] += removed
+'''
+
+
+_CACHE_DIR = Path(tempfile.gettempdir()) / "oopscope-sampling-kernels"
+
+
+def compile_kernel(plan):
+    """The query's compiled module (functions `rows`, `finish`): written to a file named by
+    the source's digest (Numba caches by file), imported once per process."""
+    source = kernel_source(plan)
+    digest = hashlib.sha1(source.encode()).hexdigest()[:16]
+    name = f"oopscope_sampling_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    _CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    path = _CACHE_DIR / f"{name}.py"
+    if not path.exists():
+        tmp = path.with_suffix(f".{digest}.tmp")
+        tmp.write_text(source)
+        tmp.replace(path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
