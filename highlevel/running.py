@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +38,7 @@ from common.spool import register_column
 from highlevel.aggregate import AggregateStage
 from highlevel.errors import StageConfigError
 from queries import expressions as E
+from queries.plan import udaf_words
 
 log = logging.getLogger(__name__)
 
@@ -60,17 +63,50 @@ def key_codes(table: pa.Table, columns: list[str]) -> tuple[np.ndarray, int]:
     return codes, int(codes.max()) + 1 if len(codes) else 0
 
 
+@dataclass(frozen=True)
+class RunningState:
+    """A RUNNING user-defined aggregate's state words (their columns in Spark's layout)."""
+
+    words: tuple[str, ...]
+    udaf: Any
+
+    def read(self, table: pa.Table) -> np.ndarray:
+        """The words of `table`'s rows as states (n, size) of the UDAF's dtype."""
+        cols = [_np(table, w) for w in self.words]
+        rows = np.stack(cols, axis=1) if cols and table.num_rows else \
+            np.zeros((table.num_rows, len(self.words)))
+        return rows.astype(np.float64) if self.udaf.dtype == "float64" else \
+            rows.astype(np.int64).view(np.dtype(self.udaf.dtype))
+
+    def write(self, table: pa.Table, rows: np.ndarray) -> pa.Table:
+        if self.udaf.dtype != "float64":
+            rows = np.ascontiguousarray(rows).view(np.int64)
+        for j, w in enumerate(self.words):
+            i = table.schema.get_field_index(w)
+            table = table.set_column(i, table.schema.field(i),
+                                     pa.array(np.ascontiguousarray(rows[:, j]),
+                                              table.schema.field(i).type))
+        return table
+
+
 def step_windows(closed: pa.Table, carry: pa.Table | None, through: int | None,
                  key_columns: list[str], empty: dict[str, object],
-                 closing: Callable[[pa.Table], np.ndarray]) -> tuple[pa.Table, pa.Table, int | None]:
+                 closing: Callable[[pa.Table], np.ndarray],
+                 running: tuple[RunningState, ...] = ()) -> tuple[pa.Table, pa.Table, int | None]:
     """Step through the windows after `through` up to the last window of `closed`.
 
     closed: one row per (window, keys) of the windows closing now (columns `window`, the key
     columns, the state columns); carry: the key columns of the groups open after window
-    `through`; empty: a state column's value for a group without a row; closing: the
-    CLOSING_WHEN of a step's rows. Returns (the filled rows of every step, in `closed`'s
-    schema; the key columns of the groups open after the last step; the last step)."""
-    carry = carry if carry is not None else closed.select(key_columns).slice(0, 0)
+    `through` (and the words of the RUNNING aggregates, `window_change`d already); empty: a
+    state column's value for a group without a row; closing: the CLOSING_WHEN of a step's
+    rows; running: the RUNNING aggregates, whose state spans a group's windows (a carried
+    group's words `combine` the window's partial state). Returns (the filled rows of every
+    step, in `closed`'s schema; the key columns (and running words) of the groups open after
+    the last step; the last step)."""
+    from lowlevel.udafs import combined_pairs, window_changed
+
+    carried_cols = key_columns + [w for r in running for w in r.words]
+    carry = carry if carry is not None else closed.select(carried_cols).slice(0, 0)
     if closed.num_rows == 0 and carry.num_rows == 0:
         return closed, carry, through
     windows = np.asarray(closed.column("window").combine_chunks() if closed.num_rows
@@ -86,6 +122,10 @@ def step_windows(closed: pa.Table, carry: pa.Table | None, through: int | None,
     row_codes = codes_all[nc:]
     rep = np.zeros(ncodes, np.int64)
     rep[codes_all[::-1]] = np.arange(len(codes_all))[::-1]      # a row of each code
+    # the running words of every open group, by code (window_change'd: ready for its next window)
+    words = {r.words: np.zeros((ncodes, len(r.words)), r.udaf.dtype) for r in running}
+    for r in running:
+        words[r.words][codes_all[:nc]] = r.read(carry)
     order = np.argsort(windows, kind="stable")
     sorted_w = windows[order]
     open_codes = np.unique(codes_all[:nc])
@@ -106,12 +146,34 @@ def step_windows(closed: pa.Table, carry: pa.Table | None, through: int | None,
             step = pa.concat_tables([step, _empty_rows(closed.schema, keys_all.take(
                 pa.array(rep[extra])), w, empty)])
         codes = np.concatenate([here, extra])
+        for r in running:
+            state = r.read(step)
+            was_open = np.isin(codes, open_codes)
+            carried = words[r.words][codes]
+            fresh = np.arange(len(codes)) < len(here)      # rows with a partial state
+            both = was_open & fresh
+            if both.any():
+                state[both] = combined_pairs(r.udaf, carried[both], state[both])
+            state[~fresh] = carried[~fresh]
+            step = r.write(step, state)
         closes = closing(step) if step.num_rows else np.zeros(0, bool)
-        open_codes = np.unique(codes[~closes])
+        kept = codes[~closes]
+        for r in running:
+            words[r.words][kept] = window_changed(r.udaf, r.read(step)[~closes])
+        open_codes = np.unique(kept)
         pieces.append(step)
         w += 1
     filled = pa.concat_tables(pieces) if pieces else closed.slice(0, 0)
-    return filled, keys_all.take(pa.array(rep[open_codes])), target
+    carry_out = keys_all.take(pa.array(rep[open_codes]))
+    for r in running:
+        rows_out = words[r.words][open_codes]
+        if r.udaf.dtype != "float64":
+            rows_out = np.ascontiguousarray(rows_out).view(np.int64)
+        for j, wname in enumerate(r.words):
+            field = closed.schema.field(wname)
+            carry_out = carry_out.append_column(field, pa.array(
+                np.ascontiguousarray(rows_out[:, j]), field.type))
+    return filled, carry_out, target
 
 
 def _empty_rows(schema: pa.Schema, keys: pa.Table, window: int,
@@ -188,6 +250,8 @@ class RunningStage(AggregateStage):
         self.small_on_driver = False     # the close steps windows in order on the driver
         self.condition = ClosingCondition(spec)
         self.empty = self._empty_values()
+        self.running = tuple(RunningState(tuple(udaf_words(s.name, s.udaf.size)), s.udaf)
+                             for s in spec.states if s.kind == "udaf" and s.udaf.running)
         self._pending: tuple[pa.Table, int | None] | None = None
 
     def _empty_values(self) -> dict[str, object]:
@@ -214,7 +278,7 @@ class RunningStage(AggregateStage):
         filled, carry, through = step_windows(closed, self._carried(),
                                               self.state.extra.get(THROUGH),
                                               self.spec.key_columns(), self.empty,
-                                              self.condition)
+                                              self.condition, self.running)
         self._pending = (carry, through)
         self._tick("step windows")
         if not filled.num_rows:

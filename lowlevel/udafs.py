@@ -86,6 +86,31 @@ def fold_rows(udaf, rows: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return out
 
 
+@numba.njit(nogil=True)
+def _change_each(window_change, rows):
+    for r in range(rows.shape[0]):
+        window_change(rows[r])
+
+
+def window_changed(udaf, rows: np.ndarray) -> np.ndarray:
+    """A RUNNING UDAF's states (n, size) after `window_change` (its group carried into the
+    next window), in place."""
+    rows = np.ascontiguousarray(rows, dtype=udaf.dtype)
+    if not _try_jit(udaf, "window_change", lambda fn: _change_each(fn, rows)):
+        change = udaf.implementation().window_change
+        for r in range(len(rows)):
+            change(rows[r])
+    return rows
+
+
+def combined_pairs(udaf, first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """`combine(first[i], second[i])` for each i: states (n, size) of one UDAF."""
+    n = len(first)
+    rows = np.empty((2 * n, udaf.size), udaf.dtype)
+    rows[0::2], rows[1::2] = first, second
+    return fold_rows(udaf, rows, np.arange(0, 2 * n, 2, dtype=np.int64))
+
+
 def single_states(udaf, values: np.ndarray) -> np.ndarray:
     """The state (n, size) of each value alone: `init` (the identity), then `update` once;
     the partial state of one input row of a query-on-query or count-window aggregation."""
@@ -113,7 +138,8 @@ def udaf_output(udaf, rows: np.ndarray) -> np.ndarray:
                                                                           np.uint64)
     rows = np.ascontiguousarray(rows, dtype=udaf.dtype)
     out = np.empty(len(rows), np.float64 if want is np.float64 else np.int64)
-    if not _try_jit(udaf, "output", lambda fn: _map(fn, rows, out)):
-        output = udaf.implementation().output
+    # an extractor's function takes constants besides the state: called from Python
+    if udaf.extract or not _try_jit(udaf, "output", lambda fn: _map(fn, rows, out)):
+        output = udaf.output_function()
         out = np.array([output(r) for r in rows], dtype=out.dtype)
     return out.astype(want)

@@ -669,6 +669,13 @@ class Analyser:
             analyse_sampling(self, aq, stmt, grouped)
         elif closing:
             self._closing(aq, closing, grouped)
+        if aq.closing is None:
+            for e in [i.expr for i in aq.items] + [aq.having]:
+                for a in (e.find_all(E.Aggregate) if e is not None else ()):
+                    if a.udaf is not None and getattr(a.udaf, "running", False):
+                        raise self.error(a, f"{a.name} is a RUNNING aggregate (declared at "
+                                         f"{a.udaf.declared_at}): its state spans windows, "
+                                         f"so it needs a running aggregation (CLOSING_WHEN)")
 
     def _closing(self, aq: AnalysedQuery, clauses: list[E.ExtraClause],
                  grouped: GroupedScope) -> None:

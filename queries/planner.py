@@ -139,7 +139,7 @@ def split_aggregates(aggs: list[E.Aggregate], taken: set[str]) -> AggregateSplit
     split = AggregateSplit()
 
     def sub(kind: str, arg: E.Expr | None, udaf=None) -> SubAggregate:
-        key = (kind, arg) if udaf is None else (kind, udaf.name, arg)
+        key = (kind, arg) if udaf is None else (kind, udaf.name, udaf.handles, arg)
         if key in split.by_key:
             return split.by_key[key]
         cols = [] if arg is None else [f.name for f in arg.find_all(E.Field)]

@@ -76,6 +76,8 @@ class Declaration:
     modifiers: frozenset[str]       # first word of each: LFTA_LEGAL, COST, PARTIAL ...
     path: str
     line: int
+    #: the names after the first: a UDAF's storage type, an EXTR's UDAF and function
+    names: tuple[str, ...] = ()
 
     @property
     def where(self) -> str:
@@ -174,7 +176,7 @@ def _entry(tokens: list[tuple[str, int]], path: str) -> Declaration:
         else:
             group.append(w)
     return Declaration(kind, rest[0].lower(), returns, tuple(params), frozenset(modifiers),
-                       path, line)
+                       path, line, tuple(w.lower() for w in rest[1:names]))
 
 
 def _ident(w: str) -> bool:
@@ -375,8 +377,10 @@ MAX_STATE_WORDS = 16
 class ExternalAggregate:
     """A resolved UDAF call's aggregate, carried by the `E.Aggregate` node (`udaf`) and the
     plan's sub-aggregate to every evaluator; plain data (the module is imported where it
-    runs). `identity` is the state `init` gives, `lfta` whether Numba compiles `update` (then
-    the low level runs it in its hash-table kernel)."""
+    runs). `identity` is the state `init` gives (`init(state, *handles)`: the call's HANDLE
+    constants), `lfta` whether Numba compiles `update` (then the low level runs it in its
+    hash-table kernel); `running`: declared RUNNING, its state spans the windows of a running
+    aggregation (`window_change(state)` between them)."""
 
     name: str
     module: str                     # absolute path of the Python module
@@ -387,6 +391,18 @@ class ExternalAggregate:
     identity: tuple                 # the state of an empty group
     lfta: bool
     declared_at: str
+    handles: tuple = ()             # the call's HANDLE constants, after the value
+    running: bool = False
+    #: an EXTR call: (extraction function, its further constants, the extractor's name); the
+    #: result is `function(state, *constants)` instead of `output(state)`
+    extract: tuple = ()
+
+    def output_function(self):
+        """The Python callable giving the result of a combined state."""
+        if self.extract:
+            fn, rest = implementation(self.module, self.extract[0]), self.extract[1]
+            return lambda state: fn(state, *rest)
+        return self.implementation().output
 
     @property
     def arg_dtype(self) -> str:
@@ -409,19 +425,40 @@ def udaf_calls(statement: E.Node, library: FunctionLibrary | None) -> E.Node:
     def rewrite(node: E.Node) -> E.Node:
         if not isinstance(node, E.Func):
             return node
+        extr = next((d for d in library.declared(node.name) if d.kind == "EXTR"), None)
+        if extr is not None and len(extr.names) == 2 and not any(
+                d.kind in ("FUN", "UDAF") for d in library.declared(node.name)):
+            return _extraction(library, node, extr)
         decls = library.declared(node.name)
         if not decls or any(d.kind == "FUN" for d in decls) \
                 or not any(d.kind == "UDAF" for d in decls):
             return node
         args = node.args["args"] or []
-        if len(args) != 1:
-            # an Aggregate has one argument: the call keeps its form and fails in resolution
-            arg = E.Star(pos=node.pos) if not args else args[0]
-            return E.Aggregate(pos=node.pos, name=node.name.lower(), arg=arg,
-                               udaf=("arity", len(args)))
+        if not args:
+            # an Aggregate has an argument: the call keeps its form and fails in resolution
+            return E.Aggregate(pos=node.pos, name=node.name.lower(), arg=E.Star(pos=node.pos),
+                               udaf=("arity", 0))
+        if len(args) > 1:
+            # the value, then HANDLE constants (`moving_avg(len, 5)`), checked in resolution
+            return E.Aggregate(pos=node.pos, name=node.name.lower(), arg=args[0],
+                               udaf=("handles", tuple(args[1:])))
         return E.Aggregate(pos=node.pos, name=node.name.lower(), arg=args[0], udaf=True)
 
     return statement.transform(rewrite)
+
+
+def _extraction(library: FunctionLibrary, node: E.Func, extr: Declaration) -> E.Node:
+    """`extr(a, b, c)` of `EXTR extr udaf fcn (...)`: the UDAF's aggregate over the first
+    arguments (as many as the UDAF declares), marked ("extract", EXTR declaration, the rest:
+    the extraction function's further arguments); resolution checks the rest."""
+    args = node.args["args"] or []
+    udafs = [d for d in library.declared(extr.names[0]) if d.kind == "UDAF"]
+    k = len(udafs[0].params) if udafs else 1
+    if not args:
+        return E.Aggregate(pos=node.pos, name=extr.names[0], arg=E.Star(pos=node.pos),
+                           udaf=("arity", 0))
+    return E.Aggregate(pos=node.pos, name=extr.names[0], arg=args[0],
+                       udaf=("extract", tuple(args[1:k]), extr, tuple(args[k:])))
 
 
 def resolve_aggregate(library: FunctionLibrary, node: E.Aggregate, arg: E.Expr, type_: str,
@@ -429,23 +466,47 @@ def resolve_aggregate(library: FunctionLibrary, node: E.Aggregate, arg: E.Expr, 
     """The resolved UDAF call (`udaf` set to its `ExternalAggregate`), errors located."""
     name = node.name.lower()
     udafs = [d for d in library.declared(name) if d.kind == "UDAF"]
-    if isinstance(node.udaf, tuple) or isinstance(arg, E.Star):
-        given = node.udaf[1] if isinstance(node.udaf, tuple) else 0
-        raise error(node, f"{name} is called with {given} arguments: oopscope's user-defined "
-                    f"aggregates take exactly one (declared at {udafs[0].where})")
-    fits = [d for d in udafs if len(d.params) == 1
+    extras: tuple = node.udaf[1] if isinstance(node.udaf, tuple) and \
+        node.udaf[0] in ("handles", "extract") else ()
+    extract = node.udaf if isinstance(node.udaf, tuple) and node.udaf[0] == "extract" else None
+    if not udafs:
+        raise error(node, f"{name} is an extractor's UDAF but is not declared as a UDAF")
+    if (isinstance(node.udaf, tuple) and node.udaf[0] == "arity") or isinstance(arg, E.Star):
+        raise error(node, f"{name} is called without an argument: a user-defined aggregate "
+                    f"takes a value, then its HANDLE constants (declared at {udafs[0].where})")
+    fits = [d for d in udafs if len(d.params) == 1 + len(extras)
+            and not d.params[0].handle and all(p.handle for p in d.params[1:])
             and _accepts(TYPES.get(d.params[0].type.lower(), ""), type_)]
     if not fits:
         shown = "; ".join(f"{d.signature()} at {d.where}" for d in udafs)
-        raise error(node, f"{name} does not take ({type_}): declared {shown} (a UDAF takes one "
-                    f"argument of type {', '.join(sorted(ARG_DTYPES))})")
+        raise error(node, f"{name} does not take ({type_}{', ...' * bool(extras)}): declared "
+                    f"{shown} (a UDAF takes one value of type "
+                    f"{', '.join(sorted(ARG_DTYPES))}, then HANDLE constants)")
     decl = fits[0]
-    if "RUNNING" in decl.modifiers:
-        raise error(node, f"{name} is declared as a running user-defined aggregate (UDAF "
-                    f"[RUNNING], at {decl.where}): GS-lite's running aggregation is not "
-                    f"supported yet")
+    handles: list[int | float] = []
+    for written in extras:
+        if not isinstance(written, E.Literal) or not isinstance(written.value, (int, float)):
+            raise error(written, f"argument {len(handles) + 2} of {name} is a HANDLE "
+                        f"parameter (declared at {decl.where}): it must be a number literal")
+        handles.append(written.value)
     param = TYPES[decl.params[0].type.lower()]
     returns = TYPES.get((decl.returns or "").lower())
+    extraction: tuple = ()
+    if extract is not None:
+        # the extractor's result is its function's over the UDAF's state: the UDAF's own
+        # declared result (GS-lite's string of its state) does not matter
+        extr, rest = extract[2], extract[3]
+        returns = TYPES.get((extr.returns or "").lower())
+        values = []
+        for written in rest:
+            if not isinstance(written, E.Literal) or not isinstance(written.value, (int, float)):
+                raise error(written, f"the arguments of extractor {extr.name} after its UDAF's "
+                            f"must be number literals (declared at {extr.where})")
+            values.append(written.value)
+        if returns not in ("uint", "ullong", "int", "llong", "float", "bool"):
+            raise error(node, f"extractor {extr.name} (declared at {extr.where}) must return a "
+                        f"number")
+        extraction = (extr.names[1], tuple(values), extr.name)
     if param not in ARG_DTYPES or returns not in ("uint", "ullong", "int", "llong", "float",
                                                   "bool"):
         raise error(node, f"{name} (declared at {decl.where}): a UDAF takes and returns a "
@@ -467,11 +528,24 @@ def resolve_aggregate(library: FunctionLibrary, node: E.Aggregate, arg: E.Expr, 
                     f"update(state, value): ...; def combine(state, other): ...; def "
                     f"output(state): ...)")
     udaf: Any = obj                 # a class or object with the four parts, checked above
+    running = "RUNNING" in decl.modifiers
+    if running and not callable(getattr(obj, "window_change", None)):
+        raise error(node, f"{name} is declared RUNNING (at {decl.where}): {library.module} "
+                    f"must give it `window_change(state)`, called when its group is carried "
+                    f"into the next window (GS-lite's _HFTA_AGGR_REINIT_)")
     dtype, size = udaf.state
-    identity = _identity(obj, dtype, size)
+    try:
+        identity = _identity(obj, dtype, size, tuple(handles))
+    except Exception as exc:   # the user's init refused the constants
+        raise error(node, f"{name}'s init({', '.join(['state'] + [str(h) for h in handles])}) "
+                    f"failed: {type(exc).__name__}: {exc}") from None
     lfta = update_compiles(library.module, decl.name, dtype, ARG_DTYPES[param])
+    if extraction and implementation(library.module, extraction[0]) is None:
+        raise error(node, f"extractor {extraction[2]}: {library.module} defines no function "
+                    f"{extraction[0]} (it gets the UDAF's state, then "
+                    f"{len(extraction[1])} more argument(s))")
     ext = ExternalAggregate(name, library.module, param, returns, dtype, int(size),
-                            identity, lfta, decl.where)
+                            identity, lfta, decl.where, tuple(handles), running, extraction)
     return node.replace(name=name, arg=arg, udaf=ext)
 
 
@@ -486,11 +560,12 @@ def _udaf_problem(obj) -> str:
     return f"it defines no {', '.join(missing)}" if missing else ""
 
 
-def _identity(obj, dtype: str, size: int) -> tuple:
+def _identity(obj, dtype: str, size: int, handles: tuple = ()) -> tuple:
+    """The state `init` gives (with the call's HANDLE constants after the state)."""
     import numpy as np
 
     state = np.zeros(size, dtype)
-    obj.init(state)
+    obj.init(state, *handles)
     return tuple(state.tolist())
 
 

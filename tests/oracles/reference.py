@@ -162,12 +162,13 @@ def udaf_fold(udaf, arg, codes: np.ndarray, ngroups: int) -> np.ndarray:
     impl = udaf.implementation()
     states = np.zeros((ngroups, udaf.size), udaf.dtype)
     for g in range(ngroups):
-        impl.init(states[g])
+        impl.init(states[g], *udaf.handles)
     values = np.asarray(arg).astype(udaf.arg_dtype)
     for v, g in zip(values, codes):
         impl.update(states[g], v)
     want = {"float": np.float64, "int": np.int64, "llong": np.int64}.get(udaf.returns, np.uint64)
-    return np.array([impl.output(s) for s in states], dtype=want)
+    output = udaf.output_function()
+    return np.array([output(s) for s in states], dtype=want)
 
 
 def _bind(expr, aq: AnalysedQuery):
@@ -333,7 +334,16 @@ def _aggregate(qp, aq, batches, tables) -> Table:
         return _bind(e.transform(lambda n: agg_field.get(n, n) if isinstance(n, E.Aggregate) else n), aq)
 
     if aq.closing is not None:
-        frame, ngroups = running_frame(aq, frame, ngroups, agg_field, finals)
+        # a RUNNING aggregate's rows per (window, group), in input order: its state spans
+        # the group's windows, so running_frame folds them itself
+        running = {}
+        for a, arg in zip(aggs, args):
+            if a.udaf is not None and a.udaf.running:
+                per_group: list[list] = [[] for _ in range(ngroups)]
+                for v, g in zip(np.asarray(arg).astype(a.udaf.arg_dtype), codes):
+                    per_group[g].append(v)
+                running[agg_field[a].name] = (a.udaf, per_group)
+        frame, ngroups = running_frame(aq, frame, ngroups, agg_field, finals, running)
     if aq.having is not None and ngroups:
         keep = np.flatnonzero(truthy(evaluate_columns(finals(aq.having), frame, ngroups)))
         frame = {k: _take(v, keep) for k, v in frame.items()}
@@ -369,12 +379,15 @@ def _empty_aggregate(a: E.Aggregate, aq: AnalysedQuery, udaf_empty):
     return 0.0 if t == "float" and a.name in ("SUM", "AVG") else 0
 
 
-def running_frame(aq: AnalysedQuery, frame: dict, n: int, agg_field: dict, finals):
+def running_frame(aq: AnalysedQuery, frame: dict, n: int, agg_field: dict, finals,
+                  running: dict | None = None):
     """GS-lite's running aggregation (CLOSING_WHEN), brute force: per group (keys without the
     temporal item), window after window from its first row up to the input's last window
     with a row; a group with no row in a window it is open in gets every aggregate's empty
     value; after each window it closes when CLOSING_WHEN holds (on that window's values),
-    else it stays open into the next window."""
+    else it stays open into the next window. `running`: a RUNNING aggregate's column ->
+    (its UDAF, the row values of each frame row): one state from the group's opening on
+    (`init`, then `update` per row), `output` each window, `window_change` between windows."""
     from lowlevel.udafs import udaf_output
 
     def udaf_empty(udaf):
@@ -394,10 +407,12 @@ def running_frame(aq: AnalysedQuery, frame: dict, n: int, agg_field: dict, final
         rows_of.setdefault(key(i), {})[wid[i]] = i
     last = max(wid)
     empty = {f.name: _empty_aggregate(a, aq, udaf_empty) for a, f in agg_field.items()}
+    running = running or {}
     out_rows: list[dict] = []
     for windows in rows_of.values():
         any_row = next(iter(windows.values()))
         w, open_ = min(windows), True
+        states: dict = {}                  # running aggregate -> its state while open
         while w <= last:
             if w in windows:
                 row = {c: _value(frame[c], windows[w]) for c in frame}
@@ -411,10 +426,23 @@ def running_frame(aq: AnalysedQuery, frame: dict, n: int, agg_field: dict, final
                     break
                 w, open_ = min(later), True
                 continue
+            for name, (udaf, per_group) in running.items():
+                impl = udaf.implementation()
+                if name not in states:
+                    states[name] = np.zeros(udaf.size, udaf.dtype)
+                    impl.init(states[name], *udaf.handles)
+                for v in (per_group[windows[w]] if w in windows else ()):
+                    impl.update(states[name], v)
+                row[name] = np.asarray(udaf.output_function()(states[name])).item()
             one = {c: _column([v], frame[c]) for c, v in row.items()}
             closes = bool(truthy(evaluate_columns(finals(aq.closing), one, 1))[0])
             out_rows.append(row)
             open_ = not closes
+            if closes:
+                states = {}
+            for name, (udaf, _) in running.items():
+                if name in states:
+                    udaf.implementation().window_change(states[name])
             w += 1
     cols = {c: _column([r[c] for r in out_rows], frame[c]) for c in frame}
     return cols, len(out_rows)

@@ -136,7 +136,7 @@ def test_non_lfta_function_only_in_the_high_level(library):
     ("SELECT len FROM TCP WHERE is_http_port[destPort]", "1:27: predicate is_http_port[...] "
                                                          "(declared at"),
     ("SELECT tb, my_sum(len) FROM TCP GROUP BY time/60 AS tb",
-     "1:12: my_sum is declared as a running user-defined aggregate (UDAF [RUNNING], at"),
+     "1:12: my_sum is declared at"),
 ])
 def test_call_errors_are_located(library, query, message):
     assert message in error(query, library)

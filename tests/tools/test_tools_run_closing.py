@@ -160,3 +160,130 @@ def test_kill_9_and_resume_keeps_the_carried_groups(tmp_path):
     assert header == want_header
     assert len(rows) == len(set(rows)), "a row written twice"
     assert sorted(rows) == sorted(want_rows)
+
+
+#: GS-lite's running aggregate of the manual's 6.2.12, declared as it is there
+RUNNING_DECLARATIONS = "float UDAF [RUNNING] moving_avg(uint, uint HANDLE);\n"
+
+#: moving_avg(len, n): the mean of len over the group's last n windows (n <= 5), a ring of
+#: per-window sums and counts; `window_change` moves to the next slot (GS-lite's REINIT)
+RUNNING_MODULE = """\
+class moving_avg:
+    state = ("float64", 12)          # n, current slot, 5 sums, 5 counts
+
+    def init(state, n):
+        if not 1 <= n <= 5:
+            raise ValueError("moving_avg keeps at most 5 windows")
+        state[:] = 0.0
+        state[0] = n
+
+    def update(state, value):
+        slot = int(state[1])
+        state[2 + slot] += value
+        state[7 + slot] += 1.0
+
+    def combine(state, other):
+        # align the rings on their current slots (a partial's is 0)
+        n = int(state[0])
+        for back in range(n):
+            dst = (int(state[1]) - back) % n
+            src = (int(other[1]) - back) % n
+            state[2 + dst] += other[2 + src]
+            state[7 + dst] += other[7 + src]
+
+    def window_change(state):
+        n = int(state[0])
+        slot = (int(state[1]) + 1) % n
+        state[1] = slot
+        state[2 + slot] = 0.0
+        state[7 + slot] = 0.0
+
+    def output(state):
+        n = int(state[0])
+        total = 0.0
+        count = 0.0
+        for k in range(n):
+            total += state[2 + k]
+            count += state[7 + k]
+        return total / count if count > 0 else 0.0
+"""
+
+RUNNING_QUERIES = """\
+DEFINE { query_name ports_avg; }
+SELECT tb, srcIP, srcPort, moving_avg(len, 3) AS avg3, moving_avg(len, 5) AS avg5,
+       count(*) AS n
+FROM IPV4
+GROUP BY time/2 AS tb, srcIP, srcPort
+HAVING moving_avg(len, 3) > 0
+CLOSING_WHEN count(*) = 0 AND moving_avg(len, 3) < 300.0;
+"""
+
+
+@pytest.mark.slow
+def test_running_aggregate_equals_reference(capture, spark_session, tmp_path):
+    """A RUNNING user-defined aggregate (the manual's moving_avg) keeps its state from a
+    group's first window to its closing: the split run (partial states per window, combined
+    with the carried state after window_change) equals the reference's one fold per group;
+    and the manual's example 22 runs unchanged with these declarations."""
+    from capture.reader import read_all
+    from queries.planner import plan_text
+    from queries.udf import FunctionLibrary
+    from tests.oracles.reference import evaluate_file
+    from tools.run.config import RunConfig
+    from tools.run.runner import run
+
+    (tmp_path / "udafs.def").write_text(RUNNING_DECLARATIONS)
+    (tmp_path / "udafs.py").write_text(RUNNING_MODULE)
+    example = Path(__file__).resolve().parents[1] / "queries" / "fixtures" / "manual" / \
+        "22_running_aggr_moving_avg.gsql"
+    links = [name for name, _ in capture["links"]]
+    batches = {name: read_all(path, name) for name, path in capture["links"]}
+    library = FunctionLibrary.load((str(tmp_path / "udafs.def"),), str(tmp_path / "udafs.py"))
+    for path, text in ((tmp_path / "r.gsql", RUNNING_QUERIES),
+                       (example, example.read_text())):
+        if path != example:
+            path.write_text(text)
+        plan = plan_text(text, links, path=str(path), functions=library)
+        want = evaluate_file(plan, batches)
+        (qp,) = plan.queries
+        out = tmp_path / f"{qp.name}.csv"
+        summary = run(RunConfig(query_file=str(path), links=capture["links"],
+                                outputs=((qp.name, str(out)),),
+                                function_files=(str(tmp_path / "udafs.def"),),
+                                udf_module=str(tmp_path / "udafs.py"), progress=False))
+        assert len(want[qp.name]) > 0
+        assert summary.queries[qp.name].rows == len(want[qp.name])
+        assert_same_rows(out, want[qp.name], qp)
+    rows = evaluate_file(plan_text(RUNNING_QUERIES, links, functions=library),
+                         batches)["ports_avg"]
+    # carried windows without a row still report the running mean
+    assert ((rows["n"] == 0) & (rows["avg3"] > 0)).any()
+
+
+def test_running_aggregate_errors_are_located(tmp_path):
+    """A RUNNING aggregate outside a running aggregation, without `window_change`, or with a
+    HANDLE that is not a literal: each named at its call."""
+    from queries.errors import QueryError
+    from queries.planner import plan_text
+    from queries.udf import FunctionLibrary
+
+    (tmp_path / "udafs.def").write_text(RUNNING_DECLARATIONS)
+    (tmp_path / "udafs.py").write_text(RUNNING_MODULE)
+    library = FunctionLibrary.load((str(tmp_path / "udafs.def"),), str(tmp_path / "udafs.py"))
+    cases = [
+        ("SELECT tb, moving_avg(len, 5) FROM TCP GROUP BY time/10 AS tb",
+         "1:12: moving_avg is a RUNNING aggregate", "it needs a running aggregation"),
+        ("SELECT tb, moving_avg(len, len) FROM TCP GROUP BY time/10 AS tb CLOSING_WHEN 1 = 1",
+         "1:28: argument 2 of moving_avg is a HANDLE parameter", "must be a number literal"),
+        ("SELECT tb, moving_avg(len, 9) FROM TCP GROUP BY time/10 AS tb CLOSING_WHEN 1 = 1",
+         "1:12: moving_avg's init(state, 9) failed", "at most 5 windows"),
+    ]
+    for text, where, what in cases:
+        with pytest.raises(QueryError) as info:
+            plan_text(text, ["main"], functions=library)
+        assert where in str(info.value) and what in str(info.value), str(info.value)
+    (tmp_path / "bare.py").write_text(RUNNING_MODULE.replace("def window_change", "def nope"))
+    bare = FunctionLibrary.load((str(tmp_path / "udafs.def"),), str(tmp_path / "bare.py"))
+    with pytest.raises(QueryError, match="must give it `window_change"):
+        plan_text("SELECT tb, moving_avg(len, 5) FROM TCP GROUP BY time/10 AS tb "
+                  "CLOSING_WHEN 1 = 1", ["main"], functions=bare)

@@ -208,3 +208,79 @@ def test_udaf_in_every_window_kind_equals_reference(setup, spark_session, tmp_pa
         assert len(want[name]) > 0, name
         assert summary.queries[name].rows == len(want[name]), name
         assert_same_rows(Path(out), want[name], plan.query(name))
+
+
+#: an extractor with a constant: the count of lengths in one of four buckets
+HIST_DECLARATIONS = """\
+uint EXTR bucket hist_udaf hist_extract (uint, uint);
+string UDAF hist_udaf fstring32 (uint);
+"""
+
+HIST_MODULE = """\
+class hist_udaf:
+    state = ("uint64", 4)
+
+    def init(state):
+        state[:] = 0
+
+    def update(state, value):
+        k = 0 if value < 100 else 1 if value < 500 else 2 if value < 1000 else 3
+        state[k] += 1
+
+    def combine(state, other):
+        state += other
+
+    def output(state):
+        return state.sum()
+
+
+def hist_extract(state, k):
+    return state[k]
+"""
+
+HIST_QUERY = """\
+DEFINE { query_name buckets; }
+SELECT tb, protocol, bucket(len, 0) AS small, bucket(len, 3) AS big, count(*) AS n
+FROM main.IPV4
+GROUP BY time/10 AS tb, protocol;
+"""
+
+
+@pytest.mark.slow
+def test_extractors_equal_reference(setup, spark_session, tmp_path):
+    """GS-lite's EXTR: the manual's extr_avg (example 45, its declarations as printed) and an
+    extractor with a constant argument. The extraction function gets the UDAF's combined
+    state; extr_avg equals the query's own sum/count."""
+    from capture.reader import read_all
+    from queries.planner import plan_text
+    from queries.udf import FunctionLibrary
+    from tests.oracles.reference import evaluate_file
+    from tools.run.config import RunConfig
+    from tools.run.runner import run
+
+    companions = Path(__file__).resolve().parent / "fixtures" / "manual_companions"
+    example = Path(__file__).resolve().parents[1] / "queries" / "fixtures" / "manual" / \
+        "45_c_udaf_extr_avg.gsql"
+    (tmp_path / "hist.def").write_text(HIST_DECLARATIONS)
+    (tmp_path / "hist.py").write_text(HIST_MODULE)
+    (tmp_path / "hist.gsql").write_text(HIST_QUERY)
+    batches = {"main": read_all(setup["pcap"], "main")}
+    cases = [(example, companions / "extr_avg.def", companions / "extr_avg.py"),
+             (tmp_path / "hist.gsql", tmp_path / "hist.def", tmp_path / "hist.py")]
+    for query, decls, module in cases:
+        library = FunctionLibrary.load((str(decls),), str(module))
+        plan = plan_text(query.read_text(), ["main"], path=str(query), functions=library)
+        (qp,) = plan.queries
+        want = evaluate_file(plan, batches)[qp.name]
+        out = tmp_path / f"{qp.name}.csv"
+        summary = run(RunConfig(query_file=str(query), links=(("main", str(setup["pcap"])),),
+                                outputs=((qp.name, str(out)),), function_files=(str(decls),),
+                                udf_module=str(module), progress=False))
+        assert len(want) > 0 and summary.queries[qp.name].rows == len(want)
+        assert_same_rows(out, want, qp)
+        if query == example:
+            import numpy as np
+
+            np.testing.assert_allclose(want.iloc[:, 3], want.iloc[:, 2], rtol=1e-12)
+        else:
+            assert (want["small"] + want["big"] <= want["n"]).all() and (want["big"] > 0).any()
