@@ -16,7 +16,9 @@ is the close: the rows of the windows the punctuation closes are collected on th
 which steps through the windows in order (`step_windows`, numpy, one step per window, over
 the open groups only), evaluates CLOSING_WHEN on each step's rows (`lowlevel.evaluate`), and
 hands the filled rows (data rows and carried groups' empty rows) back to Spark as a local
-relation for HAVING and the SELECT list. The carried groups' keys and the last window stepped
+relation for HAVING and the SELECT list. A RUNNING user-defined aggregate's state spans the
+group's windows: the carried state (after `window_change`) is combined with each window's
+partial state (`RunningState`). The carried groups' keys and the last window stepped
 through are the stage's state (`StageState.extra`), written with each batch's commit, so a
 restart resumes where the last committed batch ended.
 """

@@ -706,6 +706,14 @@ class Analyser:
         aliases = {i.name: i.expr for i in aq.items}
         expr = grouped.resolve(clause.this, "CLOSING_WHEN", aliases)
         aq.closing = self.condition(expr, clause.this, "CLOSING_WHEN")
+        for e in [i.expr for i in aq.items] + [aq.having, aq.closing]:
+            for a in (e.find_all(E.Aggregate) if e is not None else ()):
+                if a.name in ("MIN", "MAX", "FIRST", "LAST") and \
+                        self.type_of(a.arg) == "string":
+                    raise self.error(a, f"{a.name} over strings in a running aggregation "
+                                     f"(CLOSING_WHEN) is not supported: a carried group's "
+                                     f"empty window has no value for it (GS-lite has none "
+                                     f"either)")
 
     def _grouping_patterns(self, aq: AnalysedQuery, stmt: E.Select, expansion) -> None:
         """CUBE / ROLLUP / GROUPING_SETS (queries.grouping_sets): the temporal item stands in

@@ -300,6 +300,8 @@ UNSUPPORTED = [
      "GROUP BY"),
     ("DEFINE { late 'correct'; } SELECT tb, count(*) FROM main.IP GROUP BY time/60 AS tb "
      "§CLOSING_WHEN count(*) = 0", "late 'correct' is not for running aggregation"),
+    ("SELECT tb, §MAX(TCP_data) FROM main.TCP GROUP BY time/60 AS tb CLOSING_WHEN count(*) = 0",
+     "MAX over strings in a running aggregation (CLOSING_WHEN) is not supported"),
     # sampling queries run (queries.sampling); their rules are located
     ("SELECT tb, count(*) FROM main.IP GROUP BY time/60 AS tb §CLEANING_WHEN count$(*) > 9",
      "CLEANING_WHEN needs CLEANING_BY"),

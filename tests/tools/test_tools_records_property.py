@@ -1,6 +1,8 @@
 """Property test: for random streams of CSV records, `oopscope run` (low level, spool,
 Spark) equals the reference evaluator for string comparisons, MIN/MAX over strings, string
-group keys and a CUBE, over windows on the record protocol's increasing field."""
+group keys and a CUBE, a running aggregation (CLOSING_WHEN) and a sampling query (SUPERGROUP,
+super-aggregates, CLEANING_WHEN/BY, stateful functions), over windows on the record
+protocol's increasing field."""
 
 from __future__ import annotations
 
@@ -30,7 +32,25 @@ FROM [csv].EVENTS
 GROUP BY ivalue/10 AS tb, name, CUBE(host);
 
 DEFINE { query_name small; }
-SELECT ivalue, name, size FROM [csv].EVENTS WHERE name <= 'bc' AND size < 50
+SELECT ivalue, name, size FROM [csv].EVENTS WHERE name <= 'bc' AND size < 50;
+
+DEFINE { query_name running; aggregate_slots 4; }
+SELECT tb, host, name, count(*) AS n, max(size) AS big, sum(size) AS bytes
+FROM [csv].EVENTS
+GROUP BY ivalue/10 AS tb, host, name
+HAVING count(*) < 3
+CLOSING_WHEN count(*) = 0 OR sum(size) > 150;
+
+DEFINE { query_name sampled; }
+SELECT tb, host, size, count(*) AS n, count$(*) AS seen, sum$(size) AS total,
+       count_distinct$(*) AS live, ssthreshold() AS z
+FROM [csv].EVENTS
+WHERE ssample(size, 2) = TRUE
+GROUP BY ivalue/10 AS tb, host, size
+SUPERGROUP host
+HAVING ssfinal_clean(sum(size)) = TRUE
+CLEANING_WHEN ssdo_clean() = TRUE
+CLEANING_BY ssclean_with(sum(size)) = TRUE
 """
 
 names = st.text(alphabet="abc", min_size=0, max_size=3)
@@ -71,7 +91,7 @@ def test_run_equals_the_reference_over_random_records(spark_session, tmp_path_fa
     plan = plan_text(QUERIES, ["csv"], schema=schema)
     batch = read_all_records(data, schema.record_format("EVENTS"), "csv")
     want = evaluate_file(plan, {"csv": batch})
-    for name in ("by_host", "by_name", "small"):
+    for name in ("by_host", "by_name", "small", "running", "sampled"):
         got = summary.results[name]
         expected = sorted(tuple(r) for r in want[name].itertuples(index=False))
         assert _rows(got) == [tuple(_plain(v) for v in r) for r in expected], name
