@@ -364,10 +364,17 @@ class StageGraph:
         from highlevel.sampling import SamplingSpec, SamplingStage
 
         h, name = qp.high, qp.name
-        self._add_low(qp)
-        cols = tuple((k.name, _gsql(k.type)) for k in qp.low[0].projections)
+        cols = tuple((k.name, _gsql(k.type)) for k in h.sampling.columns)
         outputs = tuple((o.name, o.expr, _gsql(o.type)) for o in h.outputs)
-        spec = SamplingSpec(name, tuple(h.inputs), cols, outputs, h.sampling)
+        if h.input_kind == "queries":
+            # over another query's rows: its rows come through this query's spool
+            (up,) = h.inputs
+            self._feed(up, name, up)
+            spec = SamplingSpec(name, (up,), cols, outputs, h.sampling,
+                                tuple(output_columns_of(self.plan.query(up))), h.predicate)
+        else:
+            self._add_low(qp)
+            spec = SamplingSpec(name, tuple(h.inputs), cols, outputs, h.sampling)
         return lambda: SamplingStage(spec, self.spool, self._ck(name), self.sinks[name],
                                      **self._kw())
 

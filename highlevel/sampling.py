@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 BUFFER = "buffer_dir"        # StageState.extra: the rows of windows not closed yet
 DONE = "sampled_through"     # StageState.extra: the last window sampled (a selection: time)
+PANE = "__pane"              # a query's row's window, computed on arrival
 CARRY = "supergroups"        # StageState.extra: {key text: [state words, live groups]}
 #                              (a selection's: the stream's state words)
 
@@ -53,28 +54,38 @@ class SamplingSpec:
     input_columns: tuple[tuple[str, str], ...]
     outputs: tuple[tuple[str, Any, str], ...]      # (name, expression, GSQL type)
     plan: SamplingPlan
+    #: over another query's rows: its columns (name, GSQL type), which WHERE and the
+    #: projections read here (the spool holds them as that query wrote them)
+    source_columns: tuple[tuple[str, str], ...] | None = None
+    predicate: Any = None
 
     @property
     def links(self) -> tuple[str, ...]:
         return self.inputs
 
     def spool_schema(self) -> T.StructType:
-        return R.raw_schema(self.input_columns)
+        return R.raw_schema(self.source_columns if self.source_columns is not None
+                            else self.input_columns)
 
     def output_columns(self) -> list[tuple[str, str]]:
         return [(n, t) for n, _, t in self.outputs]
 
 
-def canonical_order(table: pa.Table, links: tuple[str, ...], columns) -> np.ndarray:
-    """Row order: timestamp, link position, then each projected column's value (unsigned
-    values and IP halves as unsigned numbers, strings as text)."""
+def canonical_order(table: pa.Table, links: tuple[str, ...], columns,
+                    by_time: bool = True) -> np.ndarray:
+    """Row order: timestamp, link position (`by_time`: rows of links; a query's rows carry
+    no packet time), then each projected column's value (unsigned values and IP halves as
+    unsigned numbers, strings as text)."""
     n = table.num_rows
     if n == 0:
         return np.zeros(0, np.int64)
-    keys: list[np.ndarray] = [np.asarray(table.column("window").to_numpy(), np.int64)]
-    link_names = np.asarray(table.column(LINK).to_pylist(), dtype=object)
-    position = {name: k for k, name in enumerate(links)}
-    keys.append(np.fromiter((position.get(x, len(links)) for x in link_names), np.int64, n))
+    keys: list[np.ndarray] = []
+    if by_time:
+        keys.append(np.asarray(table.column("window").to_numpy(), np.int64))
+        link_names = np.asarray(table.column(LINK).to_pylist(), dtype=object)
+        position = {name: k for k, name in enumerate(links)}
+        keys.append(np.fromiter((position.get(x, len(links)) for x in link_names), np.int64,
+                                n))
     for name, gsql in columns:
         value = R.to_value(table, name, gsql)
         parts = value if isinstance(value, tuple) else (value,)
@@ -111,6 +122,40 @@ class SamplingStage(RowStage):
     def _window_of(self, t: np.ndarray) -> np.ndarray:
         return (t + self.offset_ns) // self.pane_ns
 
+    def _windows(self, table: pa.Table) -> np.ndarray:
+        """Each row's window: from its time, or (rows of a query) the pane column computed
+        from the temporal item on arrival."""
+        if PANE in table.column_names:
+            return np.asarray(table.column(PANE).to_numpy(), np.int64)
+        return self._window_of(np.asarray(table.column("window").to_numpy(), np.int64))
+
+    def _projected(self, data) -> pa.Table:
+        """A batch's rows in the projected layout (LINK, window, the `__p` columns, and for a
+        query's rows `__pane`); a query's rows pass WHERE and are projected here."""
+        spec = self.spec
+        if spec.source_columns is None:
+            cols = [LINK, "window"] + [c for name, gsql in spec.input_columns
+                                       for c in R.raw_names(name, gsql)]
+            return data.select(*cols).toArrow()
+        table = data.toArrow()
+        n = table.num_rows
+        values = R.to_values(table, spec.source_columns)
+        keep = R.keep_mask(spec.predicate, values, n)
+        if not keep.all():
+            idx = np.flatnonzero(keep)
+            values, table, n = R.take_values(values, idx), table.take(pa.array(idx)), len(idx)
+        out = {LINK: table.column(LINK), "window": table.column("window")}
+        for k in self.plan.columns:
+            for c, a in R.from_value(R.evaluate(k.expr, values, n), dict(spec.input_columns)[
+                    k.name], n, k.name):
+                out[c] = a
+        w = self.plan.window
+        if w is not None:
+            pane = R.evaluate(w.expr, values, n) if w.expr is not None else \
+                self._window_of(np.asarray(table.column("window").to_numpy(), np.int64))
+            out[PANE] = pa.array(np.broadcast_to(np.asarray(pane), (n,)).astype(np.int64))
+        return pa.table(out)
+
     def _output_punctuation(self, state, meld_out, bounds):
         """Rows to come are of windows not sampled yet: at or after the open window's start
         (a selection's: at or after the punctuation)."""
@@ -120,13 +165,11 @@ class SamplingStage(RowStage):
 
     # --- the batch -------------------------------------------------------------------------
     def _step(self, state, data, rows, bounds, batch_id):
-        cols = [LINK, "window"] + [c for name, gsql in self.spec.input_columns
-                                   for c in R.raw_names(name, gsql)]
         parts = []
         if state.extra.get(BUFFER):
             parts.append(pq.read_table(self.store.path(state.extra[BUFFER])))
         if data is not None:
-            parts.append(data.select(*[c for c in cols if c in data.columns]).toArrow())
+            parts.append(self._projected(data))
         table = pa.concat_tables([p.select(parts[0].column_names).cast(parts[0].schema)
                                   for p in parts]) if parts else None
         done = state.extra.get(DONE)
@@ -144,7 +187,7 @@ class SamplingStage(RowStage):
             if p is not None:
                 state.extra[DONE] = int(p)     # a selection: sampled up to this time
         elif table is not None and table.num_rows:
-            windows = self._window_of(np.asarray(table.column("window").to_numpy(), np.int64))
+            windows = self._windows(table)
             if done is not None:
                 table, windows = self._drop_late(state, table, windows, windows <= done)
             ends = (windows + 1) * self.pane_ns - self.offset_ns
@@ -169,7 +212,8 @@ class SamplingStage(RowStage):
         from highlevel import stateful as S
 
         plan, spec = self.plan, self.spec
-        table = table.take(pa.array(canonical_order(table, spec.inputs, spec.input_columns)))
+        table = table.take(pa.array(canonical_order(table, spec.inputs, spec.input_columns,
+                                                    spec.source_columns is None)))
         n = table.num_rows
         values = R.to_values(table, spec.input_columns)
         P = self._numbers(values, n)
@@ -234,7 +278,8 @@ class SamplingStage(RowStage):
         from lowlevel.evaluate import evaluate_columns
 
         spec = self.spec
-        table = table.take(pa.array(canonical_order(table, spec.inputs, spec.input_columns)))
+        table = table.take(pa.array(canonical_order(table, spec.inputs, spec.input_columns,
+                                                    spec.source_columns is None)))
         values = R.to_values(table, spec.input_columns)
         P = self._numbers(values, table.num_rows)
         st = np.zeros(S.WORDS)

@@ -154,16 +154,22 @@ def format_sampling(h: HighLevelPlan) -> list[str]:
                          enumerate(table)) or "-"
 
     keys = ", ".join(f"{k.name} = {format_expr(k.expr)}" for k in sp.keys) or "-"
+    over_rows = h.input_kind == "queries"
+    order = "the projected values" if over_rows else "(timestamp, link, projected values)"
+    project = ["  project (over the input's rows): " + ", ".join(
+        f"{k.name} {k.type.lower()} = {format_expr(k.expr)}" for k in sp.columns)] \
+        if over_rows else []
     if w is None:
-        return ["  sampling selection: one sampling state for the whole stream; rows in order "
-                "of (timestamp, link, projected values) once punctuation passes them",
+        return project + [
+                f"  sampling selection: one sampling state for the whole stream; rows in order "
+                f"of {order} once punctuation passes them",
                 "  where (stateful conjuncts, every one evaluated per row): "
                 + " AND ".join(format_expr(c) for c in sp.where),
                 "  output: " + ", ".join(f"{o.name} {o.type.lower()} = {format_expr(o.expr)}"
                                          for o in sp.outputs)]
-    out = [f"  sampling, sequential per window of {_seconds(w.pane_ns)} ({w.column}): the "
-           f"window's rows in order of (timestamp, link, projected values) once punctuation "
-           f">= its end",
+    out = project + [
+           f"  sampling, sequential per window of {_seconds(w.pane_ns)} ({w.column}): the "
+           f"window's rows in order of {order} once punctuation >= its end",
            f"  group keys: {keys}; supergroup: " + (", ".join(sp.supergroup) or
                                                      "one per window"),
            "  where (stateful conjuncts, every one evaluated per row): "

@@ -490,10 +490,6 @@ def _plan_sampling(aq: AnalysedQuery, links: list[str]):
     (`queries.plan.SamplingPlan`)."""
     sp, source, temporal = aq.sampling, aq.sources[0], aq.temporal
     assert sp is not None
-    if source.kind != "link":
-        raise ConfigError(f"query {aq.name!r}: a sampling query over another query's rows is "
-                          f"not supported yet: read the packets (FROM link.PROTOCOL)")
-    assert source.protocol is not None
     columns: dict = {}
 
     def project(expr) -> E.Field:
@@ -501,6 +497,13 @@ def _plan_sampling(aq: AnalysedQuery, links: list[str]):
             columns[expr] = KeyColumn(f"__p{len(columns)}", expr, type_of(expr))
         k = columns[expr]
         return E.Field(name=k.name, type=k.type)
+
+    if source.kind == "query" and temporal is not None:
+        # rows of a query carry no packet time to order them by: the temporal item's base
+        # column leads the projected values that do (highlevel.sampling.canonical_order)
+        base = next(iter(temporal.expr.find_all(E.Field)), None)
+        if base is not None:
+            project(base)
 
     keys = tuple(KeyColumn(g.name, project(g.expr), g.type) for g in aq.group
                  if g is not temporal)
@@ -563,6 +566,14 @@ def _plan_sampling(aq: AnalysedQuery, links: list[str]):
         having=maybe(aq.having, group), outputs=outputs)
     plan = replace(plan, columns=tuple(columns.values()), aggregates=tuple(aggregates),
                    super_aggregates=tuple(supers))
+    if source.kind == "query":
+        # over another query's rows: WHERE and the projections run in the high level
+        assert source.query is not None
+        high = HighLevelPlan(aq.name, aq.kind, (source.query,), "queries", None, outputs,
+                             window=plan.window, keys=keys, having=plan.having,
+                             predicate=aq.where, sampling=plan)
+        return [], high
+    assert source.protocol is not None
     settings = _flush_settings(aq.defines)
     inputs = _links_of(source, links)
     low = [LowLevelPlan(aq.name, link, source.protocol, aq.where, None, (), (),

@@ -6,8 +6,8 @@ sampling operator, the oracle of the compiled one. The stateful functions are th
 
 - Rows: the query's rows after WHERE's conjuncts without stateful calls, from every link, in
   canonical order: packet timestamp, link position (the order of the low-level plans), the values
-  of the low-level plans' projections in order (unsigned and ip values as unsigned), then input
-  position. Windows are the values of the temporal group item, processed in increasing order.
+  of the plan's projected columns in order (unsigned and ip values as unsigned), then input
+  position; a query's rows carry no packet time: the projected values alone. Windows are the values of the temporal group item, processed in increasing order.
 - Per window and supergroup (the SUPERGROUP items' values; none: one per window): a state, CD
   (its live groups), its super-aggregates and its live groups in creation order. A supergroup's
   first row of the window makes its state: `dirty_init(old state, old final CD)` if it had a
@@ -194,7 +194,7 @@ def _canonical_order(qp, aq, rows) -> list[int]:
         link = np.repeat(np.arange(len(rows.batches)), [b.n for b in rows.batches]).tolist()
     else:
         times, link = [0] * n, [0] * n
-    projections = qp.low[0].projections if qp.low else ()
+    projections = qp.high.sampling.columns
     values = [_sort_values(rows.eval(_bind(k.expr, aq)), n) for k in projections]
     return sorted(range(n), key=lambda i: (times[i], link[i], *(v[i] for v in values)))
 

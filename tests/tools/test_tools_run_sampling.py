@@ -63,9 +63,27 @@ DEFINE { query_name static_rows; }
 SELECT time, srcIP, destIP, len, ip_str(srcIP) AS source
 FROM TCP
 WHERE nssample(len, 3000) = TRUE AND destPort <> 22;
+
+DEFINE { query_name pkts; }
+SELECT time, srcIP, destIP, len FROM IPV4 WHERE len > 60;
+
+DEFINE { query_name over_rows; }
+SELECT tb, srcIP, destIP, UMAX(sum(len), ssthreshold()) AS est, count(*) AS n
+FROM pkts
+WHERE ssample(len, 15) = TRUE AND len < 1400
+GROUP BY time/10 AS tb, srcIP, destIP
+HAVING ssfinal_clean(sum(len)) = TRUE
+CLEANING WHEN ssdo_clean() = TRUE
+CLEANING BY ssclean_with(sum(len)) = TRUE;
+
+DEFINE { query_name rows_sampled; }
+SELECT time, srcIP, len FROM pkts WHERE nssample(len, 2500) = TRUE;
 """
 
-NAMES = ("subset_sum", "flows", "per_source", "static", "static_rows")
+#: GS-lite's sampling operator reads another query's rows (the manual's PKTS is one): the
+#: last two read the selection `pkts`
+NAMES = ("subset_sum", "flows", "per_source", "static", "static_rows", "over_rows",
+         "rows_sampled")
 
 
 @pytest.fixture(scope="module")
