@@ -52,15 +52,21 @@ def key_codes(table: pa.Table, columns: list[str]) -> tuple[np.ndarray, int]:
     """One int code per row for its values of `columns` (equal values, equal codes)."""
     if not columns:
         return np.zeros(table.num_rows, np.int64), 1 if table.num_rows else 0
-    parts = []
+    codes = None
     for c in columns:
         col = table.column(c).combine_chunks() if table.num_rows else table.column(c)
         enc = pc.dictionary_encode(col)
         idx = enc.combine_chunks().indices if isinstance(enc, pa.ChunkedArray) else enc.indices
-        parts.append(np.asarray(idx.fill_null(-1), np.int64))
-    if len(parts) == 1:
-        return parts[0], int(parts[0].max()) + 1 if len(parts[0]) else 0
-    _, codes = np.unique(np.stack(parts, axis=1), axis=0, return_inverse=True)
+        part = np.asarray(idx.fill_null(-1), np.int64) + 1
+        if codes is None:
+            codes = part
+            continue
+        width = int(part.max()) + 1 if len(part) else 1
+        if int(codes.max(initial=0)) >= (1 << 62) // width:
+            codes = np.unique(codes, return_inverse=True)[1].reshape(-1).astype(np.int64)
+        codes = codes * width + part      # a mixed-radix number: distinct per value tuple
+    assert codes is not None
+    _, codes = np.unique(codes, return_inverse=True)
     codes = codes.reshape(-1).astype(np.int64)
     return codes, int(codes.max()) + 1 if len(codes) else 0
 

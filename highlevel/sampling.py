@@ -254,7 +254,7 @@ class SamplingStage(RowStage):
         self.kernel.rows(P, sgi, gid, w_value, states, cd, sagg, agg, shadow, alive, first,
                          cur, ent_g, ent_next, head, tail, counts)
         self.kernel.finish(w_value, states, cd, sagg, agg, shadow, alive, first, cur, ent_g,
-                           ent_next, head, P, counts)
+                           ent_next, head, tail, P, counts)
         state.extra[CARRY] = {key: [states[s].tolist(), int(cd[s])]
                               for s, key in enumerate(sg_keys)}
         log.debug("query %s: window %d: %d rows, %d admitted, %d groups kept, %d cleaning "

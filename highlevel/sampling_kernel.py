@@ -207,6 +207,14 @@ def kernel_source(plan) -> str:
         elif kind == "xor":
             give_back.append(f"    sagg[s, {k}] = float(_i(sagg[s, {k}]) ^ _i(shadow[h, {k}]))")
     remove = ("@njit(inline='always')\n"
+              "def _unlink(e, prev, nxt, s, head, tail, ent_next):\n"
+              "    if prev < 0:\n"
+              "        head[s] = nxt\n"
+              "    else:\n"
+              "        ent_next[prev] = nxt\n"
+              "    if tail[s] == e:\n"
+              "        tail[s] = prev\n\n\n"
+              "@njit(inline='always')\n"
               "def _remove(h, s, alive, cd, sagg, shadow):\n"
               "    alive[h] = False\n"
               "    cd[s] -= 1\n" + "\n".join(give_back) + "\n\n\n")
@@ -218,14 +226,23 @@ def kernel_source(plan) -> str:
             cleanings += 1
             cdv = cd[s]
             e = head[s]
+            prev = -1
             while e >= 0:
                 h = ent_g[e]
-                if alive[h] and cur[h] == e:
+                live = alive[h] and cur[h] == e
+                if live:
 {by_src}
                     if not keep:
                         _remove(h, s, alive, cd, sagg, shadow)
                         removed += 1
-                e = ent_next[e]
+                        live = False
+                nxt = ent_next[e]
+                if live:
+                    prev = e
+                else:
+                    # unlinked: a pass walks the live groups only, not every one ever made
+                    _unlink(e, prev, nxt, s, head, tail, ent_next)
+                e = nxt
 '''
     else:
         cleaning = ""
@@ -283,23 +300,31 @@ def admit(P, wv, st, cdv, out):
 
 
 @njit(nogil=True)
-def finish(wv, states, cd, sagg, agg, shadow, alive, first, cur, ent_g, ent_next, head, P,
-           counts):
+def finish(wv, states, cd, sagg, agg, shadow, alive, first, cur, ent_g, ent_next, head, tail,
+           P, counts):
     removed = 0
     for s in range(states.shape[0]):
         st = states[s]
         _S.final_init(st, cd[s])
         cdv = cd[s]
         e = head[s]
+        prev = -1
         while e >= 0:
             h = ent_g[e]
-            if alive[h] and cur[h] == e:
+            live = alive[h] and cur[h] == e
+            if live:
                 keep = True
 {having_src or '                pass'}
                 if not keep:
                     _remove(h, s, alive, cd, sagg, shadow)
                     removed += 1
-            e = ent_next[e]
+                    live = False
+            nxt = ent_next[e]
+            if live:
+                prev = e
+            else:
+                _unlink(e, prev, nxt, s, head, tail, ent_next)
+            e = nxt
     counts[3] += removed
 '''
 
