@@ -3,8 +3,8 @@ interfaces) instead of packets, read into `capture.batch.RecordBatch`es.
 
 A CSV record is one line of delimited text; a field's GS-lite access function names its type
 and its position (`get_csv_uint_pos3`: the third field as a uint); `get_system_time` is the
-unix time when the record is read, `get_schemaId` the record's schema id (that of a GDAT
-record; 0 for CSV, as in GS-lite, whose CSV reader leaves it unset). Values are parsed as
+unix time when the record is read, `get_schemaId` the record's schema id (0, as in GS-lite,
+whose CSV and GDAT readers leave it unset). Values are parsed as
 GS-lite's `sscanf`/`strto*` formats read them, strictly: uint `%u` and int `%d` (32-bit), ullong
 `%llu`, llong `%lld` (64-bit), float `%lf`, IPv4 `%u.%u.%u.%u`, IPv6 `%x:%x:...` (eight groups,
 or fewer with one `::`), bool: the four letters TRUE in any case is true (GS-lite's
@@ -26,7 +26,8 @@ Sources: a file, `-` (standard input) or a FIFO; the last two are streams: read 
 arrive, a batch handed on as soon as the bytes read hold whole lines (at most `batch_size`
 records), and, when `idle_batches` is set, an empty batch after every quiet wait (so a run can
 punctuate a wall-clock link during a lull). The separator is `separator`, or detected from the
-first line among `,` `|` tab `;`. GDAT (binary) records are refused with a clear error.
+first line among `,` `|` tab `;`. GDAT (binary) records are read by `capture.gdat.GdatReader`:
+`open_records` and `read_all_records` choose the reader by the protocol's record format.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -57,6 +59,9 @@ from capture.schema import SCHEMA_ID, SYSTEM_TIME, Field, RecordFormat, record_a
 from capture.source import STDIN, STREAM, classify, display_name, open_input
 from capture.strings import StringTable
 from common.units import NS_PER_S
+
+if TYPE_CHECKING:
+    from capture.gdat import GdatReader
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +120,7 @@ class FieldReader:
 
     field: Field
     columns: tuple[str, ...]
-    source: str                 # "csv" | "time" | "schema"
+    source: str                 # "csv" | "gdat" | "time" | "schema"
     kind: str = ""              # a GS-lite access type (_KINDS)
     position: int = 0
 
@@ -127,10 +132,8 @@ class FieldReader:
 def layout_of(fmt: RecordFormat) -> tuple[FieldReader, ...]:
     """The field readers of a record format (RecordError for what cannot be read)."""
     where = f"protocol {fmt.protocol}"
-    if fmt.kind.lower() == "gdat":
-        raise RecordError(f"{where}: GDAT records are not supported yet (only CSV record "
-                          f"protocols can be read)")
-    if fmt.kind.lower() != "csv":
+    record_kind = fmt.kind.lower()
+    if record_kind not in ("csv", "gdat"):
         raise RecordError(f"{where}: unknown record format {fmt.kind!r} (csv or gdat)")
     out = []
     for f in fmt.fields:
@@ -143,22 +146,20 @@ def layout_of(fmt: RecordFormat) -> tuple[FieldReader, ...]:
             out.append(FieldReader(f, cols, "schema"))
             continue
         m = record_accessor(acc)
-        if m is None:
+        if m is None or m.kind != record_kind:
+            up = record_kind.upper()
             raise RecordError(f"{where}: field {f.name} is read by {acc or 'no access function'!r}"
-                              f", which is not a CSV access function (get_csv_<type>_pos<N>, "
-                              f"get_system_time, get_schemaId)")
-        fmt_name, kind, pos = m.kind, m.gs_type, m.position
-        if fmt_name == "gdat":
-            raise RecordError(f"{where}: field {f.name} is read by {acc}: GDAT records are "
-                              f"not supported yet")
+                              f", which is not a {up} access function (get_{record_kind}_<type>"
+                              f"_pos<N>, get_system_time, get_schemaId)")
+        kind, pos = m.gs_type, m.position
         if kind not in _KINDS:
-            raise RecordError(f"{where}: field {f.name}: unknown CSV access type {kind!r} in "
-                              f"{acc} (one of {', '.join(_KINDS)})")
+            raise RecordError(f"{where}: field {f.name}: unknown {record_kind.upper()} access "
+                              f"type {kind!r} in {acc} (one of {', '.join(_KINDS)})")
         if f.type not in _FILLS[kind]:
             raise RecordError(f"{where}: field {f.name} is a {f.type} but {acc} reads a {kind}")
         if pos < 1:
             raise RecordError(f"{where}: field {f.name}: {acc}: positions start at 1")
-        out.append(FieldReader(f, cols, "csv", kind, pos))
+        out.append(FieldReader(f, cols, record_kind, kind, pos))
     return tuple(out)
 
 
@@ -241,6 +242,10 @@ class RecordReader:
         self.path = display_name(path)
         self.link = link if link is not None else "stdin" if str(path) == STDIN else Path(path).stem
         self.format = fmt
+        if fmt.kind.lower() == "gdat":
+            raise RecordError(f"protocol {fmt.protocol}: GDAT records are read by "
+                              f"capture.gdat.GdatReader, not the CSV reader (open_records and "
+                              f"read_all_records choose the reader)")
         self.layout = layout_of(fmt)
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -534,15 +539,20 @@ def _as_type(values: np.ndarray, r: FieldReader, column: str) -> np.ndarray:
 
 
 def open_records(path: str | os.PathLike, fmt: RecordFormat, link: str | None = None,
-                 batch_size: int = 65536, **options) -> RecordReader:
-    """A `RecordReader` over a file, `-` (standard input) or a FIFO (see the class)."""
+                 batch_size: int = 65536, **options) -> RecordReader | GdatReader:
+    """A reader over a file, `-` (standard input) or a FIFO: a `RecordReader` for CSV
+    records, a `capture.gdat.GdatReader` for GDAT records (see the classes)."""
+    if fmt.kind.lower() == "gdat":
+        from capture.gdat import GdatReader
+
+        return GdatReader(path, fmt, link, batch_size, **options)
     return RecordReader(path, fmt, link, batch_size, **options)
 
 
 def read_all_records(path: str | os.PathLike, fmt: RecordFormat, link: str | None = None,
                      **options) -> RecordBatch:
     """Every good record of a source as one batch (tests, the reference evaluator)."""
-    with RecordReader(path, fmt, link, **options) as reader:
+    with open_records(path, fmt, link, **options) as reader:
         batches = [b for b in reader if len(b)]
         if not batches:
             return reader._empty()

@@ -27,15 +27,17 @@ integers up to 2^53. Plain arrays in, counts out; nothing raises in the loop.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import logging
 import sys
-import tempfile
+import types
 from pathlib import Path
 
 from highlevel.errors import StageConfigError
 from queries import expressions as E
 from queries.inference import conjuncts, type_of
 from queries.printer import to_gsql
+
+log = logging.getLogger(__name__)
 
 #: which super-aggregates a removed group gives its share back to
 GIVES_BACK = ("count", "sum", "xor")
@@ -250,7 +252,7 @@ def kernel_source(plan) -> str:
     for c in conjuncts(plan.having):
         having_lines.append(f"{' ' * 16}if keep:\n{' ' * 20}keep = {group_w.expr(c)} != 0.0")
     having_src = "\n".join(having_lines)
-    return _PRELUDE + remove + f'''@njit(nogil=True)
+    return _PRELUDE + remove + f'''@njit(nogil=True, cache=True)
 def rows(P, sgi, gid, wv, states, cd, sagg, agg, shadow, alive, first, cur, ent_g, ent_next,
          head, tail, counts):
     nent = counts[0]
@@ -292,14 +294,14 @@ def rows(P, sgi, gid, wv, states, cd, sagg, agg, shadow, alive, first, cur, ent_
     counts[3] += removed
 
 
-@njit(nogil=True)
+@njit(nogil=True, cache=True)
 def admit(P, wv, st, cdv, out):
     for i in range(P.shape[0]):
 {where_src}
         out[i] = ok
 
 
-@njit(nogil=True)
+@njit(nogil=True, cache=True)
 def finish(wv, states, cd, sagg, agg, shadow, alive, first, cur, ent_g, ent_next, head, tail,
            P, counts):
     removed = 0
@@ -329,26 +331,27 @@ def finish(wv, states, cd, sagg, agg, shadow, alive, first, cur, ent_g, ent_next
 '''
 
 
-_CACHE_DIR = Path(tempfile.gettempdir()) / "oopscope-sampling-kernels"
-
-
 def compile_kernel(plan):
-    """The query's compiled module (functions `rows`, `finish`): written to a file named by
-    the source's digest (Numba caches by file), imported once per process."""
+    """The query's compiled module (functions `rows`, `admit`, `finish`): written to the
+    project's kernel directory (`lowlevel.specialize.load_generated`, where Numba caches the
+    machine code) and imported once per process; compiled from memory, without a disk cache,
+    when no kernel directory can be written."""
+    from lowlevel.specialize import load_generated
+
     source = kernel_source(plan)
-    digest = hashlib.sha1(source.encode()).hexdigest()[:16]
-    name = f"oopscope_sampling_{digest}"
-    if name in sys.modules:
-        return sys.modules[name]
-    _CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    path = _CACHE_DIR / f"{name}.py"
-    if not path.exists():
-        tmp = path.with_suffix(f".{digest}.tmp")
-        tmp.write_text(source)
-        tmp.replace(path)
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    # the kernels inline the stateful functions: their sources name the module too
+    here = Path(__file__).resolve().parent
+    deps = hashlib.sha1(b"".join((here / f).read_bytes() for f in
+                                 ("stateful.py", "sampling_kernel.py"))).hexdigest()[:6]
+    module = load_generated("sampling_", source, deps)
+    if module is not None:
+        return module
+    name = f"oopscope_sampling_{hashlib.sha1(source.encode()).hexdigest()[:16]}"
+    if name not in sys.modules:
+        log.info("a sampling kernel is compiled without a disk cache (no writable kernel "
+                 "directory)")
+        module = types.ModuleType(name)
+        exec(compile(source.replace("cache=True", "cache=False"),
+                     f"<{name}>", "exec"), module.__dict__)
+        sys.modules[name] = module
+    return sys.modules[name]

@@ -4,7 +4,9 @@ HAVING over string keys and results.
 Spark's strings are UTF-8 and its `binary` type is bytes: offsets and lengths are taken in
 bytes by casting to binary, as the low level counts them (`lowlevel.strings`). Regular
 expressions run on Java's engine here (RE2 in the low level): the patterns GS-lite's
-examples use (classes, alternation, anchors) mean the same in both.
+examples use (classes, alternation, anchors) mean the same in both. The conversions find
+their runs of digits with Java regular expressions (ASCII digits: the same runs as the low
+level's byte scan) and wrap them in 32 bits with decimal arithmetic.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from queries import expressions as E
+from queries.string_functions import regex_from_file
 
 
 def _flag(cond: Column) -> Column:
@@ -43,12 +46,66 @@ def _word(data: Column, at: Column, little: bool) -> Column:
     return b[0] * 16777216 + b[1] * 65536 + b[2] * 256 + b[3]
 
 
+_UINT32 = 4294967296
+#: GS-lite's strtoip: the first four runs of digits (other characters before each skipped)
+_FOUR_NUMBERS = r"^[^0-9]*([0-9]+)[^0-9]+([0-9]+)[^0-9]+([0-9]+)[^0-9]+([0-9]+)"
+
+
+def _uint32(digits: Column) -> Column:
+    """A run of decimal digits as C reads it into a wrapping uint32: its value modulo 2^32,
+    which its last 32 digits decide (10^32 is a multiple of 2^32); '' gives 0."""
+    last = F.substring(digits, -32, 32).cast("decimal(38,0)")
+    value = F.pmod(last, F.lit(_UINT32).cast("decimal(38,0)")).cast("long")
+    return F.when(F.length(digits) > 0, value).otherwise(F.lit(0).cast("long"))
+
+
+def _strtoip(s: Column) -> Column:
+    parts = [_uint32(F.regexp_extract(s, _FOUR_NUMBERS, k)) for k in (1, 2, 3, 4)]
+    ip = F.lit(0).cast("long")
+    for part, shift in zip(parts, (24, 16, 8, 0)):
+        ip = ip.bitwiseOR(F.shiftleft(part, shift).bitwiseAND(F.lit(0xFFFFFFFF)))
+    found = F.length(F.regexp_extract(s, _FOUR_NUMBERS, 4)) > 0
+    return F.when(found, ip).otherwise(F.lit(0).cast("long"))
+
+
+def _file_regex(node) -> str:
+    """The regular expression of str_file_regex_match's file, as its query was planned with
+    (`queries.string_functions.regex_from_file`; the analyser insists on a literal)."""
+    path = _const(node)
+    if not isinstance(path, str):
+        raise ValueError("str_file_regex_match: the regular expression file must be a string "
+                         "literal")
+    return regex_from_file(path)
+
+
+def _conversion(name: str, args: list, column: Callable[[object], Column]) -> Column:
+    """strtoi, strtoip, get_int, get_bool, get_suffix, strid (and the _c forms)."""
+    if name in ("strtoi", "strtoi_c"):
+        return _uint32(F.regexp_extract(column(args[0]), "[0-9]+", 0))
+    if name in ("strtoip", "strtoip_c"):
+        return _strtoip(column(args[0]))
+    data = column(args[0]).cast("binary")
+    if name == "strid":         # the first 4 bytes, zero bytes past the end
+        return _word(F.concat(data, F.unhex(F.lit("00000000"))), F.lit(0), False)
+    n = column(args[1]).cast("long")
+    if name == "get_suffix":
+        return F.decode(F.substring(data, F.greatest(n, F.lit(1)), F.length(data) + 1),
+                        "UTF-8")
+    inside = (n >= 1) & (n + 3 <= F.length(data))
+    word = F.when(inside, _word(data, n - 1, False)).otherwise(F.lit(0).cast("long"))
+    return word != 0 if name == "get_bool" else word
+
+
 def string_function(name: str, args: list, column: Callable[[object], Column]) -> Column:
     """The Spark column of `name(args)`; `column` compiles an argument."""
+    if name in ("strtoi", "strtoip", "strtoi_c", "strtoip_c", "get_int", "get_bool",
+                "get_suffix", "strid"):
+        return _conversion(name, args, column)
     if name in ("str_regex_match", "str_partial_regex_match", "str_extract_regex",
-                "str_extract_regex_null"):
+                "str_extract_regex_null", "str_file_regex_match"):
         s = column(args[0])
-        pattern = "(?m)" + str(_const(args[1]))
+        pattern = "(?m)" + (_file_regex(args[1]) if name == "str_file_regex_match"
+                            else str(_const(args[1])))
         if name == "str_partial_regex_match":
             s = F.substring(s, 1, _count(args[2]))
         if name in ("str_extract_regex", "str_extract_regex_null"):

@@ -137,6 +137,33 @@ def _write(directory: Path, stem: str, text: str, prefix: str) -> Path:
     return path
 
 
+def load_generated(prefix: str, text: str, digest: str = ""):
+    """The module of generated kernel source `text`, written to the first kernel directory
+    that can be written (there Numba's disk cache works) as `<prefix><sources><digest>_<sha>`
+    and imported; None when no directory can be written. `digest`: of further sources the
+    text depends on (a module it calls), so a change of them makes a new module."""
+    global _SOURCES
+    if _SOURCES is None:
+        _SOURCES = sources_digest(Path(__file__).resolve().parent)
+    stem = f"{prefix}{_SOURCES[:10]}{digest}_{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+    name = f"oopscope_kernels.{stem}"
+    if name in sys.modules:
+        return sys.modules[name]
+    for directory in _kernel_dirs():
+        try:
+            path = _write(directory, stem, text, prefix)
+        except OSError as exc:
+            log.debug("no generated kernel in %s: %s", directory, exc)
+            continue
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None   # a .py file always has both
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+    return None
+
+
 def specialized(kernel, ops: np.ndarray, udafs=()):
     """`kernel` (a jitted append kernel with one `update_slot(...)` line) specialized for
     `ops`; the generic kernel when that cannot be done (logged). With user-defined aggregates

@@ -8,8 +8,10 @@ array of str (constants, the high level's result columns). No Python runs per ro
 - over `StringCodes` a function whose other arguments are constants runs once per distinct
   string of the table (pyarrow.compute over `table.arrow()`), and the per-code answer is
   gathered by code; its string results are interned into the same table, so they stay codes;
-- over a binary array, regular expressions are Arrow's RE2 kernels and fixed-offset byte and
-  word matches are Numba kernels over the array's offsets and bytes;
+- over a binary array, regular expressions are Arrow's RE2 kernels; fixed-offset byte and
+  word matches, the conversions (`strtoi`, `strtoip`, `get_int`, `strid`) and suffixes at
+  per-row offsets are Numba kernels over the array's offsets and bytes;
+- over a literal (`strtoip_c('10.0.0.1')`) with constant other arguments, once, repeated;
 - order is byte-wise lexicographic (GS-lite's `str_compare`): Arrow's order of binary and
   UTF-8 strings; codes compare through the table's dense rank of each code, kept per table
   and recomputed only when the table has grown.
@@ -30,6 +32,7 @@ import pyarrow.compute as pc
 
 from common.jit import ngjit
 from queries.errors import QueryError
+from queries.string_functions import RegexFileError, regex_from_file
 
 U64 = np.uint64
 
@@ -113,11 +116,13 @@ def call(name: str, args: list[Any], constants: list[Any], n: int) -> Any:
     spec = _SPECS[name]
     s_pos = spec[0]
     s = args[s_pos]
+    others_constant = all(constants[i] is not None for i in range(len(args)) if i != s_pos)
     if s is None:       # a literal searched in: one value, repeated without a Python loop
         text = constants[s_pos]
-        s = pa.repeat(pa.scalar(text.encode() if isinstance(text, str) else text, pa.binary()),
-                      n)
-    others_constant = all(constants[i] is not None for i in range(len(args)) if i != s_pos)
+        value = pa.scalar(text.encode() if isinstance(text, str) else text, pa.binary())
+        if others_constant:
+            return _repeat(_apply(name, pa.array([value], pa.binary()), constants, 1, args), n)
+        s = pa.repeat(value, n)
     if is_codes(s) and others_constant:
         # once per distinct string of the table, then gathered by code
         table = s.table
@@ -129,7 +134,25 @@ def call(name: str, args: list[Any], constants: list[Any], n: int) -> Any:
             return type(s)(mapping[idx] if len(mapping) else np.zeros(len(idx), U64), table)
         return per_code[idx] if len(per_code) else np.zeros(len(idx), U64)
     out = _apply(name, as_binary(s), constants, n, args)
+    if isinstance(out, pa.Array) and isinstance(s, np.ndarray):
+        return _objects(out)    # over the high level's object arrays, a string result is one
     return out
+
+
+def _objects(out: pa.Array) -> np.ndarray:
+    """A binary result as an object array of str (bytes that are not UTF-8 replaced)."""
+    try:
+        text = pc.cast(out, pa.string())
+    except pa.ArrowInvalid:
+        return np.array([b.decode("utf-8", "replace") for b in out.to_pylist()], dtype=object)
+    return np.asarray(text.to_numpy(zero_copy_only=False), dtype=object)
+
+
+def _repeat(one: Any, n: int) -> Any:
+    """A one-row result as n rows."""
+    if isinstance(one, pa.Array):
+        return pa.repeat(one[0], n)
+    return np.repeat(np.asarray(one), n)
 
 
 def _scalar_or_rows(v: Any, n: int, dtype) -> np.ndarray:
@@ -179,8 +202,10 @@ def _buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 def _apply(name: str, s: pa.Array, constants, n: int, args) -> Any:
     count = len(s)
+    if name in _CONVERSIONS:
+        return _convert(name, s, constants, args)
     if name in ("str_regex_match", "str_partial_regex_match", "str_extract_regex",
-                "str_extract_regex_null"):
+                "str_extract_regex_null", "str_file_regex_match"):
         target = s
         if name == "str_partial_regex_match":
             k = constants[2]
@@ -190,7 +215,9 @@ def _apply(name: str, s: pa.Array, constants, n: int, args) -> Any:
         if name in ("str_extract_regex", "str_extract_regex_null"):
             found = pc.extract_regex(target, "(?P<m>" + _regex(constants[1]) + ")")
             return pc.fill_null(pc.struct_field(found, [0]), b"")
-        hit = pc.match_substring_regex(target, _regex(constants[1]))
+        pattern = _file_regex(constants[1]) if name == "str_file_regex_match" else \
+            constants[1]
+        hit = pc.match_substring_regex(target, _regex(pattern))
         nonempty = pc.greater(pc.binary_length(s), 0)
         return _bool_u64(pc.and_(hit, nonempty))
     if name == "str_truncate":
@@ -237,8 +264,68 @@ _SPECS = {
     "str_match_offset": (2,), "byte_match_offset": (2,), "byte_match_reverse_offset": (2,),
     "net_word_match_offset": (2,), "little_endian_word_match_offset": (2,),
     "str_regex_match": (0,), "str_partial_regex_match": (0,), "str_truncate": (0,),
-    "str_extract_regex": (0,), "str_extract_regex_null": (0,),
+    "str_extract_regex": (0,), "str_extract_regex_null": (0,), "str_file_regex_match": (0,),
+    "strtoi": (0,), "strtoip": (0,), "strtoi_c": (0,), "strtoip_c": (0,), "get_int": (0,),
+    "get_bool": (0,), "get_suffix": (0,), "strid": (0,),
 }
+
+
+# --- conversions (manual 12.2) -----------------------------------------------------------------
+
+_CONVERSIONS = ("strtoi", "strtoip", "strtoi_c", "strtoip_c", "get_int", "get_bool",
+                "get_suffix", "strid")
+_LOW32 = U64(0xFFFF_FFFF)
+
+
+def _file_regex(path: str | None) -> str:
+    """The regular expression of str_file_regex_match's file (read when the query was
+    planned, `queries.string_functions.regex_from_file`)."""
+    if path is None:
+        raise QueryError("str_file_regex_match: the regular expression file must be a "
+                         "string literal")
+    try:
+        return regex_from_file(path)
+    except RegexFileError as exc:
+        raise QueryError(f"str_file_regex_match: {exc}") from None
+
+
+def _convert(name: str, s: pa.Array, constants, args) -> Any:
+    count = len(s)
+    offsets, data = _buffers(s)
+    if name in ("strtoi", "strtoi_c"):
+        values, ok = _numbers(offsets, data, 1)
+        return np.where(ok, values[:, 0], U64(0))
+    if name in ("strtoip", "strtoip_c"):
+        return _strtoip(offsets, data)
+    if name == "strid":
+        return _word_from(offsets, data, np.zeros(count, np.int64), True)
+    n = _ints(1, constants, args, count)
+    if name == "get_suffix":      # a kernel: Arrow's binary_slice fails past some ends
+        return _slices(offsets, data, np.maximum(n - 1, 0))
+    # get_int(s, n): bytes n-1 .. n+2; n = 0 has no byte n-1
+    word = _word_from(offsets, data, np.where(n >= 1, n - 1, -1), False)
+    return word != 0 if name == "get_bool" else word
+
+
+def _strtoip(offsets: np.ndarray, data: np.ndarray) -> np.ndarray:
+    """GS-lite's strtoip per row: the first four runs of digits a, b, c, d (each wrapping in
+    32 bits) as `a << 24 | b << 16 | c << 8 | d` in 32 bits; 0 where there are fewer."""
+    values, ok = _numbers(offsets, data, 4)
+    ip = U64(0)
+    for k, shift in enumerate((24, 16, 8, 0)):
+        ip = ip | ((values[:, k] << U64(shift)) & _LOW32)
+    return np.where(ok, ip, U64(0))
+
+
+def _slices(offsets: np.ndarray, data: np.ndarray, start: np.ndarray) -> pa.Array:
+    """Each row's bytes from its own offset `start[i]` on, as a binary array."""
+    out_offsets, out_data = _suffixes(offsets, data, start)
+    count = len(start)
+    if out_offsets[-1] < 2**31:
+        return pa.Array.from_buffers(pa.binary(), count, [
+            None, pa.py_buffer(out_offsets.astype(np.int32)), pa.py_buffer(out_data)])
+    return pa.Array.from_buffers(pa.large_binary(), count, [
+        None, pa.py_buffer(out_offsets), pa.py_buffer(out_data)])
 
 
 # --- kernels ---------------------------------------------------------------------------------
@@ -345,6 +432,73 @@ def _word_at(offsets, data, k, value, little):
                 (np.int64(data[p + 2]) << 8) | np.int64(data[p + 3])
         out[i] = w == (value[i] & 0xFFFFFFFF)
     return out
+
+
+@ngjit
+def _numbers(offsets, data, want):
+    """Per row: its first `want` runs of decimal digits as GS-lite's `nextint` reads them
+    (other bytes before a run skipped, the value wrapping in 32 bits), and whether the row
+    has that many."""
+    n = len(offsets) - 1
+    values = np.zeros((n, want), np.uint64)
+    ok = np.zeros(n, np.bool_)
+    for i in range(n):
+        p = offsets[i]
+        end = offsets[i + 1]
+        found = 0
+        while found < want:
+            while p < end and (data[p] < 48 or data[p] > 57):
+                p += 1
+            if p == end:
+                break
+            v = np.int64(0)
+            while p < end and 48 <= data[p] <= 57:
+                v = (v * 10 + np.int64(data[p] - 48)) & 0xFFFFFFFF
+                p += 1
+            values[i, found] = v
+            found += 1
+        ok[i] = found == want
+    return values, ok
+
+
+@ngjit
+def _word_from(offsets, data, start, pad):
+    """Per row: the big-endian 32-bit word of the 4 bytes from byte start[i]; 0 where start
+    is negative or, unless `pad` (bytes past the end read as 0), where they pass the end."""
+    n = len(offsets) - 1
+    out = np.zeros(n, np.uint64)
+    for i in range(n):
+        s = offsets[i]
+        length = offsets[i + 1] - s
+        at = start[i]
+        if at < 0 or (not pad and at + 4 > length):
+            continue
+        w = np.uint64(0)
+        for j in range(4):
+            w = w << np.uint64(8)
+            if at + j < length:
+                w = w | np.uint64(data[s + at + j])
+        out[i] = w
+    return out
+
+
+@ngjit
+def _suffixes(offsets, data, start):
+    """(offsets, bytes) of each row's bytes from byte start[i] (>= 0) on."""
+    n = len(offsets) - 1
+    begin = np.empty(n, np.int64)
+    out_offsets = np.zeros(n + 1, np.int64)
+    for i in range(n):
+        b = offsets[i] + min(start[i], offsets[i + 1] - offsets[i])
+        begin[i] = b
+        out_offsets[i + 1] = out_offsets[i] + offsets[i + 1] - b
+    out = np.empty(out_offsets[n], np.uint8)
+    for i in range(n):
+        k = out_offsets[i]
+        for p in range(begin[i], offsets[i + 1]):
+            out[k] = data[p]
+            k += 1
+    return out_offsets, out
 
 
 # --- MIN / MAX over strings --------------------------------------------------------------------

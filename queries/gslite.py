@@ -101,9 +101,7 @@ PREDICATES = frozenset({
 #: consulted first; a declarations file (`queries.udf`) may add any other.
 FUNCTIONS = {
     **{name: "" for name in PREDICATES},
-    "str_file_regex_match": "", "str_between_substrings": "", "get_int": "",
-    "get_bool": "", "get_suffix": "", "strid": "", "strtoi": "", "strtoip": "",
-    "strtoi_c": "", "strtoip_c": "", "pack": "",
+    "str_between_substrings": "", "pack": "",
     "timestamptosec": "timestamp is in nanoseconds here: use the time field",
     "timestamptomsec": "use the timestamp_ms field",
     "moving_sum_extract": "", "moving_sum_extract_exp": "", "extr_avg_fcn": "",

@@ -20,7 +20,7 @@ from queries.errors import QueryError
 from queries.function_library import HANDLE_ARGUMENTS
 from queries.printer import to_gsql
 from queries.stateful import STATEFUL_FUNCTIONS, SUPER_AGGREGATES, stateful_type
-from queries.string_functions import COUNT, PATTERN, STRING_FUNCTIONS
+from queries.string_functions import STRING_FUNCTIONS, check_call
 from queries.udf import resolve_aggregate, resolve_call
 
 if TYPE_CHECKING:
@@ -205,15 +205,7 @@ class Scope:
         if T.function_type(name, types) is None:
             raise self.error(node, f"{name} does not take ({', '.join(types)}): {doc}")
         if name in STRING_FUNCTIONS:
-            for i, want in enumerate(STRING_FUNCTIONS[name].params):
-                if want == PATTERN and not (isinstance(args[i], E.Literal)
-                                            and isinstance(args[i].value, str)):
-                    raise self.error(node.args["args"][i], f"the regular expression of {name} "
-                                     f"must be a string literal (GS-lite compiles it once)")
-                if want == COUNT and not (isinstance(args[i], E.Literal)
-                                          and isinstance(args[i].value, int)):
-                    raise self.error(node.args["args"][i], f"the length of {name} must be an "
-                                     f"integer literal")
+            args = check_call(name, node.args["args"], args, self.error)
         if name in HANDLE_ARGUMENTS:
             args = self._prefix_file(node, args, HANDLE_ARGUMENTS[name])
         if name == "prefix":

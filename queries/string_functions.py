@@ -1,25 +1,41 @@
-"""GS-lite's string matching functions and predicates: names, signatures and result types.
+"""GS-lite's string matching and conversion functions: names, signatures and result types.
 
 Source: GS-lite's `cfg/external_fcns.def` (PRED and FUN entries) and the Tigon SQL manual,
-chapter 12.2 "String Matching and Extraction". Every predicate is also a function returning
-the uint 1 or 0 (manual 12.2.2), so `str_match_offset[0, 'GET', TCP_data]` and
+chapter 12 (12.1 string matching, 12.2 conversions). Every predicate is also a function
+returning the uint 1 or 0 (manual 12.2.2), so `str_match_offset[0, 'GET', TCP_data]` and
 `str_match_offset(0, 'GET', TCP_data) = 1` mean the same. A `string` argument is a record
 string or a packet payload (`TCP_data`, `UDP_data`); a HANDLE argument (a regular
-expression) must be a constant, as GS-lite registers it once per query.
+expression, the constant string of `strtoi_c`, the file of `str_file_regex_match`) must be a
+constant, as GS-lite registers it once per query.
+
+The conversions (manual 12.2) read what GS-lite's C library reads: `strtoi` the first run of
+decimal digits (leading other bytes skipped, the number wrapping in 32 bits), `strtoip` the
+first four runs as the bytes of an IPv4 address; where GS-lite's call fails (no digits, fewer
+than four numbers) they give 0, as GS-lite's `strtoi_c` and `strtoip_c` do for a constant.
+`get_int(s, n)` is the big-endian word of the bytes n-1 .. n+2 (n counts from 1), `strid(s)`
+the same of the first 4 bytes. `str_file_regex_match` reads its regular expression from a
+file when the query is planned (`regex_from_file`).
 
 The evaluation lives in `lowlevel.strings` (numpy, pyarrow.compute, Numba) and, for the high
-level, in `highlevel.finalize`.
+level, in `highlevel.strings`; `check_call` checks a call's constant arguments at its place.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from queries import expressions as E
+from queries.errors import QueryError
 
 
 @dataclass(frozen=True)
 class StringFunction:
     """One GS-lite string function: argument kinds (`string`, `uint`, `pattern` for a
-    constant regular expression, `count` for a constant length) and its result type."""
+    constant regular expression, `count` for a constant length, `handle` for a constant
+    string, `regex_file` for the constant name of a file holding a regular expression) and
+    its result type."""
 
     name: str
     params: tuple[str, ...]
@@ -65,11 +81,39 @@ STRING_FUNCTIONS: dict[str, StringFunction] = {f.name: f for f in (
     StringFunction("str_extract_regex_null", ("string", "pattern"), "string",
                    "str_extract_regex_null(s, 're'): the first match of the regular "
                    "expression in s, '' when none", predicate=False),
+    StringFunction("str_file_regex_match", ("string", "regex_file", "uint", "uint"), "uint",
+                   "str_file_regex_match(s, 'file', t, u): str_regex_match with the regular "
+                   "expression of the file (read when the query is planned; t and u, "
+                   "GS-lite's reload timing, are not used)"),
+    StringFunction("strtoi", ("string",), "uint",
+                   "strtoi(s): the first decimal number in s, a uint (0 when there is none)",
+                   predicate=False),
+    StringFunction("strtoip", ("string",), "ipv4",
+                   "strtoip(s): the first four decimal numbers in s as an IPv4 address "
+                   "(0.0.0.0 when there are fewer)", predicate=False),
+    StringFunction("strtoi_c", ("handle",), "uint",
+                   "strtoi_c('text'): strtoi of a constant string", predicate=False),
+    StringFunction("strtoip_c", ("handle",), "ipv4",
+                   "strtoip_c('text'): strtoip of a constant string", predicate=False),
+    StringFunction("get_int", ("string", "uint"), "uint",
+                   "get_int(s, n): the big-endian uint of the bytes n-1 .. n+2 of s (n from 1; "
+                   "0 when they are not all in s)", predicate=False),
+    StringFunction("get_bool", ("string", "uint"), "bool",
+                   "get_bool(s, n): get_int(s, n) <> 0", predicate=False),
+    StringFunction("get_suffix", ("string", "uint"), "string",
+                   "get_suffix(s, n): s from byte n-1 on (n from 1)", predicate=False),
+    StringFunction("strid", ("string",), "uint",
+                   "strid(s): the big-endian uint of the first 4 bytes of s (zero bytes past "
+                   "its end)", predicate=False),
 )}
 
-#: argument kinds that must be constants: a regular expression (a GS-lite HANDLE), a length
+#: argument kinds that must be constants: a regular expression (a GS-lite HANDLE), a length,
+#: a constant string (a HANDLE converted once), the name of a file holding a regular expression
 PATTERN = "pattern"
 COUNT = "count"
+HANDLE = "handle"
+REGEX_FILE = "regex_file"
+_STRINGS = ("string", PATTERN, HANDLE, REGEX_FILE)
 
 
 def string_function_type(name: str, args: list[str]) -> str | None:
@@ -78,7 +122,7 @@ def string_function_type(name: str, args: list[str]) -> str | None:
     if len(args) != len(f.params):
         return None
     for want, got in zip(f.params, args):
-        if want in ("string", PATTERN) and got != "string":
+        if want in _STRINGS and got != "string":
             return None
         if want in ("uint", COUNT) and got not in _UINT:
             return None
@@ -87,3 +131,101 @@ def string_function_type(name: str, args: list[str]) -> str | None:
 
 def arity(name: str) -> int:
     return len(STRING_FUNCTIONS[name].params)
+
+
+# --- constant arguments -------------------------------------------------------------------------
+
+ErrorAt = Callable[[E.Node, str], QueryError]
+
+
+def check_call(name: str, written: list[E.Expr], args: list[E.Expr],
+               error: ErrorAt) -> list[E.Expr]:
+    """The resolved arguments `args` of a call of string function `name`, its constant
+    arguments checked (a QueryError made by `error(node, message)` at the argument as
+    `written`): a regular expression and a HANDLE string must be string literals, a length
+    an integer literal; the file of `str_file_regex_match` is read now (missing, unreadable
+    or not one regular expression: an error at the file name) and named by its absolute path
+    for every evaluator, as getlpmid's prefix file."""
+    out = list(args)
+    for i, want in enumerate(STRING_FUNCTIONS[name].params):
+        arg = args[i]
+        text = isinstance(arg, E.Literal) and isinstance(arg.value, str)
+        if want == PATTERN and not text:
+            raise error(written[i], f"the regular expression of {name} must be a string "
+                        f"literal (GS-lite compiles it once)")
+        if want == COUNT and not (isinstance(arg, E.Literal) and isinstance(arg.value, int)):
+            raise error(written[i], f"the length of {name} must be an integer literal")
+        if want == HANDLE and not text:
+            raise error(written[i], f"the argument of {name} must be a string literal (a "
+                        f"GS-lite HANDLE, converted once; {name[:-2]}(s) converts any "
+                        f"string)")
+        if want == REGEX_FILE:
+            if not text:
+                raise error(written[i], f"the regular expression file of {name} must be a "
+                            f"string literal (a GS-lite HANDLE: the file is read once per "
+                            f"query)")
+            assert isinstance(arg, E.Literal)
+            path = os.path.abspath(arg.value)
+            try:
+                regex_from_file(path, reread=True)
+            except RegexFileError as exc:
+                raise error(written[i], str(exc).replace(path, arg.value, 1)) from None
+            out[i] = arg.replace(value=path)
+    return out
+
+
+class RegexFileError(ValueError):
+    """The file of str_file_regex_match cannot be read or does not hold one regular
+    expression."""
+
+    def __init__(self, path: str, message: str):
+        super().__init__(f"regular expression file {path}: {message}")
+        self.path = path
+
+
+#: absolute path -> the regular expression read from it (by the last query planned)
+_REGEX_FILES: dict[str, str] = {}
+
+
+def regex_from_file(path: str, reread: bool = False) -> str:
+    """The regular expression in file `path` (relative to the working directory): the file's
+    text without the line end closing it, one line. Read once: when a query is planned
+    (`reread`, `check_call`), else by the first evaluator that asks; evaluators then use what
+    was read, so a file changed while a query runs is not read again by it (GS-lite's reload
+    timeout is not implemented). RegexFileError when it cannot be read or is not one valid
+    regular expression (checked by RE2, the low level's engine)."""
+    path = os.path.abspath(path)
+    if not reread and path in _REGEX_FILES:
+        return _REGEX_FILES[path]
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise RegexFileError(path, f"not found (relative paths are read from the working "
+                             f"directory, {os.getcwd()})") from None
+    except UnicodeDecodeError:
+        raise RegexFileError(path, "is not UTF-8 text") from None
+    except OSError as exc:
+        raise RegexFileError(path, f"cannot be read: {exc.strerror or exc}") from None
+    pattern = text[:-1] if text.endswith("\n") else text
+    pattern = pattern[:-1] if pattern.endswith("\r") else pattern
+    if not pattern:
+        raise RegexFileError(path, "is empty: it must hold one regular expression")
+    if "\n" in pattern or "\r" in pattern:
+        raise RegexFileError(path, "holds more than one line: it must hold one regular "
+                             "expression (write alternatives as a|b)")
+    _check_regex(path, pattern)
+    _REGEX_FILES[path] = pattern
+    return pattern
+
+
+def _check_regex(path: str, pattern: str) -> None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        pc.match_substring_regex(pa.array([""], pa.string()), "(?m)" + pattern)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        why = str(exc).split(":", 1)[-1].strip() or str(exc)
+        raise RegexFileError(path, f"{pattern!r} is not a regular expression ({why})") \
+            from None

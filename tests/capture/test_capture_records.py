@@ -273,9 +273,9 @@ def test_strings_interned_once_per_link(tmp_path, example):
     assert table.code_of("c") == 2 and table.code_of("zzz") is None
 
 
-def test_gdat_is_refused_naming_the_protocol(tmp_path, schema):
+def test_the_csv_reader_sends_gdat_to_its_own_reader(tmp_path, schema):
     p = write(tmp_path, "1,2\n")
-    with pytest.raises(RecordError, match="GDAT_EXAMPLE: GDAT records are not supported yet"):
+    with pytest.raises(RecordError, match="GDAT records are read by capture.gdat.GdatReader"):
         RecordReader(p, schema.record_format("GDAT_EXAMPLE"), "g")
 
 

@@ -291,7 +291,8 @@ def test_errors_are_one_clear_line(tmp_path):
     gdat.write_text("select systemTime, count(*) as n from [g].GDAT_EXAMPLE group by systemTime")
     res = run([str(gdat), "--schema", str(SCHEMA), "--link", f"g={data}"])
     assert res.returncode == 1
-    assert "GDAT_EXAMPLE: GDAT records are not supported yet" in res.stderr
+    # a CSV file given where GDAT records are read: one line naming the file and the byte
+    assert "not a GDAT file" in res.stderr and "byte 0" in res.stderr
 
     res = run([str(EXAMPLE), "--schema", str(SCHEMA), "--link", f"csv={data}",
                "--speed", "2"])
