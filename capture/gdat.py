@@ -66,11 +66,9 @@ from __future__ import annotations
 import logging
 import os
 import re
-import select
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -95,18 +93,16 @@ from capture.records import (
     EXAMPLES_PER_REASON,
     FieldReader,
     RecordError,
+    RecordSource,
     RecordStats,
     _as_type,
-    _column_dtype,
-    layout_of,
 )
 from capture.schema import RecordFormat
-from capture.source import STDIN, STREAM, classify, display_name, open_input
 from capture.strings import StringTable
 from common.units import NS_PER_S
 
-# (`_as_type` and `_column_dtype`, the C conversions and dtypes of parsed columns, are the CSV
-# reader's own: a GDAT column is made exactly as a CSV one)
+# (`_as_type`, the C conversions of parsed columns, and `RecordSource`, the source and its
+# buffer, are the CSV reader's own: a GDAT column is made exactly as a CSV one)
 log = logging.getLogger(__name__)
 
 #: schema-parser versions GS-lite reads (its `schemaparser_accepts_version`)
@@ -128,9 +124,6 @@ NOT_DATA = {1: "trace", 2: "end of file"}
 EMPTY = "empty"
 
 _FILE_CHUNK = 8 << 20
-_STREAM_CHUNK = 1 << 20
-_WAIT_SLICE_S = 0.1
-_WAIT_NOTICE_S = 1.0
 
 # GS-lite type names (type_objects.cc, any case here) -> (our name, bytes in a tuple)
 _TYPES = {"bool": ("BOOL", 4), "ushort": ("USHORT", 4), "uint": ("UINT", 4),
@@ -280,7 +273,7 @@ class GdatStats(RecordStats):
 
 # --- the reader ----------------------------------------------------------------------------------
 
-class GdatReader:
+class GdatReader(RecordSource):
     """Iterate over a GDAT record source as `RecordBatch`es of up to `batch_size` records.
 
     The options are those of `capture.records.RecordReader` (`separator` is ignored: GDAT has
@@ -291,41 +284,19 @@ class GdatReader:
                  stop: Callable[[], bool] | None = None, idle_batches: bool = False,
                  chunk_size: int = _FILE_CHUNK, clock: Callable[[], int] = time.time_ns,
                  separator: str | None = None, max_tuple_size: int = MAX_TUPLE_SIZE):
-        self.path = display_name(path)
-        self.link = link if link is not None else "stdin" if str(path) == STDIN else Path(path).stem
-        self.format = fmt
-        self.layout = layout_of(fmt)
-        if batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
+        self._open_source(path, fmt, link, batch_size, columns, strings, stop, idle_batches,
+                          clock, chunk_size)
         if separator:
             log.warning("%s: a separator does not apply to GDAT records (ignored)", self.path)
-        self.batch_size = int(batch_size)
         self.max_tuple_size = int(max_tuple_size)
-        self.columns = None if columns is None else frozenset(columns)
-        self.strings = strings if strings is not None else StringTable()
         self.stats = GdatStats()
-        self._stop = stop
-        self.idle_batches = idle_batches
-        self._clock = clock
-        kind, why = classify(path)
-        if kind is None:
-            raise RecordError(f"{self.path}: {why.replace('capture file', 'record file')}")
-        self.stream = kind == STREAM
-        self._closing = self._stopped = False
-        self._file = open_input(path, self.stream, "record file", RecordError)
-        self._buf = np.empty(_STREAM_CHUNK if self.stream else max(64, int(chunk_size)),
-                             np.uint8)
-        self._fill = self._pos = self._base = 0     # buf[0] is byte `_base` of the source
-        self._eof = self._started = False
+        self._stopped = False
         self._tuples = 0
         self._lost: tuple[int, int, int] | None = None   # (byte, length, tuple) of a bad length
         self.schema: GdatSchema | None = None
         self._fields: list[tuple[FieldReader, FileField]] = []
         self._vstr = np.zeros(0, np.int64)          # offsets of the file's V_STR fields
-        if self.stream:
-            self._poller = select.poll()
-            self._poller.register(self._file.fileno(), select.POLLIN | select.POLLPRI)
-        else:
+        if not self.stream:
             try:
                 self._read_header_now()
             except BaseException:
@@ -335,64 +306,13 @@ class GdatReader:
         self._starts = np.zeros(cap, np.int64)
         self._lens = np.zeros(cap, np.int64)
 
-    # --- files and streams ---------------------------------------------------------------
-    def __enter__(self) -> GdatReader:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._closing = True
-        self._file.close()
+    WHAT = "GDAT records"
 
     def _wait_readable(self) -> bool | None:
-        """A stream: True when bytes (or the end) arrived, False when stopped, None after one
-        quiet slice when `idle_batches` (the caller hands an empty batch on)."""
-        started = time.monotonic()
-        noticed = False
-        while True:
-            if self._closing or (self._stop is not None and self._stop()):
-                self._stopped = True
-                return False
-            if self._poller.poll(int(_WAIT_SLICE_S * 1000)):
-                return True
-            if not noticed and not self._started \
-                    and time.monotonic() - started >= _WAIT_NOTICE_S:
-                noticed = True
-                what = "standard input" if self.path == display_name(STDIN) else "the FIFO"
-                log.warning("%s: waiting for GDAT records: nothing written to %s yet (Ctrl-C "
-                            "gives up)", self.path, what)
-            if self.idle_batches and self._started:
-                return None
-
-    def _read_more(self) -> int | None:
-        """Move the unread tail to the front and read; bytes read (None: a quiet stream)."""
-        tail = self._fill - self._pos
-        if self._pos:
-            self._buf[:tail] = self._buf[self._pos:self._fill]
-            self._base += self._pos
-            self._pos, self._fill = 0, tail
-        if self._fill == len(self._buf):      # a header or resync window longer than it
-            self._buf = np.concatenate([self._buf, np.empty(len(self._buf), np.uint8)])
-        if self.stream:
-            ready = self._wait_readable()
-            if ready is None:
-                return None
-            if not ready:
-                self._eof = True
-                return 0
-        try:
-            got = self._file.readinto(self._buf.data[self._fill:])
-        except OSError as exc:
-            raise RecordError(f"{self.path}: read error at byte {self._base + self._fill}: "
-                              f"{exc}") from None
-        if not got:
-            self._eof = True
-            return 0
-        self._fill += got
-        self._started = True
-        return got
+        ready = super()._wait_readable()
+        if ready is False:
+            self._stopped = True
+        return ready
 
     # --- the header -------------------------------------------------------------------------
     def _try_header(self) -> bool:
@@ -515,16 +435,6 @@ class GdatReader:
             log.info("%s: %s tuples skipped (not records)", self.path, ", ".join(
                 f"{n} {what}" for what, n in self.stats.skipped.items()))
 
-    def _string_map(self) -> dict:
-        return {r.columns[0]: self.strings for r in self.layout if r.field.type == "string"}
-
-    def _empty(self) -> RecordBatch:
-        cols = {c: np.zeros(0, _column_dtype(r, c)) for r in self.layout for c in r.columns}
-        cols.update(timestamp=np.zeros(0, np.int64), len=np.zeros(0, np.uint32),
-                    layers=np.zeros(0, np.uint16), reason=np.zeros(0, np.uint8))
-        return RecordBatch(self.link, cols, np.zeros(0, np.int64), True,
-                           strings=self._string_map())
-
     def _batch(self, n: int, nbytes: int) -> RecordBatch:
         assert self.schema is not None
         read_ns = int(self._clock())
@@ -603,14 +513,6 @@ class GdatReader:
         if r.kind == "llong":
             return {r.columns[0]: raw.view(np.int64)}
         return {r.columns[0]: raw}          # uint, ullong, bool (raw: nonzero is true)
-
-    def _timestamps(self, values: dict, m: int, read_ns: int) -> np.ndarray:
-        fmt = self.format
-        if fmt.system_clock:
-            return np.full(m, read_ns, np.int64)
-        clock = next(r for r in self.layout if r.field.name == fmt.clock)
-        with np.errstate(over="ignore"):
-            return values[clock.columns[0]].astype(np.int64) * np.int64(fmt.clock_unit_ns)
 
     def _note_bad(self, status: np.ndarray, number: np.ndarray, starts: np.ndarray,
                   lens: np.ndarray) -> None:

@@ -226,66 +226,46 @@ def detect_separator(line: bytes, fields_needed: int) -> str:
 
 # --- the reader ---------------------------------------------------------------------------------
 
-class RecordReader:
-    """Iterate over a CSV record source as `RecordBatch`es of up to `batch_size` records.
+class RecordSource:
+    """What the CSV and GDAT readers share: the source (a file, `-` or a FIFO) and its read
+    buffer, a stream's wait for bytes, the batch skeleton (string tables, the clock).
 
-    `columns`: the record-batch columns the consumer reads (None: all); string fields outside
-    it are checked but not interned (their column holds zeros). `strings`: the link's intern
-    table (a new one by default). `stop`: a stream's wait for bytes ends, as its end, once it
-    returns True. Batches own their arrays (nothing is reused)."""
+    A subclass calls `_open_source` in its constructor and gives `_read_error` (where a read
+    error happened, for the message) and `WHAT` (what the records are, for the wait notice).
+    `_base` is the source's byte offset of `_buf[0]`."""
 
-    def __init__(self, path: str | os.PathLike, fmt: RecordFormat, link: str | None = None,
-                 batch_size: int = 65536, *, separator: str | None = None,
-                 columns=None, strings: StringTable | None = None,
-                 stop: Callable[[], bool] | None = None, idle_batches: bool = False,
-                 chunk_size: int = _FILE_CHUNK, clock: Callable[[], int] = time.time_ns):
+    WHAT = "records"
+
+    def _open_source(self, path, fmt: RecordFormat, link: str | None, batch_size: int,
+                     columns, strings: StringTable | None, stop, idle_batches: bool,
+                     clock, chunk_size: int) -> None:
         self.path = display_name(path)
         self.link = link if link is not None else "stdin" if str(path) == STDIN else Path(path).stem
         self.format = fmt
-        if fmt.kind.lower() == "gdat":
-            raise RecordError(f"protocol {fmt.protocol}: GDAT records are read by "
-                              f"capture.gdat.GdatReader, not the CSV reader (open_records and "
-                              f"read_all_records choose the reader)")
         self.layout = layout_of(fmt)
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         self.batch_size = int(batch_size)
-        self.separator = resolve_separator(separator)
         self.columns = None if columns is None else frozenset(columns)
         self.strings = strings if strings is not None else StringTable()
-        self.stats = RecordStats()
         self._stop = stop
         self.idle_batches = idle_batches
         self._clock = clock
-        self._positions = sorted({r.position for r in self.layout if r.source == "csv"})
-        self._need = max(self._positions, default=0)
         kind, why = classify(path)
         if kind is None:
             raise RecordError(f"{self.path}: {why.replace('capture file', 'record file')}")
         self.stream = kind == STREAM
         self._closing = False
-        self._file = self._open(path)
+        self._file = open_input(path, self.stream, "record file", RecordError)
         self._buf = np.empty(_STREAM_CHUNK if self.stream else max(64, int(chunk_size)),
                              np.uint8)
-        self._fill = 0
-        self._pos = 0
-        self._eof = False
-        self._line = 0
-        self._started = False
+        self._fill = self._pos = self._base = 0
+        self._eof = self._started = False
         if self.stream:
             self._poller = select.poll()
             self._poller.register(self._file.fileno(), select.POLLIN | select.POLLPRI)
-        # per-batch field offsets, reused (the batches' own columns are fresh arrays)
-        cap = self.batch_size
-        width = max(1, self._need)
-        self._fstart = np.zeros((cap, width), np.int64)
-        self._fend = np.zeros((cap, width), np.int64)
-        self._nfields = np.zeros(cap, np.int64)
-        self._llen = np.zeros(cap, np.int64)
-        self._lineno = np.zeros(cap, np.int64)
 
-    # --- files and streams ---------------------------------------------------------------
-    def __enter__(self) -> RecordReader:
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
@@ -295,8 +275,9 @@ class RecordReader:
         self._closing = True
         self._file.close()
 
-    def _open(self, path):
-        return open_input(path, self.stream, "record file", RecordError)
+    def _read_error(self) -> str:
+        """Where the source is, for a read error's message."""
+        return f"at byte {self._base + self._fill}"
 
     def _wait_readable(self) -> bool | None:
         """A stream: True when bytes (or the end) arrived, False when stopped, None after one
@@ -312,18 +293,20 @@ class RecordReader:
                     and time.monotonic() - started >= _WAIT_NOTICE_S:
                 noticed = True
                 what = "standard input" if self.path == display_name(STDIN) else "the FIFO"
-                log.warning("%s: waiting for records: nothing written to %s yet (Ctrl-C gives "
-                            "up)", self.path, what)
+                log.warning("%s: waiting for %s: nothing written to %s yet (Ctrl-C gives "
+                            "up)", self.path, self.WHAT, what)
             if self.idle_batches and self._started:
                 return None
 
     def _read_more(self) -> int | None:
-        """Move the unparsed tail to the front and read; bytes read (None: a quiet stream)."""
+        """Move the unread tail to the front and read; bytes read (None: a quiet stream). The
+        buffer doubles when the tail fills it (a line, a header or a resync window longer)."""
         tail = self._fill - self._pos
         if self._pos:
             self._buf[:tail] = self._buf[self._pos:self._fill]
+            self._base += self._pos
             self._pos, self._fill = 0, tail
-        if self._fill == len(self._buf):      # a line longer than the buffer
+        if self._fill == len(self._buf):
             self._buf = np.concatenate([self._buf, np.empty(len(self._buf), np.uint8)])
         if self.stream:
             ready = self._wait_readable()
@@ -335,13 +318,68 @@ class RecordReader:
         try:
             got = self._file.readinto(self._buf.data[self._fill:])
         except OSError as exc:
-            raise RecordError(f"{self.path}: read error after line {self._line}: {exc}") from None
+            raise RecordError(f"{self.path}: read error {self._read_error()}: {exc}") from None
         if not got:
             self._eof = True
             return 0
         self._fill += got
         self._started = True
         return got
+
+    def _string_map(self) -> dict:
+        return {r.columns[0]: self.strings for r in self.layout if r.field.type == "string"}
+
+    def _empty(self) -> RecordBatch:
+        cols = {c: np.zeros(0, _column_dtype(r, c)) for r in self.layout for c in r.columns}
+        cols.update(timestamp=np.zeros(0, np.int64), len=np.zeros(0, np.uint32),
+                    layers=np.zeros(0, np.uint16), reason=np.zeros(0, np.uint8))
+        return RecordBatch(self.link, cols, np.zeros(0, np.int64), True,
+                           strings=self._string_map())
+
+    def _timestamps(self, values: dict, m: int, read_ns: int) -> np.ndarray:
+        fmt = self.format
+        if fmt.system_clock:
+            return np.full(m, read_ns, np.int64)
+        clock = next(r for r in self.layout if r.field.name == fmt.clock)
+        with np.errstate(over="ignore"):
+            return values[clock.columns[0]].astype(np.int64) * np.int64(fmt.clock_unit_ns)
+
+
+class RecordReader(RecordSource):
+    """Iterate over a CSV record source as `RecordBatch`es of up to `batch_size` records.
+
+    `columns`: the record-batch columns the consumer reads (None: all); string fields outside
+    it are checked but not interned (their column holds zeros). `strings`: the link's intern
+    table (a new one by default). `stop`: a stream's wait for bytes ends, as its end, once it
+    returns True. Batches own their arrays (nothing is reused)."""
+
+    def __init__(self, path: str | os.PathLike, fmt: RecordFormat, link: str | None = None,
+                 batch_size: int = 65536, *, separator: str | None = None,
+                 columns=None, strings: StringTable | None = None,
+                 stop: Callable[[], bool] | None = None, idle_batches: bool = False,
+                 chunk_size: int = _FILE_CHUNK, clock: Callable[[], int] = time.time_ns):
+        if fmt.kind.lower() == "gdat":
+            raise RecordError(f"protocol {fmt.protocol}: GDAT records are read by "
+                              f"capture.gdat.GdatReader, not the CSV reader (open_records and "
+                              f"read_all_records choose the reader)")
+        self.separator = resolve_separator(separator)
+        self._open_source(path, fmt, link, batch_size, columns, strings, stop, idle_batches,
+                          clock, chunk_size)
+        self.stats = RecordStats()
+        self._positions = sorted({r.position for r in self.layout if r.source == "csv"})
+        self._need = max(self._positions, default=0)
+        self._line = 0
+        # per-batch field offsets, reused (the batches' own columns are fresh arrays)
+        cap = self.batch_size
+        width = max(1, self._need)
+        self._fstart = np.zeros((cap, width), np.int64)
+        self._fend = np.zeros((cap, width), np.int64)
+        self._nfields = np.zeros(cap, np.int64)
+        self._llen = np.zeros(cap, np.int64)
+        self._lineno = np.zeros(cap, np.int64)
+
+    def _read_error(self) -> str:
+        return f"after line {self._line}"
 
     # --- batches -------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[RecordBatch]:
@@ -380,16 +418,6 @@ class RecordReader:
                 return False
             self._read_more()
 
-    def _empty(self) -> RecordBatch:
-        cols = {c: np.zeros(0, _column_dtype(r, c)) for r in self.layout for c in r.columns}
-        cols.update(timestamp=np.zeros(0, np.int64), len=np.zeros(0, np.uint32),
-                    layers=np.zeros(0, np.uint16), reason=np.zeros(0, np.uint8))
-        return RecordBatch(self.link, cols, np.zeros(0, np.int64), True,
-                           strings=self._string_map())
-
-    def _string_map(self) -> dict:
-        return {r.columns[0]: self.strings for r in self.layout if r.field.type == "string"}
-
     def _batch(self, n: int, nbytes: int) -> RecordBatch:
         read_ns = int(self._clock())
         status = np.zeros(n, np.int32)
@@ -419,15 +447,6 @@ class RecordReader:
         self.stats.records += m
         in_order = bool(m < 2 or (ts[1:] >= ts[:-1]).all())
         return RecordBatch(self.link, cols, lineno, in_order, strings=self._string_map())
-
-    def _timestamps(self, values: dict, m: int, read_ns: int) -> np.ndarray:
-        fmt = self.format
-        if fmt.system_clock:
-            return np.full(m, read_ns, np.int64)
-        clock = next(r for r in self.layout if r.field.name == fmt.clock)
-        v = values[clock.columns[0]]
-        with np.errstate(over="ignore"):
-            return v.astype(np.int64) * np.int64(fmt.clock_unit_ns)
 
     def _parse(self, r: FieldReader, n: int, status: np.ndarray, code: int,
                read_ns: int) -> dict[str, np.ndarray]:
