@@ -95,7 +95,6 @@ from capture.records import (
     RecordError,
     RecordSource,
     RecordStats,
-    _as_type,
 )
 from capture.schema import RecordFormat
 from capture.strings import StringTable
@@ -307,6 +306,7 @@ class GdatReader(RecordSource):
         self._lens = np.zeros(cap, np.int64)
 
     WHAT = "GDAT records"
+    stats: GdatStats
 
     def _wait_readable(self) -> bool | None:
         ready = super()._wait_readable()
@@ -478,16 +478,7 @@ class GdatReader(RecordSource):
             keep = np.flatnonzero(good)
             values = {k: v[keep] for k, v in values.items()}
             number, llen = number[keep], llen[keep]
-        m = len(number)
-        ts = self._timestamps(values, m, read_ns)
-        cols = {"timestamp": ts, "len": llen.astype(np.uint32),
-                "layers": np.zeros(m, np.uint16), "reason": np.zeros(m, np.uint8)}
-        for r in self.layout:
-            for c in r.columns:
-                cols[c] = _as_type(values[c], r, c)
-        self.stats.records += m
-        in_order = bool(m < 2 or (ts[1:] >= ts[:-1]).all())
-        return RecordBatch(self.link, cols, number, in_order, strings=self._string_map())
+        return self._assembled(values, number, llen, read_ns)
 
     def _read(self, r: FieldReader, ff: FileField, starts, lens, n: int, status: np.ndarray,
               code: int) -> dict[str, np.ndarray]:

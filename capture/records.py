@@ -235,6 +235,7 @@ class RecordSource:
     `_base` is the source's byte offset of `_buf[0]`."""
 
     WHAT = "records"
+    stats: RecordStats
 
     def _open_source(self, path, fmt: RecordFormat, link: str | None, batch_size: int,
                      columns, strings: StringTable | None, stop, idle_batches: bool,
@@ -335,6 +336,20 @@ class RecordSource:
                     layers=np.zeros(0, np.uint16), reason=np.zeros(0, np.uint8))
         return RecordBatch(self.link, cols, np.zeros(0, np.int64), True,
                            strings=self._string_map())
+
+    def _assembled(self, values: dict, number: np.ndarray, llen: np.ndarray,
+                   read_ns: int) -> RecordBatch:
+        """The batch of the good records' parsed `values` (their line or tuple `number`)."""
+        m = len(number)
+        ts = self._timestamps(values, m, read_ns)
+        cols = {"timestamp": ts, "len": llen.astype(np.uint32),
+                "layers": np.zeros(m, np.uint16), "reason": np.zeros(m, np.uint8)}
+        for r in self.layout:
+            for c in r.columns:
+                cols[c] = _as_type(values[c], r, c)
+        self.stats.records += m
+        in_order = bool(m < 2 or (ts[1:] >= ts[:-1]).all())
+        return RecordBatch(self.link, cols, number, in_order, strings=self._string_map())
 
     def _timestamps(self, values: dict, m: int, read_ns: int) -> np.ndarray:
         fmt = self.format
@@ -437,16 +452,7 @@ class RecordReader(RecordSource):
             llen = self._llen[:n][keep]
         else:
             llen = self._llen[:n]
-        m = len(lineno)
-        ts = self._timestamps(values, m, read_ns)
-        cols = {"timestamp": ts, "len": llen.astype(np.uint32),
-                "layers": np.zeros(m, np.uint16), "reason": np.zeros(m, np.uint8)}
-        for r in self.layout:
-            for c in r.columns:
-                cols[c] = _as_type(values[c], r, c)
-        self.stats.records += m
-        in_order = bool(m < 2 or (ts[1:] >= ts[:-1]).all())
-        return RecordBatch(self.link, cols, lineno, in_order, strings=self._string_map())
+        return self._assembled(values, lineno, llen, read_ns)
 
     def _parse(self, r: FieldReader, n: int, status: np.ndarray, code: int,
                read_ns: int) -> dict[str, np.ndarray]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import sys
+import textwrap
 import types
 from pathlib import Path
 
@@ -183,11 +184,36 @@ def _arg(col: str | None) -> str:
     return "0.0" if col is None else f"P[i, {int(col[3:])}]"
 
 
+def _pass(keep_src: str, indent: int) -> str:
+    """The source of a pass over supergroup `s`'s live groups in creation order (a cleaning
+    pass, HAVING): `keep_src` sets `keep` for group `h`; a group not kept is removed, and
+    every dead entry met is unlinked, so a pass walks the live groups only, not every group
+    the window ever made."""
+    body = textwrap.indent(keep_src, " " * 8)
+    return textwrap.indent(f"""prev = -1
+while e >= 0:
+    h = ent_g[e]
+    live = alive[h] and cur[h] == e
+    if live:
+{body}
+        if not keep:
+            _remove(h, s, alive, cd, sagg, shadow)
+            removed += 1
+            live = False
+    nxt = ent_next[e]
+    if live:
+        prev = e
+    else:
+        _unlink(e, prev, nxt, s, head, tail, ent_next)
+    e = nxt
+""", " " * indent)
+
+
 def kernel_source(plan) -> str:
     """The Python source of the query's `rows` and `finish` functions."""
     wc = plan.window.column if plan.window is not None else None
     row_w, when_w, group_w = _Writer(wc, "row"), _Writer(wc, "when"), _Writer(wc, "group")
-    i3, i4 = " " * 12, " " * 16
+    i3 = " " * 12
     where_src, _ = _conditions(E.chain("AND", list(plan.where)) if plan.where else None,
                                row_w, "ok", " " * 8)
     sup_upd = "\n".join(_update("sagg", "s", k, kind, _arg(col), " " * 8)
@@ -222,36 +248,20 @@ def kernel_source(plan) -> str:
               "    cd[s] -= 1\n" + "\n".join(give_back) + "\n\n\n")
     if plan.cleaning_when is not None:
         when_src = f"        cdv = cd[s]\n        when = {when_w.expr(plan.cleaning_when)} != 0.0"
-        by_src, _ = _conditions(plan.cleaning_by, group_w, "keep", i4 + "    ")
+        by_src, _ = _conditions(plan.cleaning_by, group_w, "keep", "")
+        walk = _pass(by_src, 12)
         cleaning = f'''{when_src}
         if when:
             cleanings += 1
             cdv = cd[s]
             e = head[s]
-            prev = -1
-            while e >= 0:
-                h = ent_g[e]
-                live = alive[h] and cur[h] == e
-                if live:
-{by_src}
-                    if not keep:
-                        _remove(h, s, alive, cd, sagg, shadow)
-                        removed += 1
-                        live = False
-                nxt = ent_next[e]
-                if live:
-                    prev = e
-                else:
-                    # unlinked: a pass walks the live groups only, not every one ever made
-                    _unlink(e, prev, nxt, s, head, tail, ent_next)
-                e = nxt
-'''
+{walk}'''
     else:
         cleaning = ""
-    having_lines = []
-    for c in conjuncts(plan.having):
-        having_lines.append(f"{' ' * 16}if keep:\n{' ' * 20}keep = {group_w.expr(c)} != 0.0")
-    having_src = "\n".join(having_lines)
+    # HAVING: its conjuncts in order, up to the first false
+    having_src = "\n".join(["keep = True"] + [f"if keep:\n    keep = {group_w.expr(c)} != 0.0"
+                                               for c in conjuncts(plan.having)])
+    having_walk = _pass(having_src, 8)
     return _PRELUDE + remove + f'''@njit(nogil=True, cache=True)
 def rows(P, sgi, gid, wv, states, cd, sagg, agg, shadow, alive, first, cur, ent_g, ent_next,
          head, tail, counts):
@@ -310,23 +320,7 @@ def finish(wv, states, cd, sagg, agg, shadow, alive, first, cur, ent_g, ent_next
         _S.final_init(st, cd[s])
         cdv = cd[s]
         e = head[s]
-        prev = -1
-        while e >= 0:
-            h = ent_g[e]
-            live = alive[h] and cur[h] == e
-            if live:
-                keep = True
-{having_src or '                pass'}
-                if not keep:
-                    _remove(h, s, alive, cd, sagg, shadow)
-                    removed += 1
-                    live = False
-            nxt = ent_next[e]
-            if live:
-                prev = e
-            else:
-                _unlink(e, prev, nxt, s, head, tail, ent_next)
-            e = nxt
+{having_walk}
     counts[3] += removed
 '''
 

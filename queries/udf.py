@@ -346,18 +346,10 @@ def resolve_call(library: FunctionLibrary, node: E.Func, args: list[E.Expr],
         if p.handle and not isinstance(arg, E.Literal):
             raise error(written, f"argument {decl.params.index(p) + 1} of {name} is a HANDLE "
                         f"parameter (declared at {decl.where}): it must be a literal")
-    if library.module is None:
-        raise error(node, f"{name} is declared at {decl.where} but no Python module implements "
-                    f"it (give one: --udf MODULE.py)")
-    try:
-        fn = implementation(library.module, decl.name)
-    except ConfigError as exc:
-        raise error(node, str(exc)) from None
-    if fn is None:
-        raise error(node, f"{name} is declared at {decl.where} but {library.module} defines no "
-                    f"function {decl.name}")
+    module = _module_of(library, decl, name, node, error)
+    _defined(module, decl, name, node, error, "function ")
     external = ExternalFunction(
-        name=name, module=library.module,
+        name=name, module=module,
         params=tuple(TYPES[p.type.lower()] for p in decl.params),
         handles=tuple(p.handle for p in decl.params), returns=returns,
         lfta_legal=bool({"LFTA_LEGAL", "LFTA_ONLY"} & decl.modifiers), declared_at=decl.where)
@@ -511,26 +503,18 @@ def resolve_aggregate(library: FunctionLibrary, node: E.Aggregate, arg: E.Expr, 
                                                   "bool"):
         raise error(node, f"{name} (declared at {decl.where}): a UDAF takes and returns a "
                     f"number (uint, int, ullong, llong, float, bool)")
-    if library.module is None:
-        raise error(node, f"{name} is declared at {decl.where} but no Python module implements "
-                    f"it (give one: --udf MODULE.py)")
-    try:
-        obj = implementation(library.module, decl.name)
-    except ConfigError as exc:
-        raise error(node, str(exc)) from None
-    if obj is None:
-        raise error(node, f"{name} is declared at {decl.where} but {library.module} defines no "
-                    f"{decl.name}")
+    module = _module_of(library, decl, name, node, error)
+    obj = _defined(module, decl, name, node, error)
     problem = _udaf_problem(obj)
     if problem:
-        raise error(node, f"user-defined aggregate {name} in {library.module}: {problem} (e.g. "
+        raise error(node, f"user-defined aggregate {name} in {module}: {problem} (e.g. "
                     f"class {name}: state = ('float64', 2); def init(state): ...; def "
                     f"update(state, value): ...; def combine(state, other): ...; def "
                     f"output(state): ...)")
     udaf: Any = obj                 # a class or object with the four parts, checked above
     running = "RUNNING" in decl.modifiers
     if running and not callable(getattr(obj, "window_change", None)):
-        raise error(node, f"{name} is declared RUNNING (at {decl.where}): {library.module} "
+        raise error(node, f"{name} is declared RUNNING (at {decl.where}): {module} "
                     f"must give it `window_change(state)`, called when its group is carried "
                     f"into the next window (GS-lite's _HFTA_AGGR_REINIT_)")
     dtype, size = udaf.state
@@ -539,14 +523,36 @@ def resolve_aggregate(library: FunctionLibrary, node: E.Aggregate, arg: E.Expr, 
     except Exception as exc:   # the user's init refused the constants
         raise error(node, f"{name}'s init({', '.join(['state'] + [str(h) for h in handles])}) "
                     f"failed: {type(exc).__name__}: {exc}") from None
-    lfta = update_compiles(library.module, decl.name, dtype, ARG_DTYPES[param])
-    if extraction and implementation(library.module, extraction[0]) is None:
-        raise error(node, f"extractor {extraction[2]}: {library.module} defines no function "
+    lfta = update_compiles(module, decl.name, dtype, ARG_DTYPES[param])
+    if extraction and implementation(module, extraction[0]) is None:
+        raise error(node, f"extractor {extraction[2]}: {module} defines no function "
                     f"{extraction[0]} (it gets the UDAF's state, then "
                     f"{len(extraction[1])} more argument(s))")
-    ext = ExternalAggregate(name, library.module, param, returns, dtype, int(size),
+    ext = ExternalAggregate(name, module, param, returns, dtype, int(size),
                             identity, lfta, decl.where, tuple(handles), running, extraction)
     return node.replace(name=name, arg=arg, udaf=ext)
+
+
+def _module_of(library: FunctionLibrary, decl: Declaration, name: str, node,
+               error: ErrorAt) -> str:
+    """The --udf module that implements a declared name (a located error without one)."""
+    if library.module is None:
+        raise error(node, f"{name} is declared at {decl.where} but no Python module implements "
+                    f"it (give one: --udf MODULE.py)")
+    return library.module
+
+
+def _defined(module: str, decl: Declaration, name: str, node, error: ErrorAt,
+             what: str = ""):
+    """The module's object for a declared name (a located error when it defines none)."""
+    try:
+        obj = implementation(module, decl.name)
+    except ConfigError as exc:
+        raise error(node, str(exc)) from None
+    if obj is None:
+        raise error(node, f"{name} is declared at {decl.where} but {module} defines no "
+                    f"{what}{decl.name}")
+    return obj
 
 
 def _udaf_problem(obj) -> str:
