@@ -380,7 +380,7 @@ class _Builder:
     """Turns the declarations of every file into protocols: inheritance, field clashes,
     record formats."""
 
-    def __init__(self, decls: list[_ProtocolDecl], base: Schema):
+    def __init__(self, decls: list[_ProtocolDecl], base: Schema, replace: bool = False):
         self.base = base
         self.decls: dict[str, _ProtocolDecl] = {}
         self.checked: dict[str, list[_Checked]] = {}
@@ -397,7 +397,7 @@ class _Builder:
                 first = self.decls[key]
                 raise f.error_at(d.name, f"protocol {d.name.value} is declared twice: here "
                                  f"and at {first.file.place(first.name)}")
-            if key in base:
+            if key in base and not replace:
                 raise f.error_at(d.name, f"protocol {d.name.value} is already declared (at "
                                  f"{base.protocol(key).where or 'a schema file read before'})")
             self.decls[key] = d
@@ -531,25 +531,45 @@ def schema_from_text(text: str, path: str = "<schema>", base: Schema = BUILTIN) 
 def load_schema(paths: Iterable[str | Path], base: Schema = BUILTIN) -> Schema:
     """`base` plus the protocols of the schema files `paths` (read together: a protocol may
     inherit from one of another file). SchemaError when a file is wrong or unreadable."""
+    return schema_from_files([(str(p), read_schema_file(p)) for p in paths], base)
+
+
+def read_schema_file(path: str | Path) -> str:
+    """The text of a schema file (SchemaError naming it when it cannot be read)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SchemaError("no such schema file", path=str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SchemaError(f"cannot read the schema file: {exc}", path=str(path)) from None
+
+
+def schema_from_files(files: Sequence[tuple[str, str]], base: Schema = BUILTIN, *,
+                      replace: bool = False) -> Schema:
+    """`base` plus the protocols of schema files given as (path, text) pairs: what a server
+    keeps of the schema files a query was submitted with (`oopscope submit --schema`).
+    `replace`: a protocol of `base` may be declared again (the new declaration wins)."""
     decls: list[_ProtocolDecl] = []
-    files: list[str] = []
-    for p in paths:
-        path = str(p)
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise SchemaError("no such schema file", path=path) from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SchemaError(f"cannot read the schema file: {exc}", path=path) from None
+    for path, text in files:
         decls += parse_schema_text(text, path)
-        files.append(path)
     if not files:
         return base
-    protocols = _Builder(decls, base).build()
+    protocols = _Builder(decls, base, replace).build()
     for proto in protocols:
         log.debug("%s: protocol %s (%s)", proto.where, proto.name,
                   f"{proto.record} records" if proto.record else "base of record protocols")
-    return base.with_protocols(protocols, tuple(files))
+    return base.with_protocols(protocols, tuple(path for path, _ in files))
+
+
+def layered_schema(layers: Sequence[Sequence[tuple[str, str]]],
+                   base: Schema = BUILTIN) -> Schema:
+    """`base`, then each layer of (path, text) schema files over the one before: a later
+    layer's protocol replaces an earlier one of its name and may inherit from any (a server's
+    schema files, then those a query was submitted with)."""
+    schema = base
+    for i, files in enumerate(layers):
+        schema = schema_from_files(list(files), schema, replace=i > 0)
+    return schema
 
 
 def schema_for(query_paths: Sequence[str | Path | None],
@@ -557,6 +577,12 @@ def schema_for(query_paths: Sequence[str | Path | None],
     """The schema a run of `query_paths` uses: the `--schema` files, then the
     `packet_schema.txt` beside each query file when there is one (GS-lite reads the schema of
     a query set from there), each file once."""
+    return load_schema(schema_files_for(query_paths, schema_paths), base)
+
+
+def schema_files_for(query_paths: Sequence[str | Path | None],
+                     schema_paths: Sequence[str | Path] = ()) -> list[Path]:
+    """The schema files `schema_for` reads, in order."""
     chosen: list[Path] = [Path(p) for p in schema_paths]
     seen = {_same_file_key(p) for p in chosen}
     for q in query_paths:
@@ -567,7 +593,7 @@ def schema_for(query_paths: Sequence[str | Path | None],
             log.info("reading %s beside the query file %s (as GS-lite does)", beside, q)
             chosen.append(beside)
             seen.add(_same_file_key(beside))
-    return load_schema(chosen, base)
+    return chosen
 
 
 def _same_file_key(p: Path) -> str:

@@ -94,8 +94,13 @@ class Work:
         self.links = list(links)
         self.error: str | None = None
         names, fanout = split_sublinks(item.links)
+        schema = None
+        if any(item.schemas):
+            from queries.schemafile import layered_schema
+
+            schema = layered_schema([[tuple(f) for f in layer] for layer in item.schemas])
         plan = plan_text(item.text, item.file, names, dict(item.params),
-                         dict(item.sets), subset=True)
+                         dict(item.sets), subset=True, schema=schema)
         spool = Path(item.spool)
         spool.mkdir(parents=True, exist_ok=True)
         import tempfile

@@ -43,6 +43,8 @@ class WorkItem:
     agents: dict = field(default_factory=dict)   # link -> host id of the agent capturing it
     spool: str = ""                              # where the partial rows go
     start_ns: int = 0                            # the first window: packets before it wait
+    #: layers of [path, text] schema files it is planned with (`Submission.schema_layers`)
+    schemas: list = field(default_factory=list)
     state: str = RUNNING                         # running | cancelled
     updated_ns: int = 0
 

@@ -10,6 +10,8 @@ import time
 
 import click
 
+from tools.commands.params import schema_option
+
 
 def _client_options(fn):
     @click.option("--server", default=None, metavar="URL",
@@ -43,11 +45,16 @@ def _when(ns) -> str:
               help="Write QUERY's windows into DIR (below the server's output root).")
 @click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "parquet"]), default=None,
               help="Output files' format (default csv).")
+@schema_option
 @_client_options
-def submit(query_file, name, params, sets, outputs, fmt, client) -> None:
-    """Submit QUERY_FILE (a path or a shipped query name) to the server."""
+def submit(query_file, name, params, sets, outputs, fmt, schema_files, client) -> None:
+    """Submit QUERY_FILE (a path or a shipped query name) to the server.
+
+    The schema files (--schema, and the packet_schema.txt beside QUERY_FILE) are sent with
+    it: they are read here, and the server keeps them with the query."""
     from queries.errors import QueryError
     from queries.explain import find_query_file
+    from queries.schemafile import read_schema_file, schema_files_for
     from tools.commands.run import _pairs
 
     path = find_query_file(query_file)
@@ -58,10 +65,12 @@ def submit(query_file, name, params, sets, outputs, fmt, client) -> None:
                          path=query_file) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise QueryError(f"cannot read the query file: {exc}", path=str(path)) from None
+    schemas = [[str(f), read_schema_file(f)] for f in schema_files_for([path], schema_files)]
     reply = client.submit(text=text, file=str(path), name=name,
                           params=dict(_pairs(params, "--param")),
                           sets=dict(_pairs(sets, "--set")),
-                          outputs=dict(_pairs(outputs, "--output")), format=fmt)
+                          outputs=dict(_pairs(outputs, "--output")), format=fmt,
+                          schemas=schemas)
     click.echo(reply["message"])
     for q, out in reply["outputs"].items():
         click.echo(f"  {q} -> {out}")

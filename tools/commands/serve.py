@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tools.commands.params import Duration
+from tools.commands.params import Duration, schema_option
 
 
 @click.command()
@@ -14,8 +14,17 @@ from tools.commands.params import Duration
 @click.option("--link", "links", multiple=True, metavar="NAME=PCAP",
               help="Replay a capture file as link NAME, paced and stamped with the wall "
                    "clock (repeatable; for demos and tests).")
+@click.option("--records", "records", multiple=True, metavar="NAME=PROTOCOL:PATH",
+              help="A record link (repeatable): the records of PROTOCOL, a record protocol "
+                   "of a --schema file, from PATH: a FIFO or - read as records arrive, or a "
+                   "file of records timed by a field of their own, replayed once at --speed.")
+@schema_option
+@click.option("--csv-separator", "csv_separator", default=None, metavar="CHAR",
+              help="The field separator of CSV record links (default: detected from the "
+                   "first line among , | tab ;).")
 @click.option("--speed", type=click.FloatRange(min=0.001), default=1.0, show_default=True,
-              help="Replay --link files at this many times real time.")
+              help="Replay --link files (and --records files) at this many times real "
+                   "time.")
 @click.option("--loop", is_flag=True, help="Replay --link files over and over.")
 @click.option("--state", "state", required=True, type=click.Path(file_okay=False),
               help="Directory of everything the server remembers: queries, spools, "
@@ -57,7 +66,7 @@ from tools.commands.params import Duration
                                       "tcpdump -Q; on loopback each packet counts once).")
 @click.option("--ready-file", default=None, hidden=True,
               help="Write the server's URL here once it listens (for scripts and tests).")
-def serve(interfaces, links, speed, loop, state, output_root, listen, token_file, master,
+def serve(interfaces, links, records, schema_files, csv_separator, speed, loop, state, output_root, listen, token_file, master,
           spool, agent_timeout, fanout, punctuate_every, lull_slack, promiscuous, snaplen,
           ring_blocks, ring_block_size, direction, ready_file) -> None:
     """Run the appliance: capture on the links, run the queries submitted to it.
@@ -72,19 +81,22 @@ def serve(interfaces, links, speed, loop, state, output_root, listen, token_file
     Examples:
       sudo oopscope serve --interface main=eth0 --state /var/lib/oopscope
       oopscope serve --link main=trace.pcap --loop --state /tmp/oops
+      oopscope serve --schema packet_schema.txt --records csv=CSV_EXAMPLE:/run/feed.fifo \
+          --state /tmp/oops
       oopscope serve --spool /shared/oops --state /var/lib/oopscope   # agents' links
       sudo oopscope serve --interface main=eth0 --fanout 4 --state /var/lib/oopscope
     """
     from pathlib import Path
 
-    from tools.commands.run import _interfaces, _links
+    from tools.commands.run import _interfaces, _links, _separator
     from tools.serve.appliance import ServeConfig
     from tools.serve.server import parse_listen, read_token
     from tools.serve.server import serve as run_server
 
-    if not links and not interfaces and not spool:
-        raise click.UsageError("give --interface NAME=IFACE (live), --link NAME=PCAP, or "
-                               "--spool DIR (the agents' links)")
+    if not links and not interfaces and not spool and not records:
+        raise click.UsageError("give --interface NAME=IFACE (live), --link NAME=PCAP, "
+                               "--records NAME=PROTOCOL:PATH, or --spool DIR (the agents' "
+                               "links)")
     if fanout > 1 and (links or not interfaces):
         raise click.UsageError("--fanout splits live interfaces over capture processes: give "
                                "--interface NAME=IFACE (a capture file, --link, is read by "
@@ -97,6 +109,19 @@ def serve(interfaces, links, speed, loop, state, output_root, listen, token_file
                          punctuate_every_ns=punctuate_every, lull_slack_ns=lull_slack,
                          capture_options=capture_options, spool=spool,
                          agent_timeout_s=None if agent_timeout is None else agent_timeout / 1e9,
-                         fanout=fanout)
+                         fanout=fanout, schema_files=tuple(schema_files),
+                         records=_record_links(records),
+                         csv_separator=_separator(csv_separator))
     run_server(config, parse_listen(listen, Path(state).resolve()), read_token(token_file),
                ready_file)
+
+
+def _record_links(values: tuple[str, ...]) -> tuple[tuple[str, str, str], ...]:
+    out = []
+    for item in values:
+        name, _, rest = item.partition("=")
+        protocol, _, path = rest.partition(":")
+        if not name.strip() or not protocol.strip() or not path.strip():
+            raise click.BadParameter(f"{item!r} is not NAME=PROTOCOL:PATH", param_hint="--records")
+        out.append((name.strip(), protocol.strip(), path.strip()))
+    return tuple(out)

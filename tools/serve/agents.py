@@ -140,7 +140,8 @@ class Agents:
                         text=rec.text, params=dict(rec.params), sets=dict(rec.sets),
                         queries=[qp.name for qp in sub.chosen], links=list(sub.spool_links),
                         agents=dict(sub.remote), spool=str(sub.spool_dir),
-                        start_ns=int(rec.first_window_ns))
+                        start_ns=int(rec.first_window_ns),
+                        schemas=[[list(f) for f in layer] for layer in sub.schema_layers])
         publish(self.shared, item)
         log.info("query %s: published for the agents of %s", rec.name,
                  ", ".join(f"{link} ({host})" for link, host in sub.remote.items()))

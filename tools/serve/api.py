@@ -4,7 +4,7 @@
 |---|---|
 | `GET /api/status` | links (rates, drops, punctuation), Spark, gaps |
 | `GET /api/queries` | every query with its state and counters |
-| `POST /api/queries` | submit: JSON `{text, file, name?, params?, sets?, outputs?, format?}` |
+| `POST /api/queries` | submit: JSON `{text, file, name?, params?, sets?, outputs?, format?, schemas?}` (`schemas`: `[[path, text], ...]` of schema files) |
 | `DELETE /api/queries/NAME` | cancel: open windows closed and written, outputs kept |
 | `GET /api/queries/NAME/rows?limit=N` | the latest rows written |
 | `GET /api/queries/NAME/tail` | JSON lines: `{"event": "rows", ...}` as windows close, `{"event": "missed", "rows": N}` when the reader fell behind, `{"event": "end"}` |
@@ -75,6 +75,17 @@ def _public(path: str) -> bool:
     return path == "/" or path.startswith("/static/")
 
 
+def _schemas(value) -> list:
+    """The `schemas` of a submission: [[path, text], ...] (anything else is refused)."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(
+            isinstance(f, list) and len(f) == 2 and all(isinstance(x, str) for x in f)
+            for f in value):
+        raise ServeError("`schemas` must be a list of [path, text] pairs of schema files")
+    return value
+
+
 def _error(exc: ServeError) -> JSONResponse:
     return JSONResponse({"error": str(exc)}, status_code=exc.status)
 
@@ -103,7 +114,8 @@ def make_app(appliance: Appliance, metrics, request_stop: Callable[[], None],
                                                                      "query.gsql"),
                                          name=body.get("name"), params=body.get("params"),
                                          sets=body.get("sets"), outputs=body.get("outputs"),
-                                         fmt=body.get("format")))
+                                         fmt=body.get("format"),
+                                         schemas=_schemas(body.get("schemas"))))
         except ServeError as exc:
             return _error(exc)
         appliance.hub.publish("queries", None, {})

@@ -39,6 +39,7 @@ from tools.serve.submission import (
     NAME_RE,
     Record,
     Submission,
+    first_open_window,
     first_window_start,
     remove_generation,
     when,
@@ -80,10 +81,17 @@ class ServeConfig:
     agent_timeout_s: float | None = None              # None: 3 of the agent's periods
     #: each interface captured by this many member processes (`serve --fanout N`)
     fanout: int = 1
+    #: GS-lite schema files (`--schema`) declaring the record protocols of `records`, and
+    #: read by every submission
+    schema_files: tuple[str, ...] = ()
+    #: (name, protocol, path) of the record links (`--records NAME=PROTOCOL:PATH`)
+    records: tuple[tuple[str, str, str], ...] = ()
+    csv_separator: str | None = None
 
     @property
     def link_names(self) -> list[str]:
-        return [n for n, _ in self.links] + [n for n, _ in self.interfaces]
+        return [n for n, _ in self.links] + [n for n, _ in self.interfaces] + \
+            [n for n, _, _ in self.records]
 
 
 class Appliance:
@@ -108,9 +116,17 @@ class Appliance:
         self.fanout = ServedFanout(config, self.state_dir, self._stopping)
         #: link -> N of the interfaces captured by N fanout members
         self.fanned: dict[str, int] = self.fanout.fanned
+        #: (path, text) of the server's schema files, and the schema they make
+        self.schema_files: list[tuple[str, str]] = []
+        self.schema: Any = None
 
     # --- start -------------------------------------------------------------------------------
     def start(self) -> None:
+        from queries.schemafile import read_schema_file, schema_from_files
+
+        self.schema_files = [(str(Path(f).resolve()), read_schema_file(f))
+                             for f in self.config.schema_files]
+        self.schema = schema_from_files(self.schema_files)
         self._check_config()
         for d in (self.state_dir, self.output_root):
             try:
@@ -154,6 +170,7 @@ class Appliance:
                     record.state, record.error = "failed", str(exc)
                     record.save(self.state_dir)
                     log.error("query %s: cannot resume: %s", record.name, exc)
+        self._release_record_links()
         threading.Thread(target=self._start_stages_when_up, name="oopscope-stages",
                          daemon=True).start()
         if self.agents is not None:
@@ -175,6 +192,10 @@ class Appliance:
         for name, path in self.config.links:
             if not Path(path).is_file():
                 raise RunConfigError(f"--link {name}={path}: no such capture file")
+        from tools.serve.recordlinks import record_format
+
+        for name, protocol, path in self.config.records:
+            record_format(self.schema, name, protocol, path)
         if self.config.speed <= 0:
             raise RunConfigError("--speed must be positive")
 
@@ -186,7 +207,22 @@ class Appliance:
         interfaces = () if self.fanned else cfg.interfaces
         self.links = open_links(cfg.links, interfaces, period_ns=cfg.punctuate_every_ns,
                                 slack_ns=cfg.lull_slack_ns, speed=cfg.speed, loop=cfg.loop,
-                                capture_options=cfg.capture_options)
+                                capture_options=cfg.capture_options, records=cfg.records,
+                                schema=self.schema, separator=cfg.csv_separator)
+
+    def _release_record_links(self) -> None:
+        """Let the record links read, now that the queries resumed on them are attached: a
+        file link reads past the records of the windows they have written."""
+        for link in self.links.values():
+            producer = link.producer
+            if getattr(producer, "go", None) is None:
+                continue
+            starts = [sub.record.suppress[-1][1] for sub in self.submissions.values()
+                      if link.name in sub.links and sub.record.suppress]
+            producer.skip_before = min(starts) if starts and all(
+                link.name not in sub.links or sub.record.suppress
+                for sub in self.submissions.values()) else None
+            producer.go.set()
 
     def _note_downtime(self) -> None:
         beat = self.state_dir / "server.json"
@@ -222,22 +258,67 @@ class Appliance:
     # --- queries -------------------------------------------------------------------------------
     def _now(self) -> int:
         seen = [link.timer.max_seen for link in self.links.values()
-                if link.timer.max_seen is not None]
+                if link.timer.max_seen is not None and not self._record_clock(link.name)]
         return max([time.time_ns(), *seen])
 
+    def _record_clock(self, name: str) -> bool:
+        """Whether link `name` is timed by its records' own field (not the wall clock)."""
+        link = self.links.get(name)
+        fmt = getattr(link.producer, "format", None) if link is not None else None
+        return fmt is not None and not fmt.system_clock
+
+    def _data_clock(self, sub: Submission) -> bool:
+        """Whether `sub` reads links timed by their records' field (a file of records
+        replayed, say): its start is then a time of that clock, not the wall clock's.
+        RunConfigError when it mixes them with wall-clock links."""
+        data = [n for n in sub.links if self._record_clock(n)]
+        if data and len(data) < len(sub.links):
+            wall = [n for n in sub.links if n not in data]
+            raise RunConfigError(f"{sub.record.file}: links {', '.join(data)} are timed by "
+                                 f"their records' own time and {', '.join(wall)} by the "
+                                 f"wall clock; one query set reads links of one clock")
+        return bool(data)
+
+    def _check_link_kinds(self, sub: Submission) -> None:
+        """Every low-level plan reads its link as what the link carries: packets, or the
+        records of the protocol the server was started with."""
+        for qp in sub.plan.queries:
+            for lp in qp.low:
+                link = self.links.get(lp.link)
+                carried = getattr(link.producer, "format", None) if link is not None else None
+                what = (f"{sub.record.file}: query {qp.name} reads link {lp.link} as "
+                        f"{'records' if lp.record is not None else 'packets'} of "
+                        f"{lp.protocol}")
+                if carried is None and lp.record is not None:
+                    raise RunConfigError(f"{what}, but the link carries packets (a record "
+                                         f"link is started with serve --records "
+                                         f"NAME=PROTOCOL:PATH)")
+                if carried is not None and (lp.record is None
+                                            or lp.record.protocol != carried.protocol):
+                    raise RunConfigError(f"{what}, but the link carries records of "
+                                         f"{carried.protocol} (serve --records)")
+                if carried is not None and lp.record != carried:
+                    raise RunConfigError(f"{what} as its own schema file declares it; the "
+                                         f"server reads {carried.protocol} as its --schema "
+                                         f"declares it, with other fields")
+
     def submit(self, *, text: str, file: str, name: str | None = None, params=None, sets=None,
-               outputs=None, fmt: str | None = None) -> dict:
+               outputs=None, fmt: str | None = None, schemas=None) -> dict:
         fmt = fmt or "csv"
         if fmt not in FORMATS:
             raise ServeError(f"--format {fmt}: allowed {', '.join(FORMATS)}")
         stem = Path(file).stem
         with self._lock:
+            schemas = [[str(p), str(t)] for p, t in (schemas or [])]
             probe = Record(name=name or "probe", file=file, text=text, params=dict(params or {}),
-                           sets=dict(sets or {}), format=fmt)
+                           sets=dict(sets or {}), format=fmt, schemas=schemas)
             names, remote = self._available_links()
             try:
-                sub = Submission(probe, self.state_dir, names, remote, self.fanned)
+                sub = Submission(probe, self.state_dir, names, remote, self.fanned,
+                                 self.schema_files)
                 sub.check_fanout()
+                self._check_link_kinds(sub)
+                data_clock = self._data_clock(sub)
             except OopscopeError as exc:     # the planner's message, with line and column
                 raise ServeError(self._no_link_hint(str(exc))) from None
             if name is None:
@@ -257,7 +338,7 @@ class Appliance:
                                      f"queries are {', '.join(sub.plan.names)}")
                 out_dirs[q] = str(self._output_path(path))
             record = Record(name=name, file=file, text=text, params=dict(params or {}),
-                            sets=dict(sets or {}), format=fmt,
+                            sets=dict(sets or {}), format=fmt, schemas=schemas,
                             generation=(old.generation + 1) if old else 1)
             if sub.remote:
                 assert self.agents is not None
@@ -266,31 +347,51 @@ class Appliance:
             record.fanout = dict(sub.fanout)
             if out_dirs:
                 record.outputs = out_dirs
-                sub = Submission(record, self.state_dir, names, remote)
+                sub = Submission(record, self.state_dir, names, remote,
+                                 server_schemas=self.schema_files)
             else:
                 sub.record = record
             for qp in sub.chosen:
                 default = self.output_root / sub.stream_name(qp.name)
                 record.outputs.setdefault(qp.name, str(self._output_path(str(default))))
-            now = self._now()
-            from tools.serve.agents import ATTACH_MARGIN_NS
+            record.submitted_ns = time.time_ns()
+            if data_clock:
+                message = self._start_on_records(sub)
+            else:
+                from tools.serve.agents import ATTACH_MARGIN_NS
 
-            margin = ATTACH_MARGIN_NS if sub.remote else NS_PER_S // 5
-            start = first_window_start(sub.chosen, now + margin)
-            record.submitted_ns, record.first_window_ns = now, start
-            record.suppress = [[INT64_MIN, start]]
+                margin = ATTACH_MARGIN_NS if sub.remote else NS_PER_S // 5
+                start = first_window_start(sub.chosen, self._now() + margin)
+                record.first_window_ns = start
+                record.suppress = [[INT64_MIN, start]]
+                message = (f"its first window starts at {when(start)} (in "
+                           f"{max(0.0, (start - time.time_ns()) / 1e9):.1f} s): packets "
+                           f"before it are not counted")
             sub.record = record
             self._launch(sub)
             self.records[name] = record
-            log.info("query %s submitted: first window starts at %s", name, when(start))
+            log.info("query %s submitted: %s", name, message)
             return {"name": name, "streams": list(sub.streams), "links": sub.links,
                     "agents": dict(sub.remote),
-                    "first_window_ns": start,
+                    "first_window_ns": record.first_window_ns,
                     "outputs": {q: p for q, p in record.outputs.items()},
-                    "message": f"query {name} runs on {', '.join(sub.links)}; its first "
-                               f"window starts at {when(start)} (in "
-                               f"{max(0.0, (start - time.time_ns()) / 1e9):.1f} s): "
-                               f"packets before it are not counted"}
+                    "message": f"query {name} runs on {', '.join(sub.links)}; {message}"}
+
+    def _start_on_records(self, sub: Submission) -> str:
+        """A submission on links timed by their records' own field starts with the first
+        window after the latest record time read on them (from their first record when none
+        has been read yet)."""
+        seen = [t for n in sub.links if (t := self.links[n].timer.max_seen) is not None]
+        if not seen:
+            sub.record.first_window_ns = 0
+            sub.record.suppress = []
+            return "it counts the records from the first one read"
+        start = first_window_start(sub.chosen, max(seen))
+        sub.record.first_window_ns = start
+        sub.record.suppress = [[INT64_MIN, start]]
+        return (f"its first window starts at record time {start / NS_PER_S:.9g} s (records "
+                f"before it were read before the submission and are not counted)")
+
 
     def _available_links(self) -> tuple[list[str], dict[str, str]]:
         """Every link a submission may read (the server's, then its live agents'), and
@@ -364,7 +465,8 @@ class Appliance:
             record.generation += 1
             record.stopped_cleanly = False
         if self.fanned or record.fanout:
-            links = Submission(record, self.state_dir, self._plan_names(record), {}, {}).links
+            links = Submission(record, self.state_dir, self._plan_names(record), {}, {},
+                               self.schema_files).links
             self.fanout.refan(record, links, cleanly,
                               None if self.agents is None else str(self.agents.shared))
         remote = dict(record.agents)
@@ -374,18 +476,32 @@ class Appliance:
         if remote and self.agents is not None and record.spool_root != str(self.agents.shared):
             log.warning("query %s: its spool stays in %s (the server's --spool is now %s)",
                         record.name, record.spool_root, self.agents.shared)
-        sub = Submission(record, self.state_dir, self._plan_names(record), remote)
+        sub = Submission(record, self.state_dir, self._plan_names(record), remote,
+                         server_schemas=self.schema_files)
+        self._check_link_kinds(sub)
         sub.build(self.hub, self._punctuated_at)     # to find its spools
         gap_from = sub.last_punctuation()
-        start = first_window_start(sub.chosen, self._now() + NS_PER_S // 5)
+        if self._data_clock(sub):
+            # its links are read again from their start: it goes on where its spool stops,
+            # with no gap unless its windows differ in size (`first_open_window`)
+            start = (record.suppress[-1][1] if record.suppress else 0) if gap_from is None \
+                else first_open_window(sub.chosen, gap_from)
+            gap_from = start if gap_from is None else min(gap_from, start)
+        else:
+            start = first_window_start(sub.chosen, self._now() + NS_PER_S // 5)
         record.suppress.append([INT64_MIN if gap_from is None else gap_from, start])
-        down = self.gaps[-1]["from_ns"] if self.gaps else None
-        record.gaps.append({"from_ns": gap_from if gap_from is not None else down,
-                            "to_ns": start, "reason": "restart"})
         record.first_window_ns = start
-        log.warning("query %s resumed (generation %d): windows from %s to %s are a gap "
-                    "and are not written", record.name, record.generation,
-                    "the start" if gap_from is None else when(gap_from), when(start))
+        if gap_from is not None and gap_from == start:
+            log.warning("query %s resumed (generation %d): its records are read again from "
+                        "record time %.9g s on", record.name, record.generation,
+                        start / NS_PER_S)
+        else:
+            down = self.gaps[-1]["from_ns"] if self.gaps else None
+            record.gaps.append({"from_ns": gap_from if gap_from is not None else down,
+                                "to_ns": start, "reason": "restart"})
+            log.warning("query %s resumed (generation %d): windows from %s to %s are a gap "
+                        "and are not written", record.name, record.generation,
+                        "the start" if gap_from is None else when(gap_from), when(start))
         for feed in sub.feeds.values():      # packets held back until the new start
             feed.start_ns = start
         self._launch(sub, built=True)

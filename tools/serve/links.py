@@ -157,6 +157,8 @@ class ServedLink:
         self.name, self.source = name, source
         self.producer, self.timer = producer, timer
         self.feeds: dict[str, object] = {}        # submission name -> SubmissionFeed
+        #: the submissions whose feeds saw the end of a record link that ended
+        self.finished: set[str] = set()
         self.packets = 0
         self.bytes = 0
         self.punctuation: int | None = None
@@ -201,10 +203,14 @@ class ServedLink:
 
 
 def open_links(links, interfaces, *, period_ns: int, slack_ns: int, speed: float = 1.0,
-               loop: bool = False, capture_options=()) -> dict[str, ServedLink]:
-    """Open and start the producers of `links` ((name, capture file): replayed) and
-    `interfaces` ((name, interface): live): the appliance's links, and a watching agent's."""
+               loop: bool = False, capture_options=(), records=(), schema=None,
+               separator: str | None = None) -> dict[str, ServedLink]:
+    """Open and start the producers of `links` ((name, capture file): replayed),
+    `interfaces` ((name, interface): live) and `records` ((name, protocol, path): record
+    links of `schema`'s protocols, `tools.serve.recordlinks`): the appliance's links, and a
+    watching agent's."""
     from tools.run.livelinks import LiveLink
+    from tools.serve.recordlinks import open_record_links
 
     out: dict[str, ServedLink] = {}
     try:
@@ -218,6 +224,12 @@ def open_links(links, interfaces, *, period_ns: int, slack_ns: int, speed: float
             timer = LinkTimer(0, slack_ns)
             replay = ReplayLink(name, path, timer, period_ns=period_ns, speed=speed, loop=loop)
             out[name] = ServedLink(name, str(Path(path).resolve()), replay, timer)
+        producers = open_record_links(records, schema, period_ns=period_ns, slack_ns=slack_ns,
+                                      speed=speed, separator=separator)
+        for (name, protocol, path), producer in zip(records, producers.values()):
+            source = path if path == "-" else str(Path(path).resolve())
+            out[name] = ServedLink(name, f"{protocol} records from {source}", producer,
+                                   producer.timer)
     except BaseException:
         for link in out.values():
             link.producer.close()
@@ -289,7 +301,21 @@ class LinkRouter(threading.Thread):
                 self._each(link, lambda f, p=p: f.punctuate(p))
                 took = True
             link.ring.release()
+            if getattr(link.producer, "ended_input", False) and link.ring.done:
+                self._finish_ended(link)
         return took
+
+    def _finish_ended(self, link: ServedLink) -> None:
+        """A record link whose source is over: its queries' windows all close (end of
+        input), as at the end of `oopscope run`; a query attached later is finished too."""
+        fresh = [n for n in link.feeds if n not in link.finished]
+        if not fresh:
+            return
+        link.finished.update(fresh)
+        for name in fresh:
+            log.info("link %s ended: query %s closes its windows", link.name, name)
+        self._each(link, lambda f: f.finish() if any(link.feeds.get(n) is f for n in fresh)
+                   else None)
 
     def _each(self, link: ServedLink, step) -> None:
         for name, feed in list(link.feeds.items()):

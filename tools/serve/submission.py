@@ -80,6 +80,9 @@ class Record:
     #: its spool holds their sub-links `NAME#K`, melded by the stages; `agents` names the
     #: member of each sub-link
     fanout: dict = field(default_factory=dict)
+    #: [path, text] of the schema files it was submitted with (`submit --schema`, and the
+    #: packet_schema.txt beside its file), kept so that a restart plans it the same way
+    schemas: list = field(default_factory=list)
 
     def save(self, state_dir: Path) -> None:
         d = state_dir / "queries"
@@ -111,6 +114,22 @@ def first_window_start(plan, after_ns: int) -> int:
         step, off = w.slide_ns, w.offset_ns
         starts.append(((after_ns + off) // step + 1) * step - off)
     return max(starts) if starts else after_ns + 1
+
+
+def first_open_window(plan, p: int) -> int:
+    """Where a resumed query's records start again on a link timed by its records' own
+    field, whose file is read again from its start: the start of the first window that had
+    not closed at punctuation `p` (each window ending by `p` was written before; the next
+    ones are counted again from the records). With windows of several sizes, the latest
+    such start of any query: the windows of the others that begin before it are a gap."""
+    starts = []
+    for qp in plan:
+        w = qp.high.window
+        if w is None or not w.slide_ns:
+            continue
+        step, off = w.slide_ns, w.offset_ns
+        starts.append(((p - max(w.range_ns, step) + off) // step + 1) * step - off)
+    return max(starts) if starts else p
 
 
 class SubmissionFeed:
@@ -156,13 +175,26 @@ class Submission:
     """A running submission (module docstring). Made by the appliance, which owns its life."""
 
     def __init__(self, record: Record, state_dir: Path, link_names: list[str],
-                 remote: dict[str, str] | None = None, fanout: dict[str, int] | None = None):
+                 remote: dict[str, str] | None = None, fanout: dict[str, int] | None = None,
+                 server_schemas: list | tuple = ()):
         from tools.run.config import QuerySummary, plan_text
 
         self.record = record
         self.state_dir = state_dir
+        #: the layers of (path, text) schema files it is planned with: the server's (`serve
+        #: --schema`), then its own (those the server has not read already), whose protocols
+        #: replace the server's of their names
+        server = [tuple(f) for f in server_schemas]
+        texts = {t for _, t in server}
+        self.schema_layers = [server, [tuple(f) for f in record.schemas
+                                       if tuple(f)[1] not in texts]]
+        schema = None
+        if any(self.schema_layers):
+            from queries.schemafile import layered_schema
+
+            schema = layered_schema(self.schema_layers)
         self.plan = plan_text(record.text, record.file, list(link_names), dict(record.params),
-                              dict(record.sets), subset=True)
+                              dict(record.sets), subset=True, schema=schema)
         names = list(record.outputs) or [qp.name for qp in self.plan.queries
                                           if not qp.read_by]
         for q in names:
