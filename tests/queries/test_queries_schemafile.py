@@ -386,3 +386,24 @@ def test_an_interface_set_is_a_set_of_links(source, links, union):
     q = plan_text(f"SELECT time, srcIP FROM {source}", ["eth0", "eth1"]).queries[0]
     assert [p.link for p in q.low] == links
     assert q.high.inputs == tuple(links) and q.high.union == union
+
+
+def test_layers_of_schema_files_replace_and_inherit():
+    """A server's schema files, then a query's: the query's protocols replace the server's
+    of their names and may inherit from them; within one layer a protocol declared again is
+    still an error."""
+    from queries.schemafile import layered_schema
+
+    server = [("server.txt", "PROTOCOL base { uint t get_system_time (increasing); }\n"
+                             "PROTOCOL R (base) { uint a get_csv_uint_pos1; }\n")]
+    own = [("own.txt", "PROTOCOL R (base) { uint a get_csv_uint_pos2; string s "
+                       "get_csv_string_pos3; }\n"
+                       "PROTOCOL S (R) { uint b get_csv_uint_pos4; }\n")]
+    schema = layered_schema([server, own])
+    assert schema.record_format("R").fields != layered_schema([server]).record_format(
+        "R").fields
+    assert [f.name for f in schema.record_format("S").fields] == ["t", "a", "s", "b"]
+    assert schema.fields("R")["a"].accessor == "get_csv_uint_pos2"
+    with pytest.raises(SchemaError, match="R is declared twice"):
+        layered_schema([server + [("again.txt", "PROTOCOL R (base) { uint a "
+                                                "get_csv_uint_pos1; }\n")]])
