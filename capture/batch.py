@@ -93,9 +93,11 @@ class PacketBatch:
 
     def copy(self) -> PacketBatch:
         offs = None if self.offsets is None else self.offsets.copy()
-        # Arrow arrays are immutable and own their buffers: shared, not copied
+        # copied too: a packet ring's payload is a view of its byte area (capture.ring), which
+        # the producer overwrites once the rows are released (concatenation allocates anew)
+        payload = None if self.payload is None else pa.concat_arrays([self.payload])
         return PacketBatch(self.link, {k: v.copy() for k, v in self.columns.items()}, offs,
-                           payload=self.payload)
+                           payload=payload)
 
     @staticmethod
     def empty(link: str, n: int = 0) -> PacketBatch:

@@ -30,6 +30,10 @@ Choices a user may need to know:
   marked as having lost packets before them.
 - An interface that goes down is reported once in `stats.problems` and capture resumes when
   it comes back; one that is removed ends the capture (`ended`, iteration stops).
+- Payloads (`payload=True`, or the attribute set later, from any thread: it is read once per
+  `poll`): each batch also carries its packets' TCP/UDP payload bytes (`PacketBatch.payload`,
+  `capture.payload`), copied out of the ring's frames before their blocks are given back. Off,
+  nothing is copied and `batch.payload` is None.
 
 Splitting an interface over several captures (PACKET_FANOUT):
 
@@ -83,6 +87,9 @@ from capture.decode import (
     make_columns,
 )
 from capture.errors import InterfaceError
+from capture.payload import concat as concat_payloads
+from capture.payload import empty as empty_payloads
+from capture.payload import gather as gather_payloads
 from capture.reader import ReaderStats
 from capture.schema import COLUMNS
 from capture.tpacket import (
@@ -126,6 +133,10 @@ _ARPHRD_LINKS = {
 }
 #: ARPHRD_LOOPBACK: a device whose every packet is tapped going out and again coming in
 _ARPHRD_LOOPBACK = 772
+#: the snap length a capture needs when no query reads payloads (or `caplen`): every column
+#: is decoded from the headers, and Ethernet with two VLAN tags, an MPLS stack, IPv6 with
+#: extension headers and TCP with options fit (a frame whose headers do not is `truncated`)
+HEADER_SNAPLEN = 256
 #: --direction values (tcpdump's -Q)
 DIRECTIONS = ("in", "out", "inout")
 _PAGE = mmap.PAGESIZE
@@ -265,7 +276,7 @@ class LiveCapture:
     def __init__(self, interface: str, link: str | None = None, *, snaplen: int = MAX_SNAPLEN,
                  promiscuous: bool = False, block_size: int = 1 << 22, block_count: int = 64,
                  frame_timeout_ms: int = 100, batch_size: int = 65536, direction: str = "inout",
-                 fanout: Fanout | None = None):
+                 fanout: Fanout | None = None, payload: bool = False):
         self.interface = str(interface)
         self.link = link if link is not None else self.interface
         snaplen, block_size, block_count = int(snaplen), int(block_size), int(block_count)
@@ -278,9 +289,12 @@ class LiveCapture:
         self.fanout: Fanout | None = None
         self.direction = direction
         self.snaplen = snaplen
+        self._ring_snaplen = snaplen          # what the ring's frames were sized for
         self.block_size = block_size
         self.block_count = block_count
         self.batch_size = batch_size
+        #: batches carry TCP/UDP payloads (module doc); may be switched from another thread
+        self.payload = bool(payload)
         self.ended = False
         self._stats = LiveStats()
         self._sock: socket.socket | None = None
@@ -323,6 +337,7 @@ class LiveCapture:
         # incoming one; with "out", the outgoing one)
         outgoing = self.direction == "out" or (self.direction == "inout" and not self.loopback)
         incoming = self.direction != "out"
+        self._directions = (outgoing, incoming)
         try:
             set_version_v3(sock)
             attach_filter(sock, capture_program(self.snaplen, outgoing, incoming))
@@ -354,6 +369,24 @@ class LiveCapture:
                  self.block_count, self.block_size >> 10, self.snaplen,
                  "outgoing and incoming" if outgoing and incoming else "outgoing" if outgoing else "incoming",
                  ", promiscuous" if promiscuous else "")
+
+    def set_snaplen(self, snaplen: int) -> None:
+        """Keep `snaplen` bytes of each frame from now on (the kernel's filter is replaced; the
+        ring, sized for the snap length the capture was opened with, stays): the appliance
+        captures headers only until a query reads payloads. At most the opening snap length."""
+        snaplen = int(snaplen)
+        if self._sock is None or snaplen == self.snaplen:
+            return
+        if not 1 <= snaplen <= self._ring_snaplen:
+            raise ConfigError(f"live capture option snaplen={snaplen!r} is not valid: between 1 "
+                              f"and the {self._ring_snaplen} bytes the capture was opened with")
+        try:
+            attach_filter(self._sock, capture_program(snaplen, *self._directions))
+        except OSError as exc:
+            raise InterfaceError(f"interface {self.interface!r}: the kernel refused a new snap "
+                                 f"length ({exc.strerror or exc})") from None
+        log.info("capture on %s keeps %d bytes of each frame", self.interface, snaplen)
+        self.snaplen = snaplen
 
     def _join_fanout(self, fanout: Fanout) -> Fanout:
         """Join the group once bound: the kernel refuses an unbound socket. A packet arriving in
@@ -394,6 +427,7 @@ class LiveCapture:
         walk_blocks(self._r32, self._r16, self._r8, self.block_size, self.block_count, self._cursor,
                     self._link_type, self.snaplen, True, self._out, 0, 0, self._done, self._counters)
         decode_rows(self._r8, self._out, 0, 0)
+        gather_payloads(self._r8, self._out, 0, 0)     # cached on disk: cheap even when unused
         release_blocks(self._r32, self.block_size, self._done, 0)
         block_ready(self._r32, self.block_size, 0)
 
@@ -485,14 +519,19 @@ class LiveCapture:
     def _read(self) -> PacketBatch | None:
         out = self._out
         row = 0
+        # read once: another thread may switch it, and a batch has payloads for all rows or none
+        parts: list | None = [] if self.payload else None
         while row < self.batch_size:
             first = row
             row, status, ndone = walk_blocks(
                 self._r32, self._r16, self._r8, self.block_size, self.block_count, self._cursor,
                 self._link_type, self.snaplen, self._link_type == LINK_ETHERNET, out, row, self.batch_size,
                 self._done, self._counters)
-            # decode while the frames are still ours; only then give their blocks back
+            # decode (and copy the payloads) while the frames are still ours; only then give
+            # their blocks back
             decode_rows(self._r8, out, first, row)
+            if parts is not None and row > first:
+                parts.append(gather_payloads(self._r8, out, first, row))
             if ndone:
                 release_blocks(self._r32, self.block_size, self._done, ndone)
                 self._stats.blocks += ndone
@@ -505,7 +544,10 @@ class LiveCapture:
             return None
         cols = {col.name: getattr(out, col.name)[:row] for col in COLUMNS}
         st.count(cols)
-        return PacketBatch(self.link, cols)
+        payload = None
+        if parts is not None:
+            payload = concat_payloads(parts) if parts else empty_payloads(row)
+        return PacketBatch(self.link, cols, payload=payload)
 
     def _socket_error(self) -> None:
         """POLLERR: the interface went down (resumes when it comes back up) or was removed (ends)."""
@@ -527,11 +569,21 @@ class LiveCapture:
         log.warning("%s", msg)
 
 
+def snaplen_for(columns) -> int:
+    """The snap length a capture needs for consumers that read `columns` (None: they cannot
+    tell): every byte for payloads and `caplen`, the headers otherwise (as GS-lite derives a
+    query's snap length from the fields it reads)."""
+    if columns is None or "payload" in columns or "caplen" in columns:
+        return MAX_SNAPLEN
+    return HEADER_SNAPLEN
+
+
 def open_interface(interface: str, link: str | None = None, **options) -> LiveCapture:
     """Open a live capture on `interface` (the link is named after it unless `link` is given).
 
     Options: snaplen, promiscuous, block_size, block_count, frame_timeout_ms, batch_size,
-    direction ("in", "out" or "inout"), fanout (a `Fanout`; see LiveCapture and the module doc).
+    direction ("in", "out" or "inout"), fanout (a `Fanout`; see LiveCapture and the module doc),
+    payload (batches carry TCP/UDP payloads).
     Raises InterfaceError (missing interface, no permission, undecodable device type, a fanout
     group that cannot be joined) and ConfigError (invalid options), both with a one-line message.
     """

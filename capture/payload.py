@@ -6,7 +6,9 @@ column `payload` (`PAYLOAD`, in an operator's `read_columns` when a query names 
 `UDP_data`) copies each packet's captured payload bytes out of its read buffer while the
 frames are still there, into one bytes buffer and an offsets array per batch, wrapped
 zero-copy as an Arrow `binary` array (`PacketBatch.payload`). A reader not asked does none of
-this, and its decoding is unchanged.
+this, and its decoding is unchanged. A live capture (`capture.live`, `payload=True`) gathers
+them the same way from its TPACKET ring's frames before giving their blocks back, and a packet
+ring with a payload area (`capture.ring`) carries them from the capture thread to the low level.
 
 The bytes are those captured: a packet cut by the capture's snap length carries its payload
 only up to the cut (GS-lite's `snap_len`, likewise, bounds how much of a packet an attribute

@@ -1,9 +1,10 @@
 """The packet ring: a fixed-size, columnar, single-producer/single-consumer buffer that drops (and counts) when full.
 
 One allocation holds everything: a control block of int64 counters, the link name, a small
-queue of punctuations and one array per physical column of `capture.schema.COLUMNS`, each
-`capacity` rows long. The memory is either private (threads of one process) or a
-`multiprocessing.shared_memory` segment (a paced producer on its own core in another process):
+queue of punctuations, one array per physical column of `capture.schema.COLUMNS`, each
+`capacity` rows long, and optionally a payload area (below). The memory is either private
+(threads of one process) or a `multiprocessing.shared_memory` segment (a paced producer on its
+own core in another process):
 
     ring = PacketRing.create(1 << 20, link="l0", shared=True)     # owner: unlinks on close()
     other = PacketRing.attach(ring.name)                           # in the other process
@@ -31,14 +32,39 @@ levels": packet ring and punctuation):
   the head, then the rows. Aligned 8-byte stores are atomic and stay in order on x86-64 (the
   machines this runs on); the counters are only ever written by one side each.
 
+The payload area (`create(..., payload_bytes=N)`, N > 0 and below 2 GiB, so Arrow's int32
+offsets reach every byte): N bytes for the rows' TCP/UDP payloads (`PacketBatch.payload`,
+`capture.payload`), and per row slot the absolute byte position where its payload starts
+(int64) and its size (int32). Absolute positions count bytes ever placed (skips included); a
+position's place in the area is `position % N`, its lap `position // N`.
+- The producer keeps the byte head (C_BHEAD), the consumer the byte tail (C_BTAIL), each
+  written by its side only, as the row counters. Bytes in use: head - tail <= N.
+- `push` requires `batch.payload` to be an Arrow binary array of the batch's rows (a batch
+  without one, `payload=None` or a dict of columns, is pushed with empty payloads). Rows are
+  taken in order while both a row slot and byte space remain: a payload starts at the byte
+  head, or, when it would cross the end of the area, at the start of the next lap (the
+  skipped bytes stay in use until the consumer passes them). The first row that does not fit
+  and every row after it are dropped and counted, as rows that find no slot are: the balance
+  above still holds. The bytes and the row's position and size are written before the row
+  head is published.
+- `take` also cuts a batch where the byte area wraps (all its rows' payloads in one lap), so
+  `batch.payload` is a zero-copy Arrow binary array over the area (offsets relative to the
+  first row's start), valid as long as its rows: until the next take/release (`copy=True`
+  copies it). Releasing moves the byte tail to the end of the last released row's payload.
+- A ring without a payload area ignores `batch.payload` and hands out `payload=None`.
+
 - `free()` tells a producer that prefers waiting (a benchmark feeding a lossless run) how
-  many rows fit now; `stats()` gives offered, processed, dropped, occupancy and high water.
+  many rows fit now (`free_bytes()`: payload bytes); `stats()` gives offered, processed,
+  dropped, occupancy and high water (and the payload area's size and bytes in use).
 - `close()` detaches; the creating process also unlinks the segment. Batches already taken
   stay readable (the mapping goes with the last numpy view of it).
 
 Numba producers (nogil kernels) use the same protocol through `ring.ctrl`, `ring.columns` and
 the jitted `ring_reserve` / `copy_rows` / `ring_commit` below (reserve, copy each column,
-commit: no per-row Python anywhere); they punctuate from Python between kernel calls.
+commit: no per-row Python anywhere); they punctuate from Python between kernel calls. On a
+ring with a payload area, `copy_payloads` comes right after the reserve: it places the
+payloads of the reserved rows that also find bytes and says how many; those rows are copied
+and committed.
 """
 
 from __future__ import annotations
@@ -50,6 +76,7 @@ from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
+import pyarrow as pa
 
 from capture.batch import PacketBatch
 from capture.errors import RingError
@@ -58,17 +85,19 @@ from common.jit import ngjit
 
 log = logging.getLogger(__name__)
 
-MAGIC = 0x4F4F_5052_494E_4701          # "OOPRING" + layout version 1
+MAGIC = 0x4F4F_5052_494E_4702          # "OOPRING" + layout version 2 (the payload area)
 CTRL_WORDS = 32
 LINK_BYTES = 64
 DEFAULT_PUNCT_SLOTS = 1024
 _ALIGN = 64
+#: the payload area's limit: Arrow binary offsets are int32
+MAX_PAYLOAD_BYTES = (1 << 31) - 1
 
 # control block: metadata, then the producer's words and the consumer's words on separate
 # cache lines (each side writes only its own line)
-C_MAGIC, C_CAPACITY, C_PSLOTS, C_NCOLS = 0, 1, 2, 3
-C_HEAD, C_OFFERED, C_DROPPED, C_HIGH, C_PHEAD, C_DONE, C_FINALP = 8, 9, 10, 11, 12, 13, 14
-C_TAIL, C_PROCESSED, C_PTAIL = 16, 17, 18
+C_MAGIC, C_CAPACITY, C_PSLOTS, C_NCOLS, C_PBYTES = 0, 1, 2, 3, 4
+C_HEAD, C_OFFERED, C_DROPPED, C_HIGH, C_PHEAD, C_DONE, C_FINALP, C_BHEAD = 8, 9, 10, 11, 12, 13, 14, 15
+C_TAIL, C_PROCESSED, C_PTAIL, C_BTAIL = 16, 17, 18, 19
 NO_PUNCT = np.iinfo(np.int64).min
 
 
@@ -109,6 +138,63 @@ def ring_commit(ctrl, k, n):
     occ = head - ctrl[C_TAIL]
     if occ > ctrl[C_HIGH]:
         ctrl[C_HIGH] = occ
+
+
+@ngjit
+def place_payloads(ctrl, starts, sizes, size_area, offsets, src_start, pos, k):
+    """Place the payloads of k reserved rows (source rows src_start.., their `offsets` as an
+    Arrow binary array's; ring rows from pos, wrapping) in a payload area of size_area bytes,
+    as far as they fit: (rows placed, split, first start). The caller copies the bytes of rows
+    [0, split) to the area from `first start % size_area` and those of [split, placed) to its
+    start (`copy_payloads`, or numpy in `PacketRing.push`), then commits the rows.
+
+    Each payload starts at the byte head, or at the next lap when it would cross the end of
+    the area; its absolute start and size are written and the byte head moved past it."""
+    cap = starts.shape[0]
+    head = ctrl[C_BHEAD]
+    tail = ctrl[C_BTAIL]        # read once: it only grows, so this is conservative
+    # every byte placed now ends by tail + size_area <= head + size_area < next_lap + size_area,
+    # so only one row can be the first of the next lap (at next_lap exactly): two copies
+    next_lap = (head // size_area + 1) * size_area
+    first_at = head
+    split = -1
+    placed = k
+    for j in range(k):
+        n = offsets[src_start + j + 1] - offsets[src_start + j]
+        at = head
+        off = at % size_area
+        if off + n > size_area:             # never wrap inside a payload: skip to the next lap
+            at += size_area - off
+        if at + n - tail > size_area:
+            placed = j
+            break
+        if j == 0:
+            first_at = at
+        if split < 0 and at >= next_lap:
+            split = j
+        r = pos + j
+        if r >= cap:
+            r -= cap
+        starts[r] = at
+        sizes[r] = n
+        head = at + n
+    ctrl[C_BHEAD] = head
+    return placed, placed if split < 0 else split, first_at
+
+
+@ngjit
+def copy_payloads(ctrl, starts, sizes, area, offsets, data, src_start, pos, k):
+    """`place_payloads` and the copy of the bytes from `data`, for Numba producers: returns
+    the rows placed, to be copied and committed."""
+    size_area = area.shape[0]
+    placed, split, first_at = place_payloads(ctrl, starts, sizes, size_area, offsets, src_start, pos, k)
+    a0 = offsets[src_start]
+    a_split = offsets[src_start + split]
+    a1 = offsets[src_start + placed]
+    off = first_at % size_area
+    area[off:off + a_split - a0] = data[a0:a_split]
+    area[:a1 - a_split] = data[a_split:a1]
+    return placed
 
 
 class RingColumns(Mapping):
@@ -162,59 +248,121 @@ class RingStats:
     occupancy: int
     high_water: int
     punctuations: int
+    payload_bytes: int = 0          # the payload area's size (0: none)
+    payload_occupancy: int = 0      # its bytes in use (skipped ones included)
 
     @property
     def balanced(self) -> bool:
         return self.offered == self.processed + self.dropped + self.occupancy
 
 
-def _layout(capacity: int, pslots: int) -> tuple[dict[str, int], int, int]:
-    """Byte offset of every column, of the punctuation queue, and the total size."""
+# the payload area's arrays in the layout (not packet columns: "/" is in no column name)
+_P_START, _P_SIZE, _P_AREA = "/payload_start", "/payload_size", "/payload_area"
+
+
+def _layout(capacity: int, pslots: int, payload_bytes: int = 0) -> tuple[dict[str, int], int, int]:
+    """Byte offset of every column, of the punctuation queue, and the total size. With a payload
+    area, `offsets` also has those of the per-row payload starts and sizes and of the area."""
     off = CTRL_WORDS * 8 + LINK_BYTES
     punct_off = off
     off += 16 * pslots
     offsets = {}
-    for c in COLUMNS:
+    arrays = [(c.name, capacity * c.dtype.itemsize) for c in COLUMNS]
+    if payload_bytes:
+        arrays += [(_P_START, capacity * 8), (_P_SIZE, capacity * 4), (_P_AREA, payload_bytes)]
+    for name, size in arrays:
         off = -(-off // _ALIGN) * _ALIGN
-        offsets[c.name] = off
-        off += capacity * c.dtype.itemsize
+        offsets[name] = off
+        off += size
     return offsets, punct_off, off
+
+
+def _payload_buffers(batch, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, bytes) of a pushed batch's payloads, n rows: its Arrow binary array's own
+    buffers (no copy), or n empty payloads when it has none."""
+    arr = getattr(batch, "payload", None)
+    if arr is None or n == 0:
+        return np.zeros(n + 1, np.int32), np.zeros(0, np.uint8)
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if not isinstance(arr, pa.Array):
+        raise RingError(f"pushed payload must be an Arrow binary array (found {type(arr).__name__})")
+    kind = arr.type
+    odtype: type[np.signedinteger]
+    if pa.types.is_binary(kind) or pa.types.is_string(kind):
+        odtype = np.int32
+    elif pa.types.is_large_binary(kind) or pa.types.is_large_string(kind):
+        odtype = np.int64
+    else:
+        raise RingError(f"pushed payload must be an Arrow binary array (found {kind})")
+    if len(arr) != n:
+        raise RingError(f"pushed payload has {len(arr)} items for {n} rows")
+    if arr.null_count:
+        arr = arr.fill_null(b"")
+    _, obuf, dbuf = arr.buffers()
+    offsets = np.frombuffer(obuf, odtype, count=arr.offset + n + 1)[arr.offset:]
+    data = np.frombuffer(dbuf, np.uint8) if dbuf is not None and dbuf.size else np.zeros(0, np.uint8)
+    return offsets, data
+
+
+def _binary(offsets: np.ndarray, data: np.ndarray) -> pa.Array:
+    return pa.Array.from_buffers(pa.binary(), len(offsets) - 1,
+                                 [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 class PacketRing:
     """Fixed-capacity SPSC packet ring over private or shared memory (see the module docstring)."""
 
-    def __init__(self, buf, capacity: int, pslots: int, *, shm=None, owner: bool = False):
+    def __init__(self, buf, capacity: int, pslots: int, *, payload_bytes: int = 0, shm=None,
+                 owner: bool = False):
         self._shm = shm
         self._owner = owner
         self._buf = buf
         self.ctrl = np.ndarray(CTRL_WORDS, np.int64, buffer=buf, offset=0)
-        offsets, punct_off, _ = _layout(capacity, pslots)
+        offsets, punct_off, _ = _layout(capacity, pslots, payload_bytes)
         self._punct = np.ndarray((pslots, 2), np.int64, buffer=buf, offset=punct_off)
         self.columns = {c.name: np.ndarray(capacity, c.dtype, buffer=buf, offset=offsets[c.name]) for c in COLUMNS}
+        #: the payload area (module doc): its size in bytes (0: none), the absolute byte start
+        #: and size of each row slot's payload, and the bytes; None without an area
+        self.payload_bytes = payload_bytes
+        self.payload_start: np.ndarray | None = None
+        self.payload_size: np.ndarray | None = None
+        self.payload_area: np.ndarray | None = None
+        if payload_bytes:
+            self.payload_start = np.ndarray(capacity, np.int64, buffer=buf, offset=offsets[_P_START])
+            self.payload_size = np.ndarray(capacity, np.int32, buffer=buf, offset=offsets[_P_SIZE])
+            self.payload_area = np.ndarray(payload_bytes, np.uint8, buffer=buf, offset=offsets[_P_AREA])
         name_raw = bytes(np.ndarray(LINK_BYTES, np.uint8, buffer=buf, offset=CTRL_WORDS * 8))
         self.link = name_raw.rstrip(b"\0").decode("utf-8")
         self.capacity = capacity
         self._pslots = pslots
-        # producer-local: a punctuation that did not fit the queue; consumer-local: rows lent out
+        # producer-local: a punctuation that did not fit the queue; consumer-local: rows lent
+        # out, and where the last of them's payload ends (the byte tail once they are released)
         self._pending = NO_PUNCT
         self._lent = 0
+        self._lent_end = 0
         self._last_punct = NO_PUNCT
         self._producer_lock = threading.Lock()
 
     # --- construction ---------------------------------------------------------------------
     @classmethod
     def create(cls, capacity: int, link: str = "l0", *, shared: bool = False,
-               punct_slots: int = DEFAULT_PUNCT_SLOTS) -> PacketRing:
-        """A new ring of `capacity` rows (RingError if capacity < 1 or the memory cannot be had)."""
+               punct_slots: int = DEFAULT_PUNCT_SLOTS, payload_bytes: int = 0) -> PacketRing:
+        """A new ring of `capacity` rows, with a payload area of `payload_bytes` bytes when > 0
+        (RingError if capacity < 1, the area is 2 GiB or more, or the memory cannot be had)."""
         if not isinstance(capacity, (int, np.integer)) or capacity < 1:
             raise RingError(f"ring capacity must be a positive number of rows (got {capacity!r})")
         if punct_slots < 1:
             raise RingError(f"punctuation slots must be at least 1 (got {punct_slots})")
+        if isinstance(payload_bytes, bool) or not isinstance(payload_bytes, (int, np.integer)) \
+                or not 0 <= payload_bytes <= MAX_PAYLOAD_BYTES:
+            raise RingError(f"ring payload area must be 0 (none) to {MAX_PAYLOAD_BYTES} bytes: Arrow "
+                            f"offsets are int32 (got {payload_bytes!r})")
         link_b = link.encode("utf-8")
         if len(link_b) > LINK_BYTES:
             raise RingError(f"link name {link!r} is longer than {LINK_BYTES} bytes")
-        _, _, size = _layout(int(capacity), punct_slots)
+        payload_bytes = int(payload_bytes)
+        _, _, size = _layout(int(capacity), punct_slots, payload_bytes)
         buf: memoryview | np.ndarray | None
         try:
             if shared:
@@ -224,13 +372,15 @@ class PacketRing:
                 shm = None
                 buf = np.zeros(size, np.uint8)
         except (OSError, MemoryError, ValueError) as exc:
-            raise RingError(f"cannot allocate a ring of {capacity} rows ({size} bytes): {exc}") from None
+            raise RingError(f"cannot allocate a ring of {capacity} rows and {payload_bytes} payload "
+                            f"bytes ({size} bytes): {exc}") from None
         ctrl = np.ndarray(CTRL_WORDS, np.int64, buffer=buf, offset=0)
         ctrl[:] = 0
         ctrl[C_MAGIC], ctrl[C_CAPACITY], ctrl[C_PSLOTS], ctrl[C_NCOLS] = MAGIC, capacity, punct_slots, len(COLUMNS)
+        ctrl[C_PBYTES] = payload_bytes
         ctrl[C_FINALP] = NO_PUNCT
         np.ndarray(LINK_BYTES, np.uint8, buffer=buf, offset=CTRL_WORDS * 8)[:len(link_b)] = np.frombuffer(link_b, np.uint8)
-        return cls(buf, int(capacity), punct_slots, shm=shm, owner=shared)
+        return cls(buf, int(capacity), punct_slots, payload_bytes=payload_bytes, shm=shm, owner=shared)
 
     @classmethod
     def attach(cls, name: str) -> PacketRing:
@@ -248,8 +398,12 @@ class PacketRing:
         ctrl = np.ndarray(CTRL_WORDS, np.int64, buffer=shm.buf, offset=0)
         if ctrl[C_MAGIC] != MAGIC or ctrl[C_NCOLS] != len(COLUMNS):
             shm.close()
-            raise RingError(f"shared memory {name!r} is not a packet ring of this schema")
-        return cls(shm.buf, int(ctrl[C_CAPACITY]), int(ctrl[C_PSLOTS]), shm=shm, owner=False)
+            raise RingError(f"shared memory {name!r} is not a packet ring of this schema and layout")
+        capacity, pslots, payload_bytes = int(ctrl[C_CAPACITY]), int(ctrl[C_PSLOTS]), int(ctrl[C_PBYTES])
+        if _layout(capacity, pslots, payload_bytes)[2] > shm.size:
+            shm.close()
+            raise RingError(f"shared packet ring {name!r} is smaller than its control block says")
+        return cls(shm.buf, capacity, pslots, payload_bytes=payload_bytes, shm=shm, owner=False)
 
     @property
     def name(self) -> str | None:
@@ -267,7 +421,10 @@ class PacketRing:
 
     # --- producer -------------------------------------------------------------------------
     def push(self, batch: PacketBatch | dict[str, np.ndarray], start: int = 0, stop: int | None = None) -> int:
-        """Offer rows [start, stop) of a batch; copy what fits, drop the rest. Returns rows accepted."""
+        """Offer rows [start, stop) of a batch; copy what fits, drop the rest. Returns rows accepted.
+
+        With a payload area, the batch's payloads go with its rows (a row fits when its payload
+        does too); a batch without payloads is pushed with empty ones."""
         cols = batch.columns if isinstance(batch, PacketBatch) else batch
         try:
             ts = cols["timestamp"]
@@ -282,9 +439,13 @@ class PacketRing:
             if a is None or a.dtype != c.dtype or len(a) != len(ts):
                 found = "missing" if a is None else f"{a.dtype}[{len(a)}]"
                 raise RingError(f"pushed column {c.name!r} must be {c.dtype}[{len(ts)}] (found {found})")
+        if self.payload_bytes:
+            offsets, data = _payload_buffers(batch, len(ts))
         with self._producer_lock:
             self._publish_pending()
             pos, k = ring_reserve(self.ctrl, n)
+            if k and self.payload_bytes:
+                k = self._copy_payloads(offsets, data, start, pos, k)
             if k:
                 first = min(k, self.capacity - pos)
                 for c in COLUMNS:
@@ -294,6 +455,20 @@ class PacketRing:
                         dst[:k - first] = src[start + first:start + k]
             ring_commit(self.ctrl, k, n)
         return int(k)
+
+    def _copy_payloads(self, offsets: np.ndarray, data: np.ndarray, start: int, pos: int, k: int) -> int:
+        """`copy_payloads`, the bytes copied by numpy: a memcpy, where Numba's slice assignment
+        is an element loop. Returns the rows placed."""
+        assert self.payload_area is not None      # a ring with a payload area
+        placed, split, first_at = place_payloads(self.ctrl, self.payload_start, self.payload_size,
+                                                 self.payload_bytes, offsets, start, pos, k)
+        a0, a_split, a1 = int(offsets[start]), int(offsets[start + split]), int(offsets[start + placed])
+        if a_split > a0:
+            off = first_at % self.payload_bytes
+            self.payload_area[off:off + a_split - a0] = data[a0:a_split]
+        if a1 > a_split:
+            self.payload_area[:a1 - a_split] = data[a_split:a1]
+        return int(placed)
 
     def punctuate(self, p: int) -> bool:
         """Record the low-watermark p after the rows pushed so far; False if it adds nothing."""
@@ -333,7 +508,8 @@ class PacketRing:
 
     # --- consumer -------------------------------------------------------------------------
     def take(self, max_rows: int = 65536, *, copy: bool = False) -> tuple[PacketBatch | None, int | None]:
-        """(batch or None, punctuation or None): up to max_rows rows, never wrapping.
+        """(batch or None, punctuation or None): up to max_rows rows, never wrapping (nor, with
+        a payload area, wrapping that area: `batch.payload` is then a view of it).
 
         The punctuation, when given, holds after this batch's rows: every row offered before it
         has now been handed out (or dropped).
@@ -348,23 +524,49 @@ class PacketRing:
         k = min(head - tail, max_rows, self.capacity - pos)
         batch = None
         if k > 0:
+            payload = None
+            if self.payload_bytes:
+                k, payload = self._payload_view(pos, k, copy)
             cols: Mapping[str, np.ndarray]
             if copy:
                 cols = {name: a[pos:pos + k].copy() for name, a in self.columns.items()}
             else:
                 cols = RingColumns(self.columns, pos, pos + k)
-            batch = PacketBatch(self.link, cols)
+            batch = PacketBatch(self.link, cols, payload=payload)
             self._lent = k
             if copy:
                 self.release()
         punct = self._collect_punct(tail + k, finished=bool(done) and tail + k == head)
         return batch, punct
 
+    def _payload_view(self, pos: int, k: int, copy: bool) -> tuple[int, pa.Array]:
+        """(rows, their payloads) of the k rows at ring position pos, cut where the payload area
+        wraps; the payloads a view of the area (a copy with `copy`)."""
+        assert self.payload_start is not None and self.payload_size is not None \
+            and self.payload_area is not None      # a ring with a payload area
+        size_area = self.payload_bytes
+        starts = self.payload_start[pos:pos + k]
+        first = int(starts[0])
+        lap_end = (first // size_area + 1) * size_area
+        if int(starts[-1]) >= lap_end:             # starts never decrease: cut at the new lap
+            k = int(np.searchsorted(starts, lap_end))
+            starts = starts[:k]
+        end = int(starts[-1]) + int(self.payload_size[pos + k - 1])
+        offsets = np.empty(k + 1, np.int32)
+        np.subtract(starts, first, out=offsets[:k], casting="unsafe")
+        offsets[k] = end - first
+        at = first % size_area
+        data = self.payload_area[at:at + end - first]
+        self._lent_end = end
+        return k, _binary(offsets, data.copy() if copy else data)
+
     def release(self) -> None:
         """Hand back the rows of the last take (they count as processed)."""
         if self._lent:
             k = self._lent
             self._lent = 0
+            if self.payload_bytes:
+                self.ctrl[C_BTAIL] = self._lent_end
             self.ctrl[C_PROCESSED] += k
             self.ctrl[C_TAIL] += k
 
@@ -395,11 +597,17 @@ class PacketRing:
     def stats(self) -> RingStats:
         c = self.ctrl
         return RingStats(self.capacity, int(c[C_OFFERED]), int(c[C_PROCESSED]), int(c[C_DROPPED]),
-                         int(c[C_HEAD] - c[C_TAIL]), int(c[C_HIGH]), int(c[C_PHEAD]))
+                         int(c[C_HEAD] - c[C_TAIL]), int(c[C_HIGH]), int(c[C_PHEAD]),
+                         self.payload_bytes, int(c[C_BHEAD] - c[C_BTAIL]))
 
     def free(self) -> int:
         """Rows a push would accept now (a producer that prefers waiting to dropping polls this)."""
         return self.capacity - int(self.ctrl[C_HEAD] - self.ctrl[C_TAIL])
+
+    def free_bytes(self) -> int:
+        """Payload bytes free now (0 without a payload area); a payload that would cross the
+        end of the area also needs the bytes up to the end."""
+        return self.payload_bytes - int(self.ctrl[C_BHEAD] - self.ctrl[C_BTAIL])
 
     def __len__(self) -> int:
         return int(self.ctrl[C_HEAD] - self.ctrl[C_TAIL])
@@ -416,6 +624,7 @@ class PacketRing:
         # closed: the views must go so the mapping can be unmapped (no use follows a close)
         self.ctrl = self._punct = None  # type: ignore[assignment]
         self.columns = {}
+        self.payload_start = self.payload_size = self.payload_area = None
         self._buf = None
         # numpy views hold the mmap object itself (not an export of shm.buf), so forgetting
         # the mmap here leaves its lifetime to them; SharedMemory then only closes its fd

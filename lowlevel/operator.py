@@ -210,40 +210,7 @@ class LowLevelOperator:
     def read_columns(self) -> tuple[str, ...] | None:
         """The physical packet columns this operator reads (for `open_capture(columns=...)`,
         which then decodes only those), or None when it cannot tell (a callable expression)."""
-        from capture.schema import PROTOCOLS
-
-        if self.plan.record is not None:
-            from dataclasses import replace
-
-            from capture.records import field_columns
-
-            fields = {f.name: replace(f, columns=field_columns(f))
-                      for f in self.plan.record.fields}
-        else:
-            fields = {f.name: f for p in PROTOCOLS.values() for f in p.fields}
-        names = {"timestamp", "layers", "reason"}
-        if self._flow is not None and self._flow.fin_rst:
-            names.add("flags")
-        exprs = [self.plan.predicate] + [k.expr for k in (*self.plan.keys,
-                                                           *self.plan.projections)]
-        exprs += [s.arg for s in self.plan.subaggs]
-        for e in exprs:
-            if e is None:
-                continue
-            if not hasattr(e, "walk"):
-                return None
-            for node in e.walk():
-                kind = type(node).__name__
-                if kind == "Field" and node.columns:
-                    names.update(node.columns)
-                elif kind in ("Field", "Column"):
-                    f = fields.get(node.name)
-                    if f is None:
-                        if node.name in ("time", "timestamp_ms", "link"):
-                            continue
-                        return None
-                    names.update(f.columns)
-        return tuple(sorted(names))
+        return plan_read_columns(self.plan)
 
     # --- expression evaluation ---------------------------------------------------------------
     def _eval(self, expr, batch: PacketBatch):
@@ -635,3 +602,42 @@ def column_major(flat: np.ndarray, n: int, width: int) -> np.ndarray:
     is written whole by one contiguous copy (row-major, the copies strode by `width` words:
     a third of the flow low level's time)."""
     return flat[:n * width].reshape(width, n).T
+
+
+def plan_read_columns(plan) -> tuple[str, ...] | None:
+    """The physical packet columns a low-level plan's operator reads (for
+    `open_capture(columns=...)`, which then decodes only those; `capture.payload.PAYLOAD`
+    among them when it reads payloads), or None when it cannot tell (a callable
+    expression)."""
+    from capture.schema import PROTOCOLS
+
+    if plan.record is not None:
+        from dataclasses import replace
+
+        from capture.records import field_columns
+
+        fields = {f.name: replace(f, columns=field_columns(f)) for f in plan.record.fields}
+    else:
+        fields = {f.name: f for p in PROTOCOLS.values() for f in p.fields}
+    names = {"timestamp", "layers", "reason"}
+    if plan.flow is not None and plan.flow.fin_rst:
+        names.add("flags")
+    exprs = [plan.predicate] + [k.expr for k in (*plan.keys, *plan.projections)]
+    exprs += [s.arg for s in plan.subaggs]
+    for e in exprs:
+        if e is None:
+            continue
+        if not hasattr(e, "walk"):
+            return None
+        for node in e.walk():
+            kind = type(node).__name__
+            if kind == "Field" and node.columns:
+                names.update(node.columns)
+            elif kind in ("Field", "Column"):
+                f = fields.get(node.name)
+                if f is None:
+                    if node.name in ("time", "timestamp_ms", "link"):
+                        continue
+                    return None
+                names.update(f.columns)
+    return tuple(sorted(names))

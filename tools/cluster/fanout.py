@@ -101,7 +101,7 @@ def member_argv(config, spool: str, host: str, member: Member) -> list[str]:
         if options.get(key):
             argv.append(flag)
     for key, flag in valued.items():
-        if key in options:
+        if options.get(key) is not None:
             argv += [flag, str(options[key])]
     if "frame_timeout_ms" in options:
         argv += ["--ring-timeout", f"{int(options['frame_timeout_ms'])}ms"]

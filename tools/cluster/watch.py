@@ -268,6 +268,7 @@ class Watcher:
         def attach():
             for link, feed in work.feeds.items():
                 self.links[link].feeds[item.name] = feed
+                self.links[link].refresh_capture()
             work.attached_ns = time.time_ns()
 
         assert self.router is not None
@@ -285,6 +286,7 @@ class Watcher:
             for link in work.feeds:
                 if self.links[link].feeds.get(work.item.name) is work.feeds[link]:
                     del self.links[link].feeds[work.item.name]
+                    self.links[link].refresh_capture()
 
         assert self.router is not None
         self.router.call(detach)

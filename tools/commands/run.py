@@ -77,8 +77,10 @@ def live_options(command):
                      help="Live capture: packets received, sent, or both (tcpdump's -Q). On "
                           "a loopback device each packet counts once whatever the "
                           "direction."),
-        click.option("--snaplen", type=click.IntRange(64, 262144), default=262144,
-                     show_default=True, help="Live capture: bytes kept of each frame."),
+        click.option("--snaplen", type=click.IntRange(64, 262144), default=None,
+                     help="Live capture: bytes kept of each frame (default: the headers, "
+                          "256, or every byte when a query reads TCP_data, UDP_data or "
+                          "caplen)."),
         click.option("--ring-blocks", "ring_blocks", type=click.IntRange(2, 1 << 16),
                      default=64, show_default=True,
                      help="Live capture: blocks of the kernel ring (TPACKET_V3)."),

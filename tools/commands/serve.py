@@ -55,8 +55,10 @@ from tools.commands.params import Duration, schema_option
 @click.option("--lull-slack", "lull_slack", type=Duration(), default="1s", show_default=True,
               help="During a lull a link punctuates the wall clock minus this.")
 @click.option("--promiscuous", is_flag=True, help="Live capture in promiscuous mode.")
-@click.option("--snaplen", type=click.IntRange(64, 262144), default=262144, show_default=True,
-              help="Live capture: bytes kept of each frame.")
+@click.option("--snaplen", type=click.IntRange(64, 262144), default=None,
+              help="Live capture: bytes kept of each frame (default: the headers, 256, "
+                   "while no query reads TCP_data, UDP_data or caplen; every byte while one "
+                   "does).")
 @click.option("--ring-blocks", "ring_blocks", type=click.IntRange(2, 1 << 16), default=64,
               show_default=True, help="Live capture: blocks of the kernel ring.")
 @click.option("--ring-block-size", "ring_block_size", type=click.IntRange(4096, 1 << 30),

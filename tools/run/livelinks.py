@@ -8,6 +8,10 @@ wall clock (kernel timestamps are wall-clock times) and pushes it in order with 
 silent interface still closes windows. The main thread takes from every ring and runs the low
 level (`tools.run.feeds.LinkFeeds`). Numba kernels release the GIL, so decoding and aggregating
 use both cores.
+
+A link whose queries read `TCP_data` or `UDP_data` (`payload=True`) captures the payloads too
+and its packet ring gets a payload area of RING_PAYLOAD_BYTES: a packet whose payload finds
+no room there is dropped and counted like one that finds no row (a ring drop).
 """
 
 from __future__ import annotations
@@ -19,13 +23,20 @@ import time
 log = logging.getLogger(__name__)
 
 RING_ROWS = 1 << 20
+#: the payload area of a link that captures payloads: as large as the default kernel ring (64
+#: blocks of 4 MiB), so the packet ring holds as many payload bytes as the kernel could hand
+#: over at once; 256 bytes a row on average, or about 2.7 batches of 65,536 payloads of 1,460
+#: bytes (a full Ethernet frame's TCP payload)
+RING_PAYLOAD_BYTES = 256 << 20
 
 
 class LiveLink(threading.Thread):
-    """The capture thread of one interface."""
+    """The capture thread of one interface; with `payload`, its batches carry the TCP/UDP
+    payloads through a ring with a payload area of `payload_bytes`."""
 
     def __init__(self, name: str, interface: str, feeds, *, period_ns: int,
-                 ring_rows: int = RING_ROWS, options: dict | None = None):
+                 ring_rows: int = RING_ROWS, options: dict | None = None, payload: bool = False,
+                 payload_bytes: int = RING_PAYLOAD_BYTES):
         super().__init__(name=f"oopscope-capture-{name}", daemon=True)
         from capture.live import LiveCapture
         from capture.ring import PacketRing
@@ -34,8 +45,13 @@ class LiveLink(threading.Thread):
         self.timer = feeds.timer          # driven from this thread only
         self.period_s = period_ns / 1e9
         # opened here, in the caller's thread: a missing interface or right fails the run now
-        self.capture = LiveCapture(interface, link=name, **(options or {}))
-        self.ring = PacketRing.create(ring_rows, link=name, shared=False)
+        self.capture = LiveCapture(interface, link=name, payload=payload, **(options or {}))
+        try:
+            self.ring = PacketRing.create(ring_rows, link=name, shared=False,
+                                          payload_bytes=payload_bytes if payload else 0)
+        except BaseException:
+            self.capture.close()
+            raise
         self.stopping = threading.Event()
         self.error: BaseException | None = None
 

@@ -454,16 +454,19 @@ def open_sources(config: RunConfig, feeds: dict, summary: RunSummary, stop=None,
         from tools.run.livelinks import LiveLink
 
         lives = {}
-        for name, _ in config.interfaces:
-            if "payload" in (feeds[name].read_columns or ()):
-                # the live path (TPACKET ring -> packet ring) carries fixed-width columns only
-                raise RunLinkError(f"link {name}: TCP_data and UDP_data are read from capture "
-                                   f"files only; a live interface does not carry payloads yet")
+        from capture.live import snaplen_for
+
         try:
             for name, iface in config.interfaces:
+                # the payloads are captured only for a link whose queries read them, and,
+                # unless --snaplen says, only the bytes its queries need
+                columns = feeds[name].read_columns
+                options = dict(config.capture_options)
+                if options.get("snaplen") is None:
+                    options["snaplen"] = snaplen_for(columns)
                 lives[name] = LiveLink(name, iface, feeds[name],
-                                       period_ns=config.punctuate_every_ns,
-                                       options=dict(config.capture_options))
+                                       period_ns=config.punctuate_every_ns, options=options,
+                                       payload="payload" in (columns or ()))
         except BaseException:
             for live in lives.values():
                 live.close()

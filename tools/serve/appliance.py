@@ -355,6 +355,12 @@ class Appliance:
                 default = self.output_root / sub.stream_name(qp.name)
                 record.outputs.setdefault(qp.name, str(self._output_path(str(default))))
             record.submitted_ns = time.time_ns()
+            # a live link captures what this query reads from now on (payloads, whole
+            # frames), so that its first window has them
+            for link in sub.links:
+                if link in self.links:
+                    self.links[link].refresh_capture(
+                        also=[lp for qp in sub.plan.queries for lp in qp.low if lp.link == link])
             if data_clock:
                 message = self._start_on_records(sub)
             else:
@@ -441,6 +447,7 @@ class Appliance:
         def attach():
             for link, feed in sub.feeds.items():
                 self.links[link].feeds[sub.name] = feed
+                self.links[link].refresh_capture()
 
         assert self.router is not None
         self.router.call(attach)
@@ -563,6 +570,7 @@ class Appliance:
         def detach():
             for link in sub.feeds:
                 self.links[link].feeds.pop(sub.name, None)
+                self.links[link].refresh_capture()
 
         assert self.router is not None
         self.router.call(detach)

@@ -30,8 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
+from capture.batch import PAYLOAD
 from capture.punctuation import LinkTimer
+from capture.schema import COLUMNS
 from common.units import NS_PER_S as NS
+from tools.run.livelinks import RING_PAYLOAD_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +59,10 @@ class ReplayLink(threading.Thread):
         self.batch_size = batch_size
         # opened here, in the caller's thread: an unreadable file fails the server's start
         open_capture(self.path, link=name, batch_size=batch_size).close()
-        self.ring = PacketRing.create(ring_rows, link=name, shared=False)
+        # a query submitted later may read payloads: a replayed file always carries them
+        # (paced to real time, copying them costs little)
+        self.ring = PacketRing.create(ring_rows, link=name, shared=False,
+                                      payload_bytes=RING_PAYLOAD_BYTES)
         self.stopping = threading.Event()
         self.error: BaseException | None = None
         self.loops = 0
@@ -92,7 +98,8 @@ class ReplayLink(threading.Thread):
         from capture.batch import PacketBatch
         from tools.run.replay import FileLink
 
-        link = FileLink(self.link, self.path, self.batch_size, prefetch=0)
+        link = FileLink(self.link, self.path, self.batch_size, prefetch=0,
+                        columns=(*(c.name for c in COLUMNS), PAYLOAD))
         try:
             t0 = link.head()
             if t0 is None:
@@ -111,7 +118,7 @@ class ReplayLink(threading.Thread):
                     ts = batch["timestamp"]
                     cols = dict(batch.columns)
                     cols["timestamp"] = w0 + ((ts - t0) / self.speed).astype(np.int64)
-                    retimed = PacketBatch(self.link, cols)
+                    retimed = PacketBatch(self.link, cols, payload=batch.payload)
                     self.ring.push(retimed)
                     self.timer.observe(int(cols["timestamp"].max()))
                     continue
@@ -159,6 +166,8 @@ class ServedLink:
         self.feeds: dict[str, object] = {}        # submission name -> SubmissionFeed
         #: the submissions whose feeds saw the end of a record link that ended
         self.finished: set[str] = set()
+        #: a live interface whose snap length follows its queries (no --snaplen given)
+        self.dynamic_snaplen = False
         self.packets = 0
         self.bytes = 0
         self.punctuation: int | None = None
@@ -193,6 +202,35 @@ class ServedLink:
                 "punctuation_ns": self.punctuation,
                 "error": None if p.error is None else str(p.error)}
 
+    def capture_for(self, columns) -> None:
+        """Capture what operators reading `columns` (None: they cannot tell) need of each
+        frame: a live interface copies TCP/UDP payloads only while an attached query reads
+        `TCP_data` or `UDP_data`, and, unless `--snaplen` fixed it, keeps every byte of a
+        frame only while a query needs them (`capture.live.snaplen_for`), the headers
+        otherwise."""
+        capture = getattr(self.producer, "capture", None)
+        if capture is None:
+            return
+        from capture.live import snaplen_for
+
+        wanted = columns is None or PAYLOAD in columns
+        if capture.payload != wanted:
+            capture.payload = wanted
+            log.info("link %s: payloads %s", self.name,
+                     "captured (a query reads them)" if wanted else "no longer captured")
+        if self.dynamic_snaplen:
+            capture.set_snaplen(snaplen_for(columns))
+
+    def refresh_capture(self, also=()) -> None:
+        """After a query is attached or detached (or before one is, `also`: its low-level
+        plans): capture what the attached operators read."""
+        from lowlevel.operator import plan_read_columns
+
+        plans = [f.op.plan for feed in self.feeds.values() for f in getattr(feed, "feeds", ())]
+        reads = [plan_read_columns(plan) for plan in [*plans, *also]]
+        self.capture_for(None if any(r is None for r in reads)
+                         else {c for r in reads for c in (r or ())})
+
     def punctuated_at(self, p: int) -> int | None:
         """Wall ns at which this link's punctuation first reached `p` (None: not yet, or
         before the remembered history)."""
@@ -209,6 +247,7 @@ def open_links(links, interfaces, *, period_ns: int, slack_ns: int, speed: float
     `interfaces` ((name, interface): live) and `records` ((name, protocol, path): record
     links of `schema`'s protocols, `tools.serve.recordlinks`): the appliance's links, and a
     watching agent's."""
+    from capture.tpacket import MAX_SNAPLEN
     from tools.run.livelinks import LiveLink
     from tools.serve.recordlinks import open_record_links
 
@@ -217,9 +256,19 @@ def open_links(links, interfaces, *, period_ns: int, slack_ns: int, speed: float
         for name, iface in interfaces:
             timer = LinkTimer(0, slack_ns)
             holder = type("Timer", (), {"timer": timer})
-            live = LiveLink(name, iface, holder, period_ns=period_ns,
-                            options=dict(capture_options))
+            # the ring has room for payloads from the start; the capture copies them (and,
+            # unless --snaplen is given, keeps more than the headers) only while a query
+            # reads them (`ServedLink.capture_for`)
+            options = dict(capture_options)
+            dynamic = options.get("snaplen") is None
+            if dynamic:
+                options["snaplen"] = MAX_SNAPLEN
+            live = LiveLink(name, iface, holder, period_ns=period_ns, options=options,
+                            payload=True, payload_bytes=RING_PAYLOAD_BYTES)
             out[name] = ServedLink(name, f"interface {iface}", live, timer)
+            out[name].dynamic_snaplen = dynamic
+            live.capture.payload = False            # until a query reads them
+            out[name].capture_for(set())
         for name, path in links:
             timer = LinkTimer(0, slack_ns)
             replay = ReplayLink(name, path, timer, period_ns=period_ns, speed=speed, loop=loop)
