@@ -13,14 +13,12 @@ import pytest
 
 from capture.batch import PacketBatch
 from capture.live import LiveCapture
+from tests.capture.test_capture_live import DST_MAC, SRC_MAC, SRC_MAC_INT
 from tests.conftest import require_tool
 from tools.gen.veth import VethPair, can_make_pairs
 
 pytestmark = pytest.mark.needs_root
 
-SRC_MAC = "02:00:5e:00:53:01"
-DST_MAC = "02:00:5e:00:53:02"   # not the outer end's address: the host stack ignores these frames
-SRC_MAC_INT = 0x02005E005301
 
 
 @pytest.fixture(scope="module")

@@ -52,16 +52,41 @@ def udp_flows(path: Path, packets: int = 240, flows: int = 4) -> Counter:
     return expect
 
 
-def _wait_for_progress(proc, timeout: float = 60.0) -> None:
-    """The progress line appears once the capture sockets are open."""
+def _wait_for_progress(proc, timeout: float = 60.0) -> str:
+    """The progress line appears once the capture sockets are open; the log lines before
+    it."""
+    lines = []
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         line = proc.stderr.readline()
         if not line:
             break
+        lines.append(line.decode(errors="replace"))
         if line.startswith(b"oopscope: ") and b" packets (" in line:
-            return
-    raise AssertionError("oopscope run never started capturing")
+            return "".join(lines)
+    raise AssertionError("oopscope run never started capturing:\n" + "".join(lines))
+
+
+def run_while_sending(pair, pcap, pps: int, args: list[str]) -> tuple[str, str]:
+    """`oopscope run ARGS --progress` while the frames of `pcap` are sent into the pair at
+    `pps`, stopped by SIGTERM a second later: (the log before capture began, the rest of
+    stderr); asserts a clean stop."""
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", *args, "--progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        head = _wait_for_progress(proc)
+        pair.run_inside(["tcpreplay", "-q", "-i", pair.inner, f"--pps={pps}", str(pcap)])
+        time.sleep(1.0)                       # a frame timeout or two: the last block retires
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = err.decode()
+    assert proc.returncode == 0, text
+    assert "run ended: stopped" in text
+    return head, text
 
 
 @pytest.mark.slow
@@ -72,22 +97,9 @@ def test_run_on_an_interface_counts_exactly_the_sent_packets(pair, tmp_path):
     query = tmp_path / "flows.gsql"
     query.write_text(QUERY)
     out = tmp_path / "flows.csv"
-    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "run", str(query),
-                             "--interface", f"main={pair.outer}", "--output", f"flows={out}",
-                             "--progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    try:
-        _wait_for_progress(proc)
-        pair.run_inside(["tcpreplay", "-q", "-i", pair.inner, "--pps=400", str(pcap)])
-        time.sleep(1.0)                       # a frame timeout or two: the last block retires
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    err = err.decode()
-    assert proc.returncode == 0, err
-    assert "run ended: stopped" in err
+    _, err = run_while_sending(pair, pcap, 400, ["run", str(query), "--interface",
+                                                 f"main={pair.outer}", "--output",
+                                                 f"flows={out}"])
     assert f"[interface {pair.outer}]" in err and " 0 kernel drops" in err
     rows = pd.read_csv(out)
     mine = rows[rows["srcIP"].str.startswith("198.51.100.")]

@@ -6,18 +6,15 @@ with what the test sent."""
 from __future__ import annotations
 
 import csv
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 
 import pytest
 
-from tests.conftest import REPO, require_tool
+from tests.conftest import require_tool
 from tests.tools.conftest import veth_pair
+from tests.tools.test_tools_run_live import run_while_sending
 
 pytestmark = pytest.mark.needs_root
 
@@ -75,20 +72,6 @@ def payload_traffic(path) -> tuple[Counter, Counter, Counter, int]:
     return hellos, gets, get_bytes, len(frames)
 
 
-def _until_progress(proc, timeout: float = 60.0) -> str:
-    """The log lines up to the progress line, which appears once the capture is open."""
-    lines = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        lines.append(line.decode(errors="replace"))
-        if line.startswith(b"oopscope: ") and b" packets (" in line:
-            return "".join(lines)
-    raise AssertionError("oopscope run never started capturing:\n" + "".join(lines))
-
-
 @pytest.mark.slow
 def test_live_run_reads_payloads(pair, tmp_path):
     require_tool("tcpreplay")
@@ -99,23 +82,10 @@ def test_live_run_reads_payloads(pair, tmp_path):
     query.write_text(QUERY)
     out_h, out_g = tmp_path / "hellos.csv", tmp_path / "gets.csv"
     t0 = time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "-v", "run", str(query),
-                             "--interface", f"main={pair.outer}", "--output", f"hellos={out_h}",
-                             "--output", f"gets={out_g}", "--progress"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    try:
-        head = _until_progress(proc)
-        pair.run_inside(["tcpreplay", "-q", "-i", pair.inner, "--pps=500", str(pcap)])
-        time.sleep(1.0)                       # a frame timeout or two: the last block retires
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    err = err.decode()
-    assert proc.returncode == 0, err
-    assert "run ended: stopped" in err
+    head, err = run_while_sending(pair, pcap, 500, ["-v", "run", str(query), "--interface",
+                                                    f"main={pair.outer}", "--output",
+                                                    f"hellos={out_h}", "--output",
+                                                    f"gets={out_g}"])
     # its queries read payloads: whole frames are kept (the headers only, otherwise)
     assert re.search(r"capturing on \S+ \(link main\): .*snaplen 262144", head), head
     link = next(line for line in err.splitlines() if line.startswith("link main:"))
