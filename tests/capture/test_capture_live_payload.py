@@ -13,8 +13,8 @@ import pytest
 
 from capture.batch import PacketBatch
 from capture.live import LiveCapture
-from tests.capture.test_capture_live import DST_MAC, SRC_MAC, SRC_MAC_INT
-from tests.conftest import require_tool
+from tests.capture.test_capture_live import DST_MAC, SRC_MAC, SRC_MAC_INT, _drain
+from tests.capture.test_capture_live import _replay as replay
 from tools.gen.veth import VethPair, can_make_pairs
 
 pytestmark = pytest.mark.needs_root
@@ -70,15 +70,7 @@ def traffic(tmp_path_factory):
 
 
 def _replay(pair: VethPair, pcap, pps: int = 2000) -> None:
-    require_tool("tcpreplay")
-    pair.run_inside(["tcpreplay", "-q", "-i", pair.inner, f"--pps={pps}", str(pcap)])
-
-
-def _drain(cap: LiveCapture, quiet_s: float = 0.5) -> list[PacketBatch]:
-    out = []
-    while (b := cap.poll(quiet_s)) is not None:
-        out.append(b.copy())
-    return out
+    replay(pair, pcap, pps)
 
 
 def _mine(batches: list[PacketBatch]) -> PacketBatch:
