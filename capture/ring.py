@@ -62,9 +62,9 @@ position's place in the area is `position % N`, its lap `position // N`.
 Numba producers (nogil kernels) use the same protocol through `ring.ctrl`, `ring.columns` and
 the jitted `ring_reserve` / `copy_rows` / `ring_commit` below (reserve, copy each column,
 commit: no per-row Python anywhere); they punctuate from Python between kernel calls. On a
-ring with a payload area, `copy_payloads` comes right after the reserve: it places the
-payloads of the reserved rows that also find bytes and says how many; those rows are copied
-and committed.
+ring with a payload area, `capture.ringpayload.copy_payloads` comes right after the reserve:
+it places the payloads of the reserved rows that also find bytes and says how many; those
+rows are copied and committed.
 """
 
 from __future__ import annotations
@@ -80,6 +80,14 @@ import pyarrow as pa
 
 from capture.batch import PacketBatch
 from capture.errors import RingError
+from capture.payload import binary_array
+from capture.ringpayload import (
+    C_BHEAD,
+    C_BTAIL,
+    MAX_PAYLOAD_BYTES,
+    payload_buffers,
+    place_payloads,
+)
 from capture.schema import COLUMNS
 from common.jit import ngjit
 
@@ -90,14 +98,13 @@ CTRL_WORDS = 32
 LINK_BYTES = 64
 DEFAULT_PUNCT_SLOTS = 1024
 _ALIGN = 64
-#: the payload area's limit: Arrow binary offsets are int32
-MAX_PAYLOAD_BYTES = (1 << 31) - 1
 
 # control block: metadata, then the producer's words and the consumer's words on separate
 # cache lines (each side writes only its own line)
 C_MAGIC, C_CAPACITY, C_PSLOTS, C_NCOLS, C_PBYTES = 0, 1, 2, 3, 4
-C_HEAD, C_OFFERED, C_DROPPED, C_HIGH, C_PHEAD, C_DONE, C_FINALP, C_BHEAD = 8, 9, 10, 11, 12, 13, 14, 15
-C_TAIL, C_PROCESSED, C_PTAIL, C_BTAIL = 16, 17, 18, 19
+C_HEAD, C_OFFERED, C_DROPPED, C_HIGH, C_PHEAD, C_DONE, C_FINALP = 8, 9, 10, 11, 12, 13, 14
+C_TAIL, C_PROCESSED, C_PTAIL = 16, 17, 18
+# the payload area's byte head (producer's line, word 15) and tail (consumer's, word 19)
 NO_PUNCT = np.iinfo(np.int64).min
 
 
@@ -138,63 +145,6 @@ def ring_commit(ctrl, k, n):
     occ = head - ctrl[C_TAIL]
     if occ > ctrl[C_HIGH]:
         ctrl[C_HIGH] = occ
-
-
-@ngjit
-def place_payloads(ctrl, starts, sizes, size_area, offsets, src_start, pos, k):
-    """Place the payloads of k reserved rows (source rows src_start.., their `offsets` as an
-    Arrow binary array's; ring rows from pos, wrapping) in a payload area of size_area bytes,
-    as far as they fit: (rows placed, split, first start). The caller copies the bytes of rows
-    [0, split) to the area from `first start % size_area` and those of [split, placed) to its
-    start (`copy_payloads`, or numpy in `PacketRing.push`), then commits the rows.
-
-    Each payload starts at the byte head, or at the next lap when it would cross the end of
-    the area; its absolute start and size are written and the byte head moved past it."""
-    cap = starts.shape[0]
-    head = ctrl[C_BHEAD]
-    tail = ctrl[C_BTAIL]        # read once: it only grows, so this is conservative
-    # every byte placed now ends by tail + size_area <= head + size_area < next_lap + size_area,
-    # so only one row can be the first of the next lap (at next_lap exactly): two copies
-    next_lap = (head // size_area + 1) * size_area
-    first_at = head
-    split = -1
-    placed = k
-    for j in range(k):
-        n = offsets[src_start + j + 1] - offsets[src_start + j]
-        at = head
-        off = at % size_area
-        if off + n > size_area:             # never wrap inside a payload: skip to the next lap
-            at += size_area - off
-        if at + n - tail > size_area:
-            placed = j
-            break
-        if j == 0:
-            first_at = at
-        if split < 0 and at >= next_lap:
-            split = j
-        r = pos + j
-        if r >= cap:
-            r -= cap
-        starts[r] = at
-        sizes[r] = n
-        head = at + n
-    ctrl[C_BHEAD] = head
-    return placed, placed if split < 0 else split, first_at
-
-
-@ngjit
-def copy_payloads(ctrl, starts, sizes, area, offsets, data, src_start, pos, k):
-    """`place_payloads` and the copy of the bytes from `data`, for Numba producers: returns
-    the rows placed, to be copied and committed."""
-    size_area = area.shape[0]
-    placed, split, first_at = place_payloads(ctrl, starts, sizes, size_area, offsets, src_start, pos, k)
-    a0 = offsets[src_start]
-    a_split = offsets[src_start + split]
-    a1 = offsets[src_start + placed]
-    off = first_at % size_area
-    area[off:off + a_split - a0] = data[a0:a_split]
-    area[:a1 - a_split] = data[a_split:a1]
-    return placed
 
 
 class RingColumns(Mapping):
@@ -275,39 +225,6 @@ def _layout(capacity: int, pslots: int, payload_bytes: int = 0) -> tuple[dict[st
         offsets[name] = off
         off += size
     return offsets, punct_off, off
-
-
-def _payload_buffers(batch, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets, bytes) of a pushed batch's payloads, n rows: its Arrow binary array's own
-    buffers (no copy), or n empty payloads when it has none."""
-    arr = getattr(batch, "payload", None)
-    if arr is None or n == 0:
-        return np.zeros(n + 1, np.int32), np.zeros(0, np.uint8)
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    if not isinstance(arr, pa.Array):
-        raise RingError(f"pushed payload must be an Arrow binary array (found {type(arr).__name__})")
-    kind = arr.type
-    odtype: type[np.signedinteger]
-    if pa.types.is_binary(kind) or pa.types.is_string(kind):
-        odtype = np.int32
-    elif pa.types.is_large_binary(kind) or pa.types.is_large_string(kind):
-        odtype = np.int64
-    else:
-        raise RingError(f"pushed payload must be an Arrow binary array (found {kind})")
-    if len(arr) != n:
-        raise RingError(f"pushed payload has {len(arr)} items for {n} rows")
-    if arr.null_count:
-        arr = arr.fill_null(b"")
-    _, obuf, dbuf = arr.buffers()
-    offsets = np.frombuffer(obuf, odtype, count=arr.offset + n + 1)[arr.offset:]
-    data = np.frombuffer(dbuf, np.uint8) if dbuf is not None and dbuf.size else np.zeros(0, np.uint8)
-    return offsets, data
-
-
-def _binary(offsets: np.ndarray, data: np.ndarray) -> pa.Array:
-    return pa.Array.from_buffers(pa.binary(), len(offsets) - 1,
-                                 [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 class PacketRing:
@@ -440,7 +357,7 @@ class PacketRing:
                 found = "missing" if a is None else f"{a.dtype}[{len(a)}]"
                 raise RingError(f"pushed column {c.name!r} must be {c.dtype}[{len(ts)}] (found {found})")
         if self.payload_bytes:
-            offsets, data = _payload_buffers(batch, len(ts))
+            offsets, data = payload_buffers(batch, len(ts))
         with self._producer_lock:
             self._publish_pending()
             pos, k = ring_reserve(self.ctrl, n)
@@ -457,8 +374,8 @@ class PacketRing:
         return int(k)
 
     def _copy_payloads(self, offsets: np.ndarray, data: np.ndarray, start: int, pos: int, k: int) -> int:
-        """`copy_payloads`, the bytes copied by numpy: a memcpy, where Numba's slice assignment
-        is an element loop. Returns the rows placed."""
+        """`capture.ringpayload.copy_payloads`, the bytes copied by numpy: a memcpy, where
+        Numba's slice assignment is an element loop. Returns the rows placed."""
         assert self.payload_area is not None      # a ring with a payload area
         placed, split, first_at = place_payloads(self.ctrl, self.payload_start, self.payload_size,
                                                  self.payload_bytes, offsets, start, pos, k)
@@ -558,7 +475,7 @@ class PacketRing:
         at = first % size_area
         data = self.payload_area[at:at + end - first]
         self._lent_end = end
-        return k, _binary(offsets, data.copy() if copy else data)
+        return k, binary_array(offsets, data.copy() if copy else data)
 
     def release(self) -> None:
         """Hand back the rows of the last take (they count as processed)."""

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from capture.batch import PacketBatch
 from capture.errors import RingError
-from capture.ring import PacketRing, copy_payloads, copy_rows, ring_commit, ring_reserve
+from capture.ring import PacketRing, copy_rows, ring_commit, ring_reserve
+from capture.ringpayload import copy_payloads
 
 
 def payload_of(i: int) -> bytes:
