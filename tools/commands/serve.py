@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tools.commands.params import Duration, schema_option
+from tools.commands.params import Duration
 
 
 @click.command()
@@ -18,7 +18,11 @@ from tools.commands.params import Duration, schema_option
               help="A record link (repeatable): the records of PROTOCOL, a record protocol "
                    "of a --schema file, from PATH: a FIFO or - read as records arrive, or a "
                    "file of records timed by a field of their own, replayed once at --speed.")
-@schema_option
+@click.option("--schema", "schema_files", multiple=True, metavar="FILE",
+              type=click.Path(exists=True, dir_okay=False),
+              help="A schema file (GS-lite's packet_schema.txt format, repeatable): the "
+                   "protocols of --records, and of every query submitted (a query's own "
+                   "schema files, `submit --schema`, replace its protocols).")
 @click.option("--csv-separator", "csv_separator", default=None, metavar="CHAR",
               help="The field separator of CSV record links (default: detected from the "
                    "first line among , | tab ;).")
@@ -68,8 +72,8 @@ from tools.commands.params import Duration, schema_option
                                       "tcpdump -Q; on loopback each packet counts once).")
 @click.option("--ready-file", default=None, hidden=True,
               help="Write the server's URL here once it listens (for scripts and tests).")
-def serve(interfaces, links, records, schema_files, csv_separator, speed, loop, state, output_root, listen, token_file, master,
-          spool, agent_timeout, fanout, punctuate_every, lull_slack, promiscuous, snaplen,
+def serve(interfaces, links, records, schema_files, csv_separator, speed, loop, state,
+          output_root, listen, token_file, master, spool, agent_timeout, fanout, punctuate_every, lull_slack, promiscuous, snaplen,
           ring_blocks, ring_block_size, direction, ready_file) -> None:
     """Run the appliance: capture on the links, run the queries submitted to it.
 
@@ -83,8 +87,7 @@ def serve(interfaces, links, records, schema_files, csv_separator, speed, loop, 
     Examples:
       sudo oopscope serve --interface main=eth0 --state /var/lib/oopscope
       oopscope serve --link main=trace.pcap --loop --state /tmp/oops
-      oopscope serve --schema packet_schema.txt --records csv=CSV_EXAMPLE:/run/feed.fifo \
-          --state /tmp/oops
+      oopscope serve --schema s.txt --records csv=CSV_EXAMPLE:feed.fifo --state /tmp/oops
       oopscope serve --spool /shared/oops --state /var/lib/oopscope   # agents' links
       sudo oopscope serve --interface main=eth0 --fanout 4 --state /var/lib/oopscope
     """

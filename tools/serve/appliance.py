@@ -398,7 +398,6 @@ class Appliance:
         return (f"its first window starts at record time {start / NS_PER_S:.9g} s (records "
                 f"before it were read before the submission and are not counted)")
 
-
     def _available_links(self) -> tuple[list[str], dict[str, str]]:
         """Every link a submission may read (the server's, then its live agents'), and
         link -> agent host of the agents' ones. A link of the server's own is the server's
