@@ -169,7 +169,6 @@ def specialized(kernel, ops: np.ndarray, udafs=()):
     `ops`; the generic kernel when that cannot be done (logged). With user-defined aggregates
     (`udafs`, which the generic kernel cannot run) it is always specialized: compiled from
     memory, without Numba's disk cache, when no kernel directory can be written."""
-    global _SOURCES
     udafs = tuple(udafs)
     if not settings.specialize() and not udafs:
         return kernel
@@ -180,37 +179,24 @@ def specialized(kernel, ops: np.ndarray, udafs=()):
                      for s in udafs)
     if key in _KERNELS:
         return _KERNELS[key]
-    if _SOURCES is None:
-        _SOURCES = sources_digest(Path(__file__).resolve().parent)
     prefix = f"{kernel.py_func.__name__}_"
     name = "kernel"
     text = module_text(kernel, ops, name, udafs)
-    stem = f"{prefix}{_SOURCES[:10]}_{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+    module = load_generated(prefix, text)
     result = kernel
-    for directory in _kernel_dirs():
-        try:
-            path = _write(directory, stem, text, prefix)
-        except OSError as exc:
-            log.debug("no specialized kernel in %s: %s", directory, exc)
-            continue
-        spec = importlib.util.spec_from_file_location(f"oopscope_kernels.{stem}", path)
-        assert spec is not None and spec.loader is not None   # a .py file always has both
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
+    if module is not None:
         result = getattr(module, name)
-        break
+    elif udafs:
+        log.info("the %s kernel of user-defined aggregates is compiled without a disk "
+                 "cache (no writable kernel directory)", kernel.py_func.__name__)
+        stem = f"{prefix}{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+        namespace: dict = {"__name__": f"oopscope_kernels.{stem}"}
+        exec(compile(text.replace("from common.jit import ngjit\n",
+                                  "import numba\nngjit = numba.njit(nogil=True)\n"),
+                     f"<{stem}>", "exec"), namespace)
+        result = namespace[name]
     else:
-        if udafs:
-            log.info("the %s kernel of user-defined aggregates is compiled without a disk "
-                     "cache (no writable kernel directory)", kernel.py_func.__name__)
-            namespace: dict = {"__name__": f"oopscope_kernels.{stem}"}
-            exec(compile(text.replace("from common.jit import ngjit\n",
-                                      "import numba\nngjit = numba.njit(nogil=True)\n"),
-                         f"<{stem}>", "exec"), namespace)
-            result = namespace[name]
-        else:
-            log.info("the generic %s kernel is used (no writable kernel directory)",
-                     kernel.py_func.__name__)
+        log.info("the generic %s kernel is used (no writable kernel directory)",
+                 kernel.py_func.__name__)
     _KERNELS[key] = result
     return result
