@@ -614,7 +614,7 @@ def plan_read_columns(plan) -> tuple[str, ...] | None:
     if plan.record is not None:
         from dataclasses import replace
 
-        from capture.records import field_columns
+        from capture.recordsource import field_columns
 
         fields = {f.name: replace(f, columns=field_columns(f)) for f in plan.record.fields}
     else:
