@@ -46,6 +46,7 @@ from queries.sampling import SamplingInfo, analyse_selection, sampling_node, sel
 from queries.sampling import analyse as analyse_sampling
 from queries.scope import GroupedScope, Scope
 from queries.tokens import MAX_NAME_LENGTH
+from queries.typekinds import INTEGER, SIGNED, UNSIGNED
 from queries.udf import FunctionLibrary, udaf_calls
 
 log = logging.getLogger(__name__)
@@ -366,15 +367,15 @@ class Analyser:
 
     def _default_value(self, pname: str, ptype: str, lit):
         kind, value = getattr(lit, "kind", None), getattr(lit, "value", lit)
-        ok: dict[str | None, AbstractSet[str]] = {"int": T.INTEGER - {"bool", "ipv4", "mac"} | {"mac"}, "float": {"float"},
+        ok: dict[str | None, AbstractSet[str]] = {"int": INTEGER - {"bool", "ipv4", "mac"} | {"mac"}, "float": {"float"},
               "string": {"string"}, "bool": {"bool"}, "ip": {"ipv4", "ip"}, "ipv6": {"ip"}}
         if ptype not in ok.get(kind, set()) and not (kind == "int" and ptype == "float"):
             raise self.error(lit, f"the default of parameter {pname} is not a {ptype}")
-        if kind == "int" and ptype in T.UNSIGNED and value < 0:
+        if kind == "int" and ptype in UNSIGNED and value < 0:
             raise self.error(lit, f"the default of parameter {pname} is negative but its type "
                              f"is {ptype}")
-        if kind == "int" and ptype in T.INTEGER:
-            low, high = (-2**63, 2**63 - 1) if ptype in T.SIGNED else (0, 2**64 - 1)
+        if kind == "int" and ptype in INTEGER:
+            low, high = (-2**63, 2**63 - 1) if ptype in SIGNED else (0, 2**64 - 1)
             if not low <= value <= high:
                 raise self.error(lit, f"the default of parameter {pname}, {value}, does not "
                                  f"fit in a {ptype} ({low} .. {high})")
@@ -992,7 +993,7 @@ class Analyser:
         exact under any disorder and the slack changes nothing: said in a warning."""
         expr = Scope(self, []).resolve(slack.this, "SLACK")
         value = fold(expr, self.constant_param)
-        if value is None or self.type_of(expr) not in T.INTEGER or value[1] < 0:
+        if value is None or self.type_of(expr) not in INTEGER or value[1] < 0:
             raise self.error(slack.this, "MERGE ... SLACK takes a non-negative integer "
                              "constant")
         self.warn(aq, slack, "MERGE ... SLACK has no effect here: the Merge releases a row "
@@ -1003,7 +1004,7 @@ class Analyser:
     # --- types and forms ---------------------------------------------------------------------
     def condition(self, expr: E.Expr, node, where: str) -> E.Expr:
         t = self.type_of(expr)
-        if t not in T.INTEGER:
+        if t not in INTEGER:
             raise self.error(node, f"{where} must be a condition, not a {t} value")
         return expr
 

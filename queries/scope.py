@@ -21,6 +21,7 @@ from queries.function_library import HANDLE_ARGUMENTS
 from queries.printer import to_gsql
 from queries.stateful import STATEFUL_FUNCTIONS, SUPER_AGGREGATES, stateful_type
 from queries.string_functions import STRING_FUNCTIONS, check_call
+from queries.typekinds import NUMERIC
 from queries.udf import resolve_aggregate, resolve_call
 
 if TYPE_CHECKING:
@@ -254,7 +255,7 @@ class Scope:
             return node.replace(name=name)
         arg = self.resolve(args[0], f"the argument of {name}$")
         t = self.a.type_of(arg)
-        if T.aggregate_type(name, t) is None or t not in T.NUMERIC:
+        if T.aggregate_type(name, t) is None or t not in NUMERIC:
             raise self.error(node, f"{name}$ does not apply to a {t} value")
         return node.replace(name=name, args=[arg])
 
