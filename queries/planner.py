@@ -18,7 +18,8 @@ from capture.schema import BUILTIN, Schema
 from common.errors import ConfigError, LinkError
 from queries import expressions as E
 from queries import types as T
-from queries.analysis import AnalysedQuery, SourceInfo, analyse_file
+from queries.analysed import AnalysedQuery, SourceInfo
+from queries.analysis import analyse_file
 from queries.definitions import FLOW_KEYS
 from queries.grouping_sets import default_literal
 from queries.inference import conjoin, conjuncts, type_of, unit_ns

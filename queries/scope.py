@@ -25,13 +25,13 @@ from queries.typekinds import NUMERIC
 from queries.udf import resolve_aggregate, resolve_call
 
 if TYPE_CHECKING:
-    from queries.analysis import Analyser, GroupInfo, SourceInfo
+    from queries.analysed import GroupInfo, QueryAnalyser, SourceInfo
 
 Hook = Callable[[E.Node], "E.Expr | None"]
 
 
 class Scope:
-    def __init__(self, analyser: Analyser, sources: list[SourceInfo]):
+    def __init__(self, analyser: QueryAnalyser, sources: list[SourceInfo]):
         self.a = analyser
         self.sources = sources
 
@@ -319,7 +319,7 @@ class Scope:
 class GroupedScope:
     """Resolution in SELECT/HAVING of an aggregation: group items become key Fields."""
 
-    def __init__(self, analyser: Analyser, base: Scope, group: list[GroupInfo]):
+    def __init__(self, analyser: QueryAnalyser, base: Scope, group: list[GroupInfo]):
         self.a = analyser
         self.base = base
         self.group = group

@@ -35,7 +35,7 @@ from lowlevel import evaluate as _evaluate
 from lowlevel.evaluate import plain, truthy
 from lowlevel.hll import estimate, registers_of
 from queries import expressions as E
-from queries.analysis import AnalysedQuery
+from queries.analysed import AnalysedQuery
 from queries.inference import type_of, unit_ns
 from queries.plan import FilePlan, QueryPlan
 from queries.planner import param_literal, plan_file
