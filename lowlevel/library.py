@@ -3,7 +3,7 @@
 `call(node, args, n)` evaluates a call of a `queries.function_library` function or of a
 user-defined one (`node.external`, `queries.udf`) for `lowlevel.evaluate.Evaluator`: `args`
 are evaluated values, a string literal (a prefix file, a HANDLE) as its Python value. Every
-function works on whole columns: MIN/MAX with the evaluator's exact comparisons, getlpmid
+function works on whole columns: MIN/MAX with the exact comparisons of `lowlevel.values`, getlpmid
 with the Numba kernel of `lowlevel.lpm`, a user function with one call per batch.
 """
 
@@ -13,8 +13,8 @@ import logging
 
 import numpy as np
 
-from lowlevel import evaluate as V
 from lowlevel import lpm
+from lowlevel import values as V
 from queries import expressions as E
 from queries.errors import QueryError
 
@@ -68,7 +68,7 @@ def min_max(name: str, a, b):
 def argument(value, gsql: str, n: int):
     """An evaluated value as a user function receives it (`queries.udf`)."""
     if gsql == "ip":
-        hi, lo = V._promote_ip(value)  # noqa: SLF001 (the evaluator's own conversion)
+        hi, lo = V.promote_ip(value)
         return (np.ascontiguousarray(np.broadcast_to(hi, (n,))),
                 np.ascontiguousarray(np.broadcast_to(lo, (n,))))
     if gsql == "string":
