@@ -17,6 +17,7 @@ from lowlevel import lpm
 from lowlevel import values as V
 from queries import expressions as E
 from queries.errors import QueryError
+from queries.prefixfile import PrefixFileError
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def call(node: E.Func, args: list, n: int):
     if name in ("getlpmid", "getv6lpmid"):
         try:
             return lpm.getlpmid(args[0], args[1])
-        except lpm.PrefixFileError as exc:
+        except PrefixFileError as exc:
             raise QueryError.at(node, str(exc)) from None
     raise ValueError(f"unknown function {name}")
 

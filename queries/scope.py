@@ -221,7 +221,7 @@ class Scope:
     def _prefix_file(self, node: E.Func, args: list[E.Expr], index: int) -> list[E.Expr]:
         """The prefix file of getlpmid, read now (a missing or broken file is an error at the
         call, naming the file's line) and named by its absolute path for every evaluator."""
-        from lowlevel.lpm import PrefixFileError, load_table
+        from queries.prefixfile import PrefixFileError, load_table
 
         written = node.args["args"][index]
         arg = args[index]
