@@ -113,6 +113,7 @@ def lpm_rate(directory: Path, repeat: int) -> tuple[float, int]:
     import numpy as np
 
     from lowlevel import lpm
+    from queries.prefixfile import load_table
 
     rng = np.random.default_rng(5)
     prefixes: set[tuple[int, int]] = set()
@@ -123,7 +124,7 @@ def lpm_rate(directory: Path, repeat: int) -> tuple[float, int]:
     path.write_text("".join(
         f"{'.'.join(str((v >> s) & 255) for s in (24, 16, 8, 0))}/{n}|{k + 1}\n"
         for k, (v, n) in enumerate(sorted(prefixes))))
-    table = lpm.load_table(str(path))
+    table = load_table(str(path))
     mapped = np.uint64(0xFFFF << 32)
     addrs = (rng.integers(0, 2**32, 2_000_000, dtype=np.uint64) | mapped)
     lpm.lookup(table, addrs[:10])       # compile

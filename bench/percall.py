@@ -50,6 +50,7 @@ def main(groups, factor, sizes, repeat, json_out):
 
     from capture.reader import read_all
     from tools.experiments import iop_oop as io
+    from tools.experiments.q81 import q81_plan
 
     cfg = io.ThroughputConfig()
     io.warm_jit(cfg)
@@ -61,7 +62,7 @@ def main(groups, factor, sizes, repeat, json_out):
     click.echo(f"Q8-1, {groups:,} groups, {slots:,} slots, {n:,} packets; best of {repeat}")
     click.echo(f"{'policy':10} {'rows/call':>9} {'us/call':>9} {'M pkts/s':>9}")
     for policy in io.POLICIES:
-        plan = io.q81_plan(slots, policy)
+        plan = q81_plan(slots, policy)
         for rows in (int(x) for x in sizes.split(",")):
             best = min(time_calls(columns, plan, rows) for _ in range(repeat))
             calls = -(-n // rows)

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bench.workloads import REPO, cli, kept_capture, work_dir
+from common import settings
 
 log = logging.getLogger("bench.probe")
 
@@ -608,7 +609,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--jobs", type=int, default=2, help="decodes at a time (default 2)")
     p.add_argument("--timeout", type=float, default=60, help="seconds before a decode or explain is a hang")
     p.add_argument("--run-timeout", type=float, default=300, help="seconds before a run is a hang")
-    p.add_argument("--pcaps", default=os.environ.get("OOPSCOPE_SHARED", str(REPO.parent / "shared")) + "/pcaps",
+    p.add_argument("--pcaps", default=str(settings.shared_dir() or REPO.parent / "shared") + "/pcaps",
                    help="real captures to damage (default ../shared/pcaps)")
     p.add_argument("--dir", default=None, help="keep the corpus here (default: a temporary directory)")
     p.add_argument("--top", type=int, default=10, help="differences from tshark listed")

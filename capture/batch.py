@@ -150,7 +150,7 @@ class RecordBatch(PacketBatch):
     Columns: `timestamp` (int64 ns: the clock field times its unit, or the wall clock when
     read), `len` (uint32: bytes of the line, its end included), `layers` and `reason` (zero:
     a record plan's protocol mask is 0, every row belongs), and per field its columns
-    (`capture.records.field_columns`): uint/ullong uint64, int/llong int64, float float64,
+    (`capture.recordsource.field_columns`): uint/ullong uint64, int/llong int64, float float64,
     bool uint8, IPv4 uint64 IPv4-mapped, IPv6 two uint64 halves, string uint64 codes into
     `strings[column]`, the link's `capture.strings.StringTable` (one table for every string
     column of the link). `offsets` are the records' line numbers (1-based) in the source."""

@@ -89,7 +89,7 @@ from capture.gdatkernels import (
     string_spans,
     tuple_kinds,
 )
-from capture.records import (
+from capture.recordsource import (
     EXAMPLES_PER_REASON,
     FieldReader,
     RecordError,
@@ -100,8 +100,8 @@ from capture.schema import RecordFormat
 from capture.strings import StringTable
 from common.units import NS_PER_S
 
-# (`_as_type`, the C conversions of parsed columns, and `RecordSource`, the source and its
-# buffer, are the CSV reader's own: a GDAT column is made exactly as a CSV one)
+# (`RecordSource`, the source and its buffer, and `_as_type`, the C conversions of parsed
+# columns, are the CSV reader's too, `capture.recordsource`: a GDAT column is made as a CSV one)
 log = logging.getLogger(__name__)
 
 #: schema-parser versions GS-lite reads (its `schemaparser_accepts_version`)

@@ -14,6 +14,8 @@ case); an unusable value is logged once and its default used.
 | OOPSCOPE_BACKGROUND_NICE | 10 | niceness of the stages' batch thread while the low level reads |
 | OOPSCOPE_SPECIALIZE | on | per-query flow-table kernels with their updates written out |
 | OOPSCOPE_DRIVER_ROWS | on | flow-record batches close on the driver, without a Spark job |
+| OOPSCOPE_SERVER | http://127.0.0.1:7405/ | the server the control commands talk to without `--server` |
+| OOPSCOPE_SHARED | ../shared | the benchmarks' shared data folder (real captures in `pcaps/`) |
 | XDG_CACHE_HOME | ~/.cache | the private cache folder is `$XDG_CACHE_HOME/oopscope` |
 """
 
@@ -80,6 +82,17 @@ def specialize() -> bool:
 
 def driver_rows() -> bool:
     return _flag("OOPSCOPE_DRIVER_ROWS")
+
+
+def server() -> str | None:
+    """The control API's server when `--server` is not given (None: the client's default)."""
+    return os.environ.get("OOPSCOPE_SERVER") or None
+
+
+def shared_dir() -> Path | None:
+    """The benchmarks' shared data folder (None: `shared` beside the checkout)."""
+    text = os.environ.get("OOPSCOPE_SHARED")
+    return Path(text) if text else None
 
 
 def cache_dir() -> Path:

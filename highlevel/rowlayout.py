@@ -26,6 +26,7 @@ from pyspark.sql import types as T
 from common.spool import LINK, PUNCT, SEQ
 from common.units import INT64_MAX
 from lowlevel import evaluate as V
+from lowlevel.values import promote_ip, truthy
 
 UNSIGNED = ("uint", "ullong", "ipv4", "mac", "uint64")
 SIGNED = ("int", "llong", "int64")
@@ -110,7 +111,7 @@ def to_values(table, columns, prefix: str = "", alias: str | None = None) -> dic
 def from_value(v, gsql: str, n: int, name: str) -> list[tuple[str, pa.Array]]:
     """An evaluated value as raw Arrow column(s)."""
     if gsql == "ip" or isinstance(v, tuple):
-        hi, lo = V._promote_ip(v) if not isinstance(v, tuple) else v  # noqa: SLF001
+        hi, lo = promote_ip(v) if not isinstance(v, tuple) else v
         hi = np.broadcast_to(np.asarray(hi, np.uint64), (n,))
         lo = np.broadcast_to(np.asarray(lo, np.uint64), (n,))
         return [(f"{name}__hi", pa.array(np.ascontiguousarray(hi).view(np.int64))),
@@ -147,7 +148,7 @@ def evaluate(expr, values: dict, n: int, zeros: np.ndarray | None = None):
 def keep_mask(predicate, values: dict, n: int, zeros: np.ndarray | None = None) -> np.ndarray:
     if predicate is None or n == 0:
         return np.ones(n, bool)
-    return np.broadcast_to(V.truthy(evaluate(predicate, values, n, zeros)), (n,)).copy()
+    return np.broadcast_to(truthy(evaluate(predicate, values, n, zeros)), (n,)).copy()
 
 
 class ZeroDivisorCount:

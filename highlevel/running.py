@@ -212,7 +212,8 @@ class ClosingCondition:
             lambda n: finals[n.name] if isinstance(n, E.Field) and n.name in finals else n)
 
     def __call__(self, step: pa.Table) -> np.ndarray:
-        from lowlevel.evaluate import evaluate_columns, truthy
+        from lowlevel.evaluate import evaluate_columns
+        from lowlevel.values import truthy
 
         spec, n = self.spec, step.num_rows
         cols: dict[str, object] = {}

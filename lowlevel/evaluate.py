@@ -14,12 +14,11 @@ Both take `zeros`, a bool array of one item per row, to learn which rows met a z
 (their quotient or remainder is the defined 0, and the run counts them): the evaluator sets
 the item of every row whose value depended on such a division. The branch of `if_else` a row
 does not take is evaluated too (vectorised) but does not count: `if_else(n = 0, 0, x / n)` is
-a guarded division, not a fault.
+a guarded division, not a fault. The values and the operations on them are `lowlevel.values`.
 """
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,46 +28,28 @@ import pyarrow as pa
 from capture.schema import PROTOCOLS
 from lowlevel import strings
 from lowlevel.hll import estimate
+from lowlevel.values import (
+    FLIP,
+    I64,
+    LOW32,
+    U64,
+    StringCodes,
+    Value,
+    as_number,
+    binary,
+    cast,
+    compare,
+    compare_arrays,
+    if_else,
+    ip_strings,
+    plain,
+    prefix,
+    truthy,
+)
 from queries import expressions as E
 from queries.errors import QueryError
 from queries.function_library import LIBRARY_FUNCTIONS
 from queries.string_functions import STRING_FUNCTIONS
-
-U64 = np.uint64
-I64 = np.int64
-MAPPED = U64(0x0000_FFFF_0000_0000)
-LOW32 = U64(0xFFFF_FFFF)
-ALL64 = U64(0xFFFF_FFFF_FFFF_FFFF)
-
-Value = Any   # np.ndarray, (hi, lo), or StringCodes
-
-
-class StringCodes:
-    """A string value over a record batch: uint64 codes into the link's intern table
-    (`capture.strings.StringTable`), not per-row Python objects. `=`/`<>` against a literal or
-    another string of the same link compare codes; group keys and projected columns keep the
-    codes (decoded to text when partial rows are made); any other use decodes to an object
-    array (`plain`)."""
-
-    __slots__ = ("codes", "table")
-
-    def __init__(self, codes: np.ndarray, table):
-        self.codes = codes
-        self.table = table
-
-    def __len__(self) -> int:
-        return len(self.codes)
-
-    def decode(self) -> np.ndarray:
-        return self.table.objects(self.codes)
-
-
-def plain(v: Value) -> Value:
-    """`v` with string codes decoded to an object array of str, and an Arrow array (a packet
-    payload) as an object array of bytes (other values as they are)."""
-    if isinstance(v, StringCodes):
-        return v.decode()
-    return strings.texts(v) if isinstance(v, (pa.Array, pa.ChunkedArray)) else v
 
 
 def _fields_by_name() -> dict:
@@ -190,216 +171,6 @@ def _rows(columns) -> int:
 
 # --- the evaluator ------------------------------------------------------------------------------
 
-def truthy(v: Value) -> np.ndarray:
-    v = plain(v)
-    if isinstance(v, tuple):
-        return (v[0] != 0) | (v[1] != 0)
-    if v.dtype == np.bool_:
-        return v
-    return v != 0
-
-
-def _num(v: np.ndarray) -> np.ndarray:
-    return v.astype(U64) if v.dtype == np.bool_ else v
-
-
-def _promote_ip(v: Value) -> tuple:
-    if isinstance(v, tuple):
-        return v
-    return (np.zeros(len(v), U64), MAPPED | (np.asarray(v, U64) & LOW32))
-
-
-def _compare_arrays(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    fn = {"=": np.equal, "<>": np.not_equal, "<": np.less, ">": np.greater,
-          "<=": np.less_equal, ">=": np.greater_equal}[op]
-    return np.asarray(fn(a, b), dtype=bool)
-
-
-_FLIP = {"=": "=", "<>": "<>", "<": ">", ">": "<", "<=": ">=", ">=": "<="}
-#: result of `unsigned op negative signed` (the unsigned side is always larger)
-_UNSIGNED_VS_NEGATIVE = {"=": False, "<>": True, "<": False, ">": True, "<=": False, ">=": True}
-
-
-def compare(op: str, a: Value, b: Value) -> np.ndarray:
-    if isinstance(a, (StringCodes, pa.Array)) or isinstance(b, (StringCodes, pa.Array)):
-        if isinstance(a, StringCodes) and isinstance(b, StringCodes) and a.table is b.table \
-                and op in ("=", "<>"):
-            return _compare_arrays(op, a.codes, b.codes)
-        # byte-wise order (lowlevel.strings): codes through their ranks, the rest in Arrow
-        return strings.compare(op, a, b)
-    if op not in ("=", "<>") and (_is_text(a) or _is_text(b)):
-        return strings.compare(op, a, b)
-    if isinstance(a, tuple) or isinstance(b, tuple):
-        (ah, al), (bh, bl) = _promote_ip(a), _promote_ip(b)
-        eq = (ah == bh) & (al == bl)
-        if op == "=":
-            return eq
-        if op == "<>":
-            return ~eq
-        lt = (ah < bh) | ((ah == bh) & (al < bl))
-        return {"<": lt, "<=": lt | eq, ">": ~(lt | eq), ">=": ~lt}[op]
-    if a.dtype == object or b.dtype == object:
-        return _compare_arrays(op, a, b)
-    a, b = _num(a), _num(b)
-    if a.dtype == U64 and b.dtype == I64:
-        res = _compare_arrays(op, a, b.astype(U64, copy=False))
-        return np.where(b < 0, _UNSIGNED_VS_NEGATIVE[op], res)
-    if a.dtype == I64 and b.dtype == U64:
-        return compare(_FLIP[op], b, a)
-    return _compare_arrays(op, a, b)
-
-
-def _is_text(v: Value) -> bool:
-    return isinstance(v, np.ndarray) and v.dtype == object and len(v) > 0 \
-        and isinstance(v[0], (str, bytes))
-
-
-def _arith_dtype(op: str, a: np.ndarray, b: np.ndarray):
-    if a.dtype == np.float64 or b.dtype == np.float64:
-        return np.float64
-    if op == "-" or a.dtype == I64 or b.dtype == I64:
-        return I64
-    return U64
-
-
-def _divide(a: np.ndarray, b: np.ndarray, dt) -> np.ndarray:
-    zero = b == 0
-    safe = np.where(zero, dt(1), b).astype(dt)
-    if dt is np.float64:
-        q = a / safe
-    elif dt is U64:
-        q = a // safe
-    else:
-        q = a // safe
-        # floor -> truncation toward zero (C): step back up when signs differ and inexact
-        q = q + ((np.fmod(a, safe) != 0) & ((a < 0) != (safe < 0)))
-    return np.where(zero, dt(0), q).astype(dt)
-
-
-def _modulo(a: np.ndarray, b: np.ndarray, dt) -> np.ndarray:
-    zero = b == 0
-    safe = np.where(zero, dt(1), b).astype(dt)
-    r = np.fmod(a, safe)
-    return np.where(zero, dt(0), r).astype(dt)
-
-
-def _shift(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a = _num(a)
-    dt = a.dtype.type
-    b = _num(b)
-    if b.dtype == I64:
-        valid = (b >= 0) & (b < 64)
-    else:
-        valid = b < U64(64)
-    count = np.where(valid, b, 0).astype(dt)
-    if op == "<<":
-        res = np.left_shift(a, count)
-        fill = np.zeros_like(a)
-    else:
-        res = np.right_shift(a, count)
-        fill = np.where(a < 0, dt(-1), dt(0)) if dt is I64 else np.zeros_like(a)
-    return np.where(valid, res, fill).astype(dt)
-
-
-def binary(op: str, a: Value, b: Value) -> Value:
-    if op not in _FLIP:
-        a, b = plain(a), plain(b)
-    if op == "AND":
-        return truthy(a) & truthy(b)
-    if op == "OR":
-        return truthy(a) | truthy(b)
-    if op in _FLIP:
-        return compare(op, a, b)
-    if op in ("<<", ">>"):
-        return _shift(op, a, b)
-    a, b = _num(a), _num(b)
-    if op in ("&", "|", "^"):
-        dt = I64 if (a.dtype == I64 or b.dtype == I64) else U64
-        fn = {"&": np.bitwise_and, "|": np.bitwise_or, "^": np.bitwise_xor}[op]
-        return fn(a.astype(dt, copy=False), b.astype(dt, copy=False))
-    dt = _arith_dtype(op, a, b)
-    a, b = a.astype(dt, copy=False), b.astype(dt, copy=False)
-    with np.errstate(all="ignore"):
-        if op == "+":
-            return a + b
-        if op == "-":
-            return a - b
-        if op == "*":
-            return a * b
-        if op == "/":
-            return _divide(a, b, dt)
-        if op == "%":
-            return _modulo(a, b, dt)
-    raise ValueError(f"unknown operator {op}")
-
-
-def _mask_bits(k: np.ndarray, width: int) -> np.ndarray:
-    """Per row, a uint64 with the top `k` of `width` (<= 64) low bits set."""
-    k = np.clip(np.asarray(k).astype(I64), 0, width)
-    full = ALL64 if width == 64 else U64((1 << width) - 1)
-    shift = np.where(k == 0, 0, width - k).astype(U64)
-    return np.where(k == 0, U64(0), (full << shift) & full).astype(U64)
-
-
-def prefix(addr: Value, n: Value) -> Value:
-    if not isinstance(addr, tuple):
-        return np.asarray(addr, U64) & _mask_bits(n, 32)
-    hi, lo = addr
-    n = np.asarray(n).astype(I64)
-    mapped = (hi == 0) & ((lo >> U64(32)) == U64(0xFFFF))
-    v4 = (lo & ~LOW32) | (lo & _mask_bits(np.minimum(n, 32), 32))
-    hi6 = hi & _mask_bits(np.minimum(n, 64), 64)
-    lo6 = lo & _mask_bits(np.maximum(n - 64, 0), 64)
-    return (np.where(mapped, hi, hi6), np.where(mapped, v4, lo6))
-
-
-def ip_strings(addr: Value) -> np.ndarray:
-    """Addresses as text (Python per row: display only)."""
-    if not isinstance(addr, tuple):
-        return np.array([str(ipaddress.IPv4Address(int(v) & 0xFFFFFFFF)) for v in addr],
-                        dtype=object)
-    out = []
-    for h, l in zip(addr[0].tolist(), addr[1].tolist()):
-        if h == 0 and (l >> 32) == 0xFFFF:
-            out.append(str(ipaddress.IPv4Address(l & 0xFFFFFFFF)))
-        else:
-            out.append(str(ipaddress.IPv6Address((h << 64) | l)))
-    return np.array(out, dtype=object)
-
-
-def cast(name: str, v: Value) -> np.ndarray:
-    if isinstance(v, tuple):    # UINT(ip): the IPv4 address of an IPv4-mapped address
-        return v[1] & LOW32
-    v = _num(v)
-    with np.errstate(all="ignore"):
-        if name in ("uint", "ullong"):
-            if v.dtype == np.float64:
-                v = np.nan_to_num(np.trunc(v)).astype(I64)
-            return v.astype(U64)
-        if name in ("llong", "int"):
-            if v.dtype == np.float64:
-                v = np.nan_to_num(np.trunc(v))
-            return v.astype(I64)
-        return v.astype(np.float64)
-
-
-def if_else(c: Value, a: Value, b: Value) -> Value:
-    cond = truthy(c)
-    if isinstance(a, StringCodes) and isinstance(b, StringCodes) and a.table is b.table:
-        return StringCodes(np.where(cond, a.codes, b.codes), a.table)
-    a, b = plain(a), plain(b)
-    if isinstance(a, tuple) or isinstance(b, tuple):
-        (ah, al), (bh, bl) = _promote_ip(a), _promote_ip(b)
-        return (np.where(cond, ah, bh), np.where(cond, al, bl))
-    if a.dtype == object or b.dtype == object:
-        return np.where(cond, a, b)
-    a, b = _num(a), _num(b)
-    if a.dtype == b.dtype:
-        return np.where(cond, a, b)
-    dt = _arith_dtype("+", a, b)
-    return np.where(cond, a.astype(dt, copy=False), b.astype(dt, copy=False))
-
-
 #: `functions(node, args, n)`: the value of a call (`args`: evaluated arguments, a literal
 #: argument as its Python value), or NotImplemented to evaluate it as usual
 FunctionHook = Callable[[E.Func, list, int], Any]
@@ -455,13 +226,13 @@ class Evaluator:
             v = plain(v)
             if node.op == "NOT":
                 return ~truthy(v)
-            v = _num(v)
+            v = as_number(v)
             if node.op == "-":
                 with np.errstate(all="ignore"):
                     return -v if v.dtype == np.float64 else -(v.astype(I64))
             return ~v
         if isinstance(node, E.Binary):
-            if node.op in _FLIP:
+            if node.op in FLIP:
                 quick = self._string_literal(node.op, node.left, node.right)
                 if quick is not None:
                     return quick
@@ -531,7 +302,7 @@ class Evaluator:
         v = self.ev(other)
         if op not in ("=", "<>") or isinstance(v, pa.Array):
             if other is right:
-                op = _FLIP[op]      # 'text' < s is s > 'text'
+                op = FLIP[op]      # 'text' < s is s > 'text'
             done = strings.compare_literal(op, v, text)
             if done is not None:
                 return done
@@ -540,13 +311,13 @@ class Evaluator:
         code = v.table.code_of(text)
         if code is None:          # a text the link has never carried equals no row
             return np.full(len(v), op == "<>")
-        return _compare_arrays(op, v.codes, np.asarray(code, U64))
+        return compare_arrays(op, v.codes, np.asarray(code, U64))
 
     def _zero_divisors(self, divisor: Value) -> None:
         if isinstance(divisor, tuple):
             zero = (divisor[0] == 0) & (divisor[1] == 0)
         else:
-            zero = _num(divisor) == 0
+            zero = as_number(divisor) == 0
         if self._taken is not None:
             zero = zero & self._taken
         assert self.zeros is not None       # called only when counting

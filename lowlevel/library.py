@@ -3,7 +3,7 @@
 `call(node, args, n)` evaluates a call of a `queries.function_library` function or of a
 user-defined one (`node.external`, `queries.udf`) for `lowlevel.evaluate.Evaluator`: `args`
 are evaluated values, a string literal (a prefix file, a HANDLE) as its Python value. Every
-function works on whole columns: MIN/MAX with the evaluator's exact comparisons, getlpmid
+function works on whole columns: MIN/MAX with the exact comparisons of `lowlevel.values`, getlpmid
 with the Numba kernel of `lowlevel.lpm`, a user function with one call per batch.
 """
 
@@ -13,10 +13,11 @@ import logging
 
 import numpy as np
 
-from lowlevel import evaluate as V
 from lowlevel import lpm
+from lowlevel import values as V
 from queries import expressions as E
 from queries.errors import QueryError
+from queries.prefixfile import PrefixFileError
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def call(node: E.Func, args: list, n: int):
     if name in ("getlpmid", "getv6lpmid"):
         try:
             return lpm.getlpmid(args[0], args[1])
-        except lpm.PrefixFileError as exc:
+        except PrefixFileError as exc:
             raise QueryError.at(node, str(exc)) from None
     raise ValueError(f"unknown function {name}")
 
@@ -68,7 +69,7 @@ def min_max(name: str, a, b):
 def argument(value, gsql: str, n: int):
     """An evaluated value as a user function receives it (`queries.udf`)."""
     if gsql == "ip":
-        hi, lo = V._promote_ip(value)  # noqa: SLF001 (the evaluator's own conversion)
+        hi, lo = V.promote_ip(value)
         return (np.ascontiguousarray(np.broadcast_to(hi, (n,))),
                 np.ascontiguousarray(np.broadcast_to(lo, (n,))))
     if gsql == "string":

@@ -43,10 +43,10 @@ from common.jit import ngjit
 from lowlevel.aggregates import AggSpec, StateLayout, distinct_hashes
 from lowlevel.engine import HashAggregator, Partials
 from lowlevel.errors import LowLevelError
-from lowlevel.evaluate import StringCodes
 from lowlevel.flowtable import FlowAggregator
 from lowlevel.partials import KeySpec, PartialSchema, encode_key, key_width
 from lowlevel.strings import StringOrder, move_ranks
+from lowlevel.values import StringCodes
 from queries.plan import FLUSH_POLICIES, LowLevelPlan
 
 log = logging.getLogger(__name__)
@@ -614,7 +614,7 @@ def plan_read_columns(plan) -> tuple[str, ...] | None:
     if plan.record is not None:
         from dataclasses import replace
 
-        from capture.records import field_columns
+        from capture.recordsource import field_columns
 
         fields = {f.name: replace(f, columns=field_columns(f)) for f in plan.record.fields}
     else:

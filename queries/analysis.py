@@ -15,13 +15,19 @@ import logging
 import os
 import re
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
-from typing import Any
 
-from capture.schema import BUILTIN, Field, RecordFormat, Schema
+from capture.schema import BUILTIN, Schema
 from common.errors import ConfigError
 from queries import expressions as E
 from queries import types as T
+from queries.analysed import (
+    AnalysedQuery,
+    ColumnInfo,
+    GroupInfo,
+    ItemInfo,
+    SourceInfo,
+    WindowInfo,
+)
 from queries.constants import fold
 from queries.definitions import (
     DEFINE_KEYS,
@@ -42,128 +48,17 @@ from queries.naming import generated_name, unique_names
 from queries.partial_functions import guard_partial_calls
 from queries.printer import to_gsql
 from queries.query_graph import dependency_order
-from queries.sampling import SamplingInfo, analyse_selection, sampling_node, selection_sampling
 from queries.sampling import analyse as analyse_sampling
+from queries.sampling import analyse_selection, sampling_node, selection_sampling
 from queries.scope import GroupedScope, Scope
 from queries.tokens import MAX_NAME_LENGTH
+from queries.typekinds import INTEGER, SIGNED, UNSIGNED
 from queries.udf import FunctionLibrary, udaf_calls
 
 log = logging.getLogger(__name__)
 
 #: GS-lite's interface set that a source without interfaces reads
 DEFAULT_INTERFACE_SET = "default"
-
-
-@dataclass(frozen=True)
-class ColumnInfo:
-    """An output column of a query: name, type and, when increasing, its time form."""
-
-    name: str
-    type: str
-    form: T.TimeForm | None = None
-
-
-@dataclass
-class SourceInfo:
-    """A resolved FROM item."""
-
-    node: E.Source
-    kind: str                         # 'link' (packets) or 'query'
-    alias: str
-    links: tuple[str, ...] = ()       # packet sources: the links read
-    protocol: str | None = None
-    query: str | None = None          # query sources: the query read
-    union: str | None = None          # 'meld' | 'merge' when several links
-    columns: dict[str, ColumnInfo] = field(default_factory=dict)
-    window_ns: int | None = None      # band joins: the per-source RANGE
-    wa: E.Field | None = None         # band joins: the windowing attribute of this side
-    #: link sources: the protocol's schema fields (physical columns, access functions)
-    fields: dict[str, Field] = field(default_factory=dict)
-    #: link sources of a schema file's record protocol: how its records are read
-    record: RecordFormat | None = None
-
-    def plain_columns(self) -> list[ColumnInfo]:
-        """The columns, each once: without Gigascope's names of packet fields (`sourceIP`
-        for `srcIP`, capture.schema.GIGASCOPE_ALIASES), and without the payloads
-        (`TCP_data`: captured only for a query that names it, never as part of a whole row)."""
-        return [c for c in self.columns.values()
-                if self.kind != "link" or (self.fields[c.name].alias_of is None
-                                           and self.fields[c.name].columns != ("payload",))]
-
-
-@dataclass
-class GroupInfo:
-    name: str
-    expr: E.Expr                      # over input rows
-    type: str
-    form: T.TimeForm | None
-
-
-@dataclass
-class ItemInfo:
-    name: str
-    expr: E.Expr                      # group keys as key Fields, aggregates with resolved args
-    type: str
-    form: T.TimeForm | None
-    node: E.Node
-
-
-@dataclass
-class WindowInfo:
-    """A window from an aggregate's spec (lengths in ns).
-
-    kind "time": `[RANGE r, SLIDE s, WA a]`; "landmark": `[RANGE ALL, SLIDE s, WA a]` (range_ns
-    = 0: every window starts at the origin; a result every s) or `[RANGE ALL]` (slide_ns = 0:
-    one window, closed at end of input); "rows": `[PARTITION BY a, b ROWS n]` (tumbling count
-    windows of n packets in time order per partition; no time attribute).
-    """
-
-    range_ns: int
-    slide_ns: int
-    wa: str | None
-    form: T.TimeForm | None
-    node: E.Node
-    unit_ns: int = 1                  # nanoseconds per unit of the window attribute
-    field: E.Field | None = None      # the window attribute, resolved
-    kind: str = "time"                # time | landmark | rows
-    rows: int | None = None           # ROWS n
-    partition: tuple = ()             # PARTITION BY: resolved Fields
-
-
-@dataclass
-class AnalysedQuery:
-    node: E.Query
-    name: str
-    kind: str                         # 'aggregate' | 'select' | 'join' | 'merge'
-    defines: dict[str, Any]           # checked values (queries.definitions): str, or int
-    params: dict[str, str]            # declared: name -> type
-    sources: list[SourceInfo]
-    param_values: dict[str, object] = field(default_factory=dict)   # run-time or default
-    where: E.Expr | None = None
-    group: list[GroupInfo] = field(default_factory=list)
-    temporal: GroupInfo | None = None
-    temporal2: GroupInfo | None = None  # a reader of an inner join: the other side's time
-    window: WindowInfo | None = None
-    items: list[ItemInfo] = field(default_factory=list)
-    having: E.Expr | None = None
-    #: GS-lite's CLOSING_WHEN (running aggregation): a group stays open from window to window
-    #: until this holds at a window's end (docs/semantics.md "Running aggregation")
-    closing: E.Expr | None = None
-    #: GS-lite's sampling query (SUPERGROUP, CLEANING_WHEN/BY, super-aggregates, stateful
-    #: functions; `queries.sampling`)
-    sampling: SamplingInfo | None = None
-    join: str | None = None
-    merge_fields: tuple[E.Field, ...] = ()
-    outputs: list[ColumnInfo] = field(default_factory=list)
-    window_end: str | None = None
-    join_keys: list[tuple[E.Expr, E.Expr]] = field(default_factory=list)
-    join_temporal: tuple[E.Expr, E.Expr] | None = None
-    join_residual: E.Expr | None = None
-    #: CUBE / ROLLUP / GROUPING_SETS: per grouping pattern the group names present (the
-    #: others hold their type's default); None for a plain GROUP BY (queries.grouping_sets)
-    patterns: tuple[tuple[str, ...], ...] | None = None
-    #: warnings about the query (located like errors), logged when they were found
-    warnings: list[str] = field(default_factory=list)
 
 
 def join_side(columns: dict[str, E.Expr], expr: E.Expr) -> str | None:
@@ -366,15 +261,15 @@ class Analyser:
 
     def _default_value(self, pname: str, ptype: str, lit):
         kind, value = getattr(lit, "kind", None), getattr(lit, "value", lit)
-        ok: dict[str | None, AbstractSet[str]] = {"int": T.INTEGER - {"bool", "ipv4", "mac"} | {"mac"}, "float": {"float"},
+        ok: dict[str | None, AbstractSet[str]] = {"int": INTEGER - {"bool", "ipv4", "mac"} | {"mac"}, "float": {"float"},
               "string": {"string"}, "bool": {"bool"}, "ip": {"ipv4", "ip"}, "ipv6": {"ip"}}
         if ptype not in ok.get(kind, set()) and not (kind == "int" and ptype == "float"):
             raise self.error(lit, f"the default of parameter {pname} is not a {ptype}")
-        if kind == "int" and ptype in T.UNSIGNED and value < 0:
+        if kind == "int" and ptype in UNSIGNED and value < 0:
             raise self.error(lit, f"the default of parameter {pname} is negative but its type "
                              f"is {ptype}")
-        if kind == "int" and ptype in T.INTEGER:
-            low, high = (-2**63, 2**63 - 1) if ptype in T.SIGNED else (0, 2**64 - 1)
+        if kind == "int" and ptype in INTEGER:
+            low, high = (-2**63, 2**63 - 1) if ptype in SIGNED else (0, 2**64 - 1)
             if not low <= value <= high:
                 raise self.error(lit, f"the default of parameter {pname}, {value}, does not "
                                  f"fit in a {ptype} ({low} .. {high})")
@@ -992,7 +887,7 @@ class Analyser:
         exact under any disorder and the slack changes nothing: said in a warning."""
         expr = Scope(self, []).resolve(slack.this, "SLACK")
         value = fold(expr, self.constant_param)
-        if value is None or self.type_of(expr) not in T.INTEGER or value[1] < 0:
+        if value is None or self.type_of(expr) not in INTEGER or value[1] < 0:
             raise self.error(slack.this, "MERGE ... SLACK takes a non-negative integer "
                              "constant")
         self.warn(aq, slack, "MERGE ... SLACK has no effect here: the Merge releases a row "
@@ -1003,7 +898,7 @@ class Analyser:
     # --- types and forms ---------------------------------------------------------------------
     def condition(self, expr: E.Expr, node, where: str) -> E.Expr:
         t = self.type_of(expr)
-        if t not in T.INTEGER:
+        if t not in INTEGER:
             raise self.error(node, f"{where} must be a condition, not a {t} value")
         return expr
 

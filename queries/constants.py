@@ -124,7 +124,7 @@ def _arith_kind(op: str, a: Value, b: Value) -> str:
 
 
 def binary(op: str, a: Value, b: Value) -> Value | None:
-    """`a op b` with the evaluator's semantics (`lowlevel.evaluate.binary`)."""
+    """`a op b` with the evaluator's semantics (`lowlevel.values.binary`)."""
     if op == "AND":
         return "b", _truthy(a) and _truthy(b)
     if op == "OR":

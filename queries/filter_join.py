@@ -20,16 +20,17 @@ r iff `l.t - n <= r.t < l.t + 1`, that is `S.t <= R.t <= S.t + n`.
 
 from __future__ import annotations
 
-from typing import Any
-
 from queries import expressions as E
+from queries.analysed import AnalysedQuery, ItemInfo, QueryAnalyser
 from queries.inference import conjoin, conjuncts, sides_of, unit_ns
-from queries.naming import unique_names
+from queries.naming import generated_name, unique_names
+from queries.scope import Scope
 
 
-def analyse_filter_join(an: Any, aq: Any, stmt: E.Select, scope: Any) -> None:
+def analyse_filter_join(an: QueryAnalyser, aq: AnalysedQuery, stmt: E.Select,
+                        scope: Scope) -> None:
     """Fill `aq` (an AnalysedQuery of kind "join", join "FILTER_JOIN") for `stmt`; `an` is
-    the Analyser (its `error`, `form_of`, `type_of`, `_default_name`)."""
+    the analyser (its `error`, `form_of`, `type_of`)."""
     fj = stmt.filter_join
     assert fj is not None
     if stmt.group_by or stmt.having is not None or \
@@ -45,6 +46,7 @@ def analyse_filter_join(an: Any, aq: Any, stmt: E.Select, scope: Any) -> None:
     for s in (result, match):
         field = scope.resolve(E.Column(pos=fj.column.pos, name=fj.column.name, table=s.alias),
                               "FILTER_JOIN")
+        assert isinstance(field, E.Field)   # a column resolves to a Field
         form = an.form_of(field)
         unit = None if form is None else unit_ns(form)
         if form is None or unit is None:
@@ -86,10 +88,8 @@ def analyse_filter_join(an: Any, aq: Any, stmt: E.Select, scope: Any) -> None:
         raise an.error(stmt.where, f"a FILTER_JOIN needs at least one predicate (expression "
                        f"of {left}) = (expression of {right}) (the match key)")
     aq.join_residual = conjoin(single)
-    names = unique_names([(it.alias, an._default_name(it.this, i))
+    names = unique_names([(it.alias, generated_name(it.this, i))
                           for i, it in enumerate(stmt.items)])
-    from queries.analysis import ItemInfo
-
     for it, nm in zip(stmt.items, names):
         expr = scope.resolve(it.this, "SELECT")
         if any(f.table == right for f in expr.find_all(E.Field)):

@@ -2,7 +2,7 @@
 
 - MIN/MAX (13.1): `UMIN`, `UMAX`, `LLMIN`, `LLMAX` of two numbers or two addresses. GS-lite
   declares them per type pair (`UMAX(uint, uint)`, `UMAX(IP, IP)`, `UMAX(FLOAT, uint)` ...);
-  here they take any two numbers and give their common type (`queries.types.unify`), and the
+  here they take any two numbers and give their common type (`queries.typekinds.unify`), and the
   LL forms at least a `ullong`. Mixed signed and unsigned values are compared exactly, as `<`
   compares them.
 - Conditional assignment (13.7) and comparisons (12.2): `IF(c, a, b)` is `if_else(c, a, b)`;
@@ -22,6 +22,8 @@ columns; getlpmid as an Arrow UDF, `highlevel.udfcolumns`), and the tests' refer
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from queries.typekinds import unify
 
 ADDRESS = ("ip", "ipv4")
 _INTEGER = ("uint", "ullong", "int", "llong", "bool", "mac", "ipv4")
@@ -60,8 +62,6 @@ PREFIX_MATCH = ("getlpmid", "getv6lpmid")
 
 def library_function_type(name: str, args: list[str]) -> str | None:
     """Result type of a call of a library function (None: the argument types do not fit)."""
-    from queries.types import unify
-
     if name in MIN_MAX:
         a, b = args
         if a in ADDRESS and b in ADDRESS:

@@ -54,7 +54,7 @@ def _and(cond: E.Expr | None, guard: E.Expr | None) -> E.Expr | None:
 
 
 def guard_partial_calls(aq) -> None:
-    """Add to an analysed selection or aggregation (`analysis.AnalysedQuery`) the conditions
+    """Add to an analysed selection or aggregation (`analysed.AnalysedQuery`) the conditions
     under which its partial calls succeed (module docstring)."""
     items = [i.expr for i in aq.items]
     if aq.kind == "aggregate" or aq.group:

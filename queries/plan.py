@@ -405,7 +405,7 @@ class QueryPlan:
     title: str | None = None
     comment: str | None = None
     read_by: tuple[str, ...] = ()
-    #: the analyser's view of the query (queries.analysis.AnalysedQuery), for the reference
+    #: the analyser's view of the query (queries.analysed.AnalysedQuery), for the reference
     #: evaluator and error messages; not part of the plan proper
     analysed: Any = field(default=None, hash=False, compare=False, repr=False)
 

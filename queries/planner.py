@@ -18,7 +18,8 @@ from capture.schema import BUILTIN, Schema
 from common.errors import ConfigError, LinkError
 from queries import expressions as E
 from queries import types as T
-from queries.analysis import AnalysedQuery, SourceInfo, analyse_file
+from queries.analysed import AnalysedQuery, SourceInfo
+from queries.analysis import analyse_file
 from queries.definitions import FLOW_KEYS
 from queries.grouping_sets import default_literal
 from queries.inference import conjoin, conjuncts, type_of, unit_ns
@@ -45,6 +46,7 @@ from queries.plan import (
 )
 from queries.printer import to_gsql
 from queries.stateful import STATEFUL_FUNCTIONS
+from queries.typekinds import SIGNED
 from queries.udf import FunctionLibrary
 
 DEFAULT_SLOTS = 1 << 16
@@ -119,7 +121,7 @@ def _state_dtype(kind: str, arg_type: str | None) -> str:
     if arg_type is None:
         return "uint64"
     if kind == "sum":
-        return {"float": "float64"}.get(arg_type, "int64" if arg_type in T.SIGNED else "uint64")
+        return {"float": "float64"}.get(arg_type, "int64" if arg_type in SIGNED else "uint64")
     if arg_type == "string" and kind in ("min", "max"):
         return "string"
     return {"float": "float64", "int": "int64", "llong": "int64"}.get(arg_type, "uint64")

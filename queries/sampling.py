@@ -19,29 +19,18 @@ SELECT also the group's aggregates.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from queries import expressions as E
+from queries.analysed import AnalysedQuery, QueryAnalyser, SamplingInfo
 from queries.inference import conjoin, conjuncts
 from queries.stateful import ACCESSORS, GROUP_AGGREGATES, STATEFUL_FUNCTIONS
 
 if TYPE_CHECKING:
-    from queries.analysis import AnalysedQuery, Analyser
     from queries.scope import GroupedScope
 
 #: value types the sequential kernel computes with (no addresses, no strings in conditions)
 KERNEL_TYPES = frozenset({"uint", "ushort", "int", "ullong", "llong", "float", "bool", "ipv4"})
-
-
-@dataclass
-class SamplingInfo:
-    """The sampling clauses of an analysed query (resolved expressions)."""
-
-    supergroup: tuple[str, ...]          # names of GROUP BY items; () = one per window
-    where_stateful: tuple[E.Expr, ...]   # WHERE's conjuncts that call stateful functions
-    cleaning_when: E.Expr | None
-    cleaning_by: E.Expr | None
 
 
 def stateful_calls(node: E.Node) -> list[E.Func]:
@@ -73,7 +62,7 @@ def selection_sampling(stmt: E.Select, marker: E.Node) -> bool:
                             isinstance(n, E.Func) and n.name.lower() in STATEFUL_FUNCTIONS)))
 
 
-def analyse_selection(a: Analyser, aq: AnalysedQuery) -> None:
+def analyse_selection(a: QueryAnalyser, aq: AnalysedQuery) -> None:
     """A selection whose WHERE calls stateful functions: one sampling state for the whole
     stream, the rows in order; WHERE keeps its other conjuncts."""
     stateful_where: list[E.Expr] = []
@@ -86,7 +75,7 @@ def analyse_selection(a: Analyser, aq: AnalysedQuery) -> None:
     aq.sampling = SamplingInfo((), tuple(stateful_where), None, None)
 
 
-def analyse(a: Analyser, aq: AnalysedQuery, stmt: E.Select, grouped: GroupedScope) -> None:
+def analyse(a: QueryAnalyser, aq: AnalysedQuery, stmt: E.Select, grouped: GroupedScope) -> None:
     """Check a sampling query (`aq.kind == "aggregate"`, items and HAVING resolved) and set
     `aq.sampling`; WHERE keeps its conjuncts without stateful calls."""
     clauses: dict[str, E.ExtraClause] = {}
@@ -162,7 +151,7 @@ def analyse(a: Analyser, aq: AnalysedQuery, stmt: E.Select, grouped: GroupedScop
     aq.sampling = SamplingInfo(tuple(supergroup), tuple(stateful_where), when, by)
 
 
-def _kernel_values(a: Analyser, expr: E.Expr, clause: str) -> None:
+def _kernel_values(a: QueryAnalyser, expr: E.Expr, clause: str) -> None:
     """The sequential kernel computes conditions over numbers: refuse other values."""
     for node in expr.walk():
         if isinstance(node, (E.Field, E.Func, E.Aggregate, E.SuperAggregate, E.Binary,

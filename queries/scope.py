@@ -21,16 +21,17 @@ from queries.function_library import HANDLE_ARGUMENTS
 from queries.printer import to_gsql
 from queries.stateful import STATEFUL_FUNCTIONS, SUPER_AGGREGATES, stateful_type
 from queries.string_functions import STRING_FUNCTIONS, check_call
+from queries.typekinds import NUMERIC
 from queries.udf import resolve_aggregate, resolve_call
 
 if TYPE_CHECKING:
-    from queries.analysis import Analyser, GroupInfo, SourceInfo
+    from queries.analysed import GroupInfo, QueryAnalyser, SourceInfo
 
 Hook = Callable[[E.Node], "E.Expr | None"]
 
 
 class Scope:
-    def __init__(self, analyser: Analyser, sources: list[SourceInfo]):
+    def __init__(self, analyser: QueryAnalyser, sources: list[SourceInfo]):
         self.a = analyser
         self.sources = sources
 
@@ -220,7 +221,7 @@ class Scope:
     def _prefix_file(self, node: E.Func, args: list[E.Expr], index: int) -> list[E.Expr]:
         """The prefix file of getlpmid, read now (a missing or broken file is an error at the
         call, naming the file's line) and named by its absolute path for every evaluator."""
-        from lowlevel.lpm import PrefixFileError, load_table
+        from queries.prefixfile import PrefixFileError, load_table
 
         written = node.args["args"][index]
         arg = args[index]
@@ -254,7 +255,7 @@ class Scope:
             return node.replace(name=name)
         arg = self.resolve(args[0], f"the argument of {name}$")
         t = self.a.type_of(arg)
-        if T.aggregate_type(name, t) is None or t not in T.NUMERIC:
+        if T.aggregate_type(name, t) is None or t not in NUMERIC:
             raise self.error(node, f"{name}$ does not apply to a {t} value")
         return node.replace(name=name, args=[arg])
 
@@ -318,7 +319,7 @@ class Scope:
 class GroupedScope:
     """Resolution in SELECT/HAVING of an aggregation: group items become key Fields."""
 
-    def __init__(self, analyser: Analyser, base: Scope, group: list[GroupInfo]):
+    def __init__(self, analyser: QueryAnalyser, base: Scope, group: list[GroupInfo]):
         self.a = analyser
         self.base = base
         self.group = group

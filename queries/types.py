@@ -13,6 +13,8 @@ the vectorised evaluator and the tests' per-row oracle:
   gives 0 (never an error: one bad packet must not stop a monitor);
 - shifts by a count outside 0..63 give 0 (-1 for a negative signed value shifted right);
 - `bool` used as a number is 0/1; a number used as a condition is true when non-zero.
+
+The kinds (unsigned, signed, numeric, address) and `unify` are `queries.typekinds`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from queries.function_library import LIBRARY_FUNCTIONS, library_function_type
 from queries.stateful import STATEFUL_FUNCTIONS, stateful_type
 from queries.string_functions import STRING_FUNCTIONS, string_function_type
+from queries.typekinds import ADDRESS, INTEGER, NUMERIC, SIGNED, UNSIGNED, unify, unsigned_kind
 
 #: the largest signed 64-bit integer (llong); ullong goes to 2**64 - 1
 LLONG_MAX = 2**63 - 1
@@ -30,11 +33,6 @@ NS_PER_DAY = 86_400 * 10**9
 #: int64 nanoseconds, which this keeps far from overflowing
 MAX_WINDOW_NS = 2**62
 
-UNSIGNED = frozenset({"uint", "ullong", "bool", "mac", "ipv4"})
-SIGNED = frozenset({"int", "llong"})
-INTEGER = UNSIGNED | SIGNED
-NUMERIC = INTEGER | {"float"}
-ADDRESS = frozenset({"ip", "ipv4"})
 ALL_TYPES = ("uint", "ullong", "int", "llong", "float", "bool", "ip", "ipv4", "mac", "string")
 
 ARITH_OPS = ("+", "-", "*", "/", "%")
@@ -56,10 +54,6 @@ def literal_type(kind: str, value) -> str:
         return "uint" if value < 2**32 else "ullong"
     return {"float": "float", "string": "string", "bool": "bool", "ip": "ipv4",
             "ipv6": "ip"}.get(kind, "string")
-
-
-def _unsigned_kind(a: str, b: str) -> str:
-    return "ullong" if "ullong" in (a, b) else "uint"
 
 
 def binary_type(op: str, a: str, b: str) -> str | None:
@@ -86,10 +80,10 @@ def binary_type(op: str, a: str, b: str) -> str | None:
         if a not in INTEGER or b not in INTEGER:
             return None
         if op in ("<<", ">>"):
-            return "llong" if a in SIGNED else _unsigned_kind(a, "uint")
+            return "llong" if a in SIGNED else unsigned_kind(a, "uint")
         if a in SIGNED or b in SIGNED:
             return "llong"
-        return _unsigned_kind(a, b)
+        return unsigned_kind(a, b)
     if op in ARITH_OPS:
         if a not in NUMERIC or b not in NUMERIC:
             return None
@@ -97,7 +91,7 @@ def binary_type(op: str, a: str, b: str) -> str | None:
             return "float"
         if a in SIGNED or b in SIGNED or op == "-":
             return "llong"
-        return _unsigned_kind(a, b)
+        return unsigned_kind(a, b)
     return None
 
 
@@ -108,21 +102,6 @@ def unary_type(op: str, a: str) -> str | None:
         return "float" if a == "float" else "llong" if a in INTEGER - {"ipv4", "mac"} else None
     if op == "~":
         return a if a in INTEGER - {"bool", "ipv4", "mac"} else None
-    return None
-
-
-def unify(a: str, b: str) -> str | None:
-    """The common type of two branches (if_else) or IN items, or None."""
-    if a == b:
-        return a
-    if a in ADDRESS and b in ADDRESS:
-        return "ip"
-    if a in NUMERIC - ADDRESS and b in NUMERIC - ADDRESS:
-        if "float" in (a, b):
-            return "float"
-        if a in SIGNED or b in SIGNED:
-            return "llong"
-        return _unsigned_kind(a, b)
     return None
 
 

@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 
 from capture.gdat import GdatFormatError, GdatReader, parse_header
-from capture.records import RecordError, RecordReader, open_records, read_all_records
+from capture.records import RecordReader, open_records, read_all_records
+from capture.recordsource import RecordError
 from capture.schema import record_column
 from queries.schemafile import load_schema, schema_from_text
 

@@ -21,14 +21,8 @@ import numpy as np
 import pytest
 
 from capture.batch import RecordBatch
-from capture.records import (
-    RecordError,
-    RecordReader,
-    detect_separator,
-    field_columns,
-    read_all_records,
-    resolve_separator,
-)
+from capture.records import RecordReader, detect_separator, read_all_records, resolve_separator
+from capture.recordsource import RecordError, field_columns
 from capture.schema import record_column
 from queries.schemafile import load_schema, schema_from_text
 

@@ -1,4 +1,4 @@
-"""getlpmid's prefix tables and kernel (lowlevel.lpm) against a brute-force longest match."""
+"""getlpmid's prefix tables and kernel (queries.prefixfile, lowlevel.lpm) against a brute-force longest match."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from lowlevel import lpm
+from queries import prefixfile
 from tests.oracles.functions import addresses, longest_match, read_prefixes
 
 MAPPED = 0xFFFF << 32
@@ -65,7 +66,7 @@ def _v6_text(v: int) -> str:
 def test_kernel_equals_brute_force(tmp_path, count, v6, seed):
     rng = np.random.default_rng(seed)
     path, v4_bases, v6_bases = _prefix_file(tmp_path, rng, count, v6)
-    table = lpm.load_table(path)
+    table = prefixfile.load_table(path)
     prefixes = read_prefixes(path)
     v4 = _v4(rng, 3000, v4_bases)
     got = lpm.lookup(table, v4)
@@ -89,7 +90,7 @@ def test_manual_table_and_edges(tmp_path):
     path = tmp_path / "manual.tbl"
     path.write_text("1.2.3.4/29|5\n2.3.4.5/29|6\n5.6.7.8/27|6\n9.10.10.11/29|7\n"
                     "11.11.11.11/27|7\n255.255.255.255/32|9\n::/0|3\n")
-    table = lpm.load_table(str(path))
+    table = prefixfile.load_table(str(path))
     ips = ["1.2.3.0", "1.2.3.7", "1.2.3.8", "5.6.7.31", "5.6.7.32", "0.0.0.0",
            "255.255.255.255", "255.255.255.254"]
     values = np.array([sum(int(p) << s for p, s in zip(ip.split("."), (24, 16, 8, 0)))
@@ -97,7 +98,7 @@ def test_manual_table_and_edges(tmp_path):
     assert lpm.lookup(table, values).tolist() == [5, 5, 3, 6, 3, 3, 9, 3]
     empty = tmp_path / "empty.tbl"
     empty.write_text("// nothing\n")
-    assert lpm.lookup(lpm.load_table(str(empty)), values).tolist() == [-1] * len(ips)
+    assert lpm.lookup(prefixfile.load_table(str(empty)), values).tolist() == [-1] * len(ips)
     top = np.array([2**64 - 1], np.uint64)
     assert lpm.lookup(table, (top, top)).tolist() == [3]
 
@@ -113,19 +114,19 @@ def test_manual_table_and_edges(tmp_path):
 def test_malformed_lines_name_file_and_line(tmp_path, text, line, what):
     path = tmp_path / "bad.tbl"
     path.write_text(text)
-    with pytest.raises(lpm.PrefixFileError) as info:
-        lpm.load_table(str(path))
+    with pytest.raises(prefixfile.PrefixFileError) as info:
+        prefixfile.load_table(str(path))
     assert f"{path}:{line}:" in str(info.value)
     assert what in str(info.value)
 
 
 def test_missing_file_and_reload(tmp_path):
     path = tmp_path / "t.tbl"
-    with pytest.raises(lpm.PrefixFileError, match="not found"):
-        lpm.load_table(str(path))
+    with pytest.raises(prefixfile.PrefixFileError, match="not found"):
+        prefixfile.load_table(str(path))
     path.write_text("10.0.0.0/8|1\n")
     v = np.array([10 << 24], np.uint64)
     assert lpm.getlpmid(v, str(path)).tolist() == [1]
-    assert lpm.load_table(str(path)) is lpm.load_table(str(path))   # cached
+    assert prefixfile.load_table(str(path)) is prefixfile.load_table(str(path))   # cached
     path.write_text("10.0.0.0/8|22\n")          # a new version is read again
     assert lpm.getlpmid(v, str(path)).tolist() == [22]

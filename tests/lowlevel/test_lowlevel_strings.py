@@ -15,9 +15,10 @@ import pytest
 from capture.records import read_all_records
 from capture.strings import StringTable
 from lowlevel import strings
-from lowlevel.evaluate import StringCodes, evaluate
+from lowlevel.evaluate import evaluate
 from lowlevel.operator import LowLevelOperator
 from lowlevel.partials import combine_partials
+from lowlevel.values import StringCodes
 from queries.planner import plan_text
 from queries.schemafile import schema_from_text
 

@@ -32,10 +32,10 @@ from capture.batch import PacketBatch
 from capture.schema import L_TCP, protocol_mask
 from common.errors import LinkError
 from lowlevel import evaluate as _evaluate
-from lowlevel.evaluate import plain, truthy
 from lowlevel.hll import estimate, registers_of
+from lowlevel.values import plain, truthy
 from queries import expressions as E
-from queries.analysis import AnalysedQuery
+from queries.analysed import AnalysedQuery
 from queries.inference import type_of, unit_ns
 from queries.plan import FilePlan, QueryPlan
 from queries.planner import param_literal, plan_file
@@ -641,9 +641,9 @@ def _same_kind(a, b) -> bool:
 
 
 def _as_ip(v):
-    from lowlevel.evaluate import _promote_ip
+    from lowlevel.values import promote_ip
 
-    return _promote_ip(v)
+    return promote_ip(v)
 
 
 def _concat_nullable(parts: list):

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lowlevel.evaluate import truthy
+from lowlevel.values import truthy
 from queries import expressions as E
 from queries.inference import conjuncts, type_of
 from tests.oracles.reference import Table, _bind, evaluate_columns, input_rows

@@ -12,7 +12,7 @@ import pytest
 
 from capture.strings import StringTable
 from lowlevel import strings
-from lowlevel.evaluate import StringCodes
+from lowlevel.values import StringCodes
 from queries import expressions as E
 from queries import types as T
 from queries.analysis import analyse_file

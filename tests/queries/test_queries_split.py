@@ -16,14 +16,9 @@ import pandas as pd
 import pytest
 
 from capture.schema import protocol_mask
-from lowlevel.evaluate import (
-    evaluate,
-    evaluate_columns,
-    evaluate_predicate,
-    pane_ids,
-    truthy,
-)
+from lowlevel.evaluate import evaluate, evaluate_columns, evaluate_predicate, pane_ids
 from lowlevel.hll import registers_of
+from lowlevel.values import truthy
 from queries.parser import parse
 from queries.plan import HighLevelPlan, LowLevelPlan
 from queries.planner import plan_file

@@ -157,7 +157,8 @@ def test_throughput_config_defaults_follow_the_thesis():
 
 @pytest.mark.parametrize("policy, every", [("iop_slow", 1), ("oop_lazy", 160), ("oop_slow", 160)])
 def test_q81_plan_takes_the_define_overrides(policy, every):
-    from tools.experiments.iop_oop import q81_plan, table_slots
+    from tools.experiments.iop_oop import table_slots
+    from tools.experiments.q81 import q81_plan
 
     plan = q81_plan(table_slots(260_000, 2.0), policy)
     assert (plan.slots, plan.flush, plan.slow_flush, plan.max_disorder) == (524_288, policy, every, 2)

@@ -45,20 +45,17 @@ from pathlib import Path
 import numpy as np
 
 from common.units import NS_PER_S as NS
+from tools.experiments.q81 import q81_plan
 
 log = logging.getLogger(__name__)
 
 GROUPS = (66_000, 130_000, 260_000, 520_000)
 FACTORS = (0.5, 1.0, 2.0)
 POLICIES = ("iop_slow", "oop_lazy", "oop_slow")
-#: i of each policy: iop_slow flushes one old group per packet (Gigascope), oop_slow one per 160
-SLOW_FLUSH = {"iop_slow": 1, "oop_lazy": 160, "oop_slow": 160}
 #: the rate search covers [top / SPAN, top]: the slowest configurations (IOP with large
 #: tables on a loaded machine) run at a few % of the fastest one's offline capacity
 SPAN = 128
-MAX_DISORDER = 2                 # m: windows an old group may linger (the oop policies)
 LABELS = {"iop_slow": "IOP", "oop_lazy": "OOP", "oop_slow": "OOP (sf)"}
-Q8_1_FILE = Path(__file__).resolve().parents[2] / "queries" / "library" / "q8_1.gsql"
 
 
 @dataclass(frozen=True)
@@ -94,16 +91,6 @@ def table_slots(groups: int, factor: float) -> int:
     """The table size of a configuration: factor x groups rounded up to a power of two."""
     n = max(2, int(groups * factor))
     return 1 << (n - 1).bit_length()
-
-
-def q81_plan(slots: int, policy: str):
-    """Q8-1's low-level plan from the library file with the thesis' DEFINE overrides."""
-    from queries.planner import plan_text
-
-    overrides = {"aggregate_slots": str(slots), "flush": policy,
-                 "slow_flush": str(SLOW_FLUSH[policy]), "max_lfta_disorder": str(MAX_DISORDER)}
-    fp = plan_text(Q8_1_FILE.read_text(), ["main"], overrides=overrides, path=str(Q8_1_FILE))
-    return fp.queries[0].low[0]
 
 
 _WORK: list[Path] = []

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from common.units import NS_PER_S as NS
+from tools.experiments.q81 import q81_plan
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,6 @@ def run_union(cfg: UnionConfig) -> list[dict]:
     """Experiment 2: peak union buffer and total state per skew, Meld vs Merge."""
     from capture.reader import read_all
     from highlevel.union import Meld, Merge
-    from tools.experiments.iop_oop import q81_plan
     from tools.gen.traffic import TrafficConfig, generate
 
     packets = cfg.per_group * cfg.groups * cfg.windows

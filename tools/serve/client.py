@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import socket
 from collections.abc import Iterator
 from urllib.parse import quote, urlsplit
 
+from common import settings
 from common.errors import OopscopeError
 
 DEFAULT_SERVER = "http://127.0.0.1:7405/"
@@ -34,7 +34,7 @@ class _UnixConnection(http.client.HTTPConnection):
 class Client:
     def __init__(self, server: str | None = None, token: str | None = None,
                  timeout: float | None = 120.0):
-        self.server = server or os.environ.get("OOPSCOPE_SERVER") or DEFAULT_SERVER
+        self.server = server or settings.server() or DEFAULT_SERVER
         self.token = token
         self.timeout = timeout
 
