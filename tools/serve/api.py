@@ -34,7 +34,8 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from tools.serve.appliance import Appliance, ServeError
+from tools.serve.appliance import Appliance
+from tools.serve.config import ServeError
 from tools.serve.tail import Subscriber
 
 log = logging.getLogger(__name__)

@@ -137,9 +137,7 @@ def serve(config, listen: Listen, token: str | None, ready_file: str | None = No
         raise
     try:
         metrics = Metrics(appliance)
-        appliance.metrics = metrics
-        for sub in appliance.submissions.values():
-            metrics.watch(sub)
+        appliance.watch_with(metrics)
         app = make_app(appliance, metrics, stop.set, token)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
                                                access_log=False, timeout_graceful_shutdown=2))
@@ -147,11 +145,7 @@ def serve(config, listen: Listen, token: str | None, ready_file: str | None = No
                                   name="oopscope-http", daemon=True)
         thread.start()
         log.warning("serving on %s (state %s; links %s)", listen.url, appliance.state_dir,
-                    ", ".join([f"{link.name}={link.source}" for link in
-                               appliance.links.values()]
-                              + [f"{n}=interface {i} (fanout of {appliance.config.fanout})"
-                                 for n, i in appliance.config.interfaces
-                                 if n in appliance.fanned]))
+                    ", ".join(appliance.link_sources()))
         if ready_file:
             Path(ready_file).write_text(listen.url)
         while not stop.wait(0.5):

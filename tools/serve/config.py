@@ -1,0 +1,47 @@
+"""The appliance's configuration (`ServeConfig`) and the error a refused request gets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.units import NS_PER_S
+from tools.errors import RunError
+
+
+class ServeError(RunError):
+    """A request the appliance refuses (the reply says why); `status` is the HTTP status."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """What `oopscope serve` was started with: links, state, Spark, agents, fanout."""
+
+    state: str
+    links: tuple[tuple[str, str], ...] = ()          # (name, capture file) replayed
+    interfaces: tuple[tuple[str, str], ...] = ()     # (name, interface) live
+    speed: float = 1.0
+    loop: bool = False
+    master: str | None = None
+    output_root: str | None = None                   # None: the state directory
+    punctuate_every_ns: int = NS_PER_S
+    lull_slack_ns: int = NS_PER_S
+    capture_options: tuple[tuple[str, object], ...] = ()
+    spool: str | None = None                          # the directory shared with agents
+    agent_timeout_s: float | None = None              # None: 3 of the agent's periods
+    #: each interface captured by this many member processes (`serve --fanout N`)
+    fanout: int = 1
+    #: GS-lite schema files (`--schema`) declaring the record protocols of `records`, and
+    #: read by every submission
+    schema_files: tuple[str, ...] = ()
+    #: (name, protocol, path) of the record links (`--records NAME=PROTOCOL:PATH`)
+    records: tuple[tuple[str, str, str], ...] = ()
+    csv_separator: str | None = None
+
+    @property
+    def link_names(self) -> list[str]:
+        return [n for n, _ in self.links] + [n for n, _ in self.interfaces] + \
+            [n for n, _, _ in self.records]
