@@ -219,8 +219,8 @@ class AggregateStage(Stage):
         punctuation = self._meld(state, files)
         if punctuation is None or not self.advanced(prev, state, punctuation):
             return False
-        self.ahead.compute(self.context(), Batch(prev.batch + 1, files, prev, state,
-                                                 punctuation, True, 0))
+        self.ahead.compute(self.context(), Batch(prev.batch + 1, files, prev, state, punctuation,
+                                                 True, sum(f.kept for f in files)))
         return True
 
     def footer_markers(self, batch_id: int, before: int | None) -> list[SpoolFileMarker] | None:
