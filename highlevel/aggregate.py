@@ -1,6 +1,7 @@
 """Window aggregation: partial rows combined per (window, keys), windows closed by punctuation.
 
-The logic of an aggregation's micro-batch (`highlevel.microbatch` runs it):
+The logic of an aggregation's micro-batch (the stage reads its markers, melds and counts its
+late rows; a runner of `highlevel.microbatch` or `highlevel.smallbatch` closes it):
 
 1. the markers of the batch's files (link, seq, punctuation, late rows) from their footers or
    one small Spark job;
@@ -29,6 +30,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,13 +38,15 @@ import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from common.spool import not_kept
-from highlevel.batchfiles import SpoolFileMarker, batch_markers
+from common.spool import LINK, PUNCT, SEQ, list_spool, not_kept
+from highlevel import smallbatch
+from highlevel.batchcontext import Batch, StageContext
+from highlevel.batchfiles import SpoolFileMarker, batch_files, batch_markers, files_markers
 from highlevel.combine import Combiner
 from highlevel.errors import HighLevelError
 from highlevel.finalize import ZERO_DIVISORS, having_column, output_columns
 from highlevel.flowrecords import FlowRecords
-from highlevel.microbatch import BatchAhead, MicroBatch, start_interpreted
+from highlevel.microbatch import BatchAhead, close_in_spark, close_on_driver, start_interpreted
 from highlevel.output import order_columns, order_plan, output_table, raw_output_table, to_output_table
 from highlevel.sorting import sort_indices
 from highlevel.spec import OutputColumn, StageSpec
@@ -84,7 +88,7 @@ class AggregateStage(Stage):
             # driver path's layout resolved every output already, and it has no HAVING)
             _ = (self.spark, self.outputs, self.having, self.correction_outputs,
                  self.combine, self.hidden)
-        self.ahead = BatchAhead()
+        self.ahead = BatchAhead(spec.query)
         self.ahead_batches = 0          # driver batches that found the batch computed ahead
 
     # --- Spark expressions ---------------------------------------------------------------------
@@ -121,11 +125,103 @@ class AggregateStage(Stage):
         return start_interpreted(self.spark, writer)
 
     def _process(self, df: DataFrame, batch_id: int) -> None:
-        MicroBatch(self, df, batch_id).run()
+        prev = self.state              # the state committed by the batch before
+        files, late, keep = self._markers(df, batch_id, prev)
+        from_footers = late is None
+        self._tick("markers")
+        state = prev.for_batch(batch_id)
+        punctuation = self._meld(state, files)
+        late_rows = sum(f.late for f in files)
+        batch = Batch(batch_id, files, prev, state, punctuation,
+                      self.advanced(prev, state, punctuation), sum(f.kept for f in files))
+        if from_footers and self.flow_records is not None and not late_rows:
+            self.driver_batches += 1
+            ready = self.ahead.take(batch) if batch.advanced else None
+            if ready is not None:
+                self.ahead_batches += 1
+            close_on_driver(self.context(), batch, ready)
+            return
+        if from_footers and not late_rows and self.small_batches \
+                and smallbatch.run(self.context(), batch):
+            self.driver_batches += 1
+            return
+        if late is None:          # rows from the footers' markers: Spark's job after all
+            late, keep = self.late_columns(F.col("window").isNotNull(), prev.punctuation)
+        columns = [f.name for f in self.spec.partial_schema().fields]
+        corrections = None
+        if late_rows:
+            log.warning("query %s: %d partial rows arrived for windows already closed "
+                        "(P=%s); %s", self.spec.query, late_rows, prev.punctuation,
+                        "correction rows follow" if self.correct else "dropped and counted")
+            if self.correct:
+                corrections = self.corrections(df.where(late).select(*columns),
+                                               prev.punctuation)
+        state.late_rows += late_rows
+        parts = df.where(keep).select(*columns) if batch.kept else None
+        close_in_spark(self.context(), batch, parts, corrections)
+
+    def _markers(self, df: DataFrame, batch_id: int,
+                 prev: StageState) -> tuple[list[SpoolFileMarker], Any, Any]:
+        """The batch's files and their markers; with the (late, keep) row conditions when a
+        Spark job counted them (else None, None: from the footers, no row is late)."""
+        files = self.footer_markers(batch_id, prev.punctuation)
+        if files is not None:
+            return files, None, None
+        is_row = F.col("window").isNotNull()
+        late, keep = self.late_columns(is_row, prev.punctuation)
+        more = self.marker_columns
+        files = [SpoolFileMarker.from_row(r) for r in
+                 df.select(LINK, SEQ, PUNCT, "window", *more, *self.late_reads)
+                 .groupBy(LINK, SEQ)
+                 .agg(F.max(PUNCT).alias("p"), F.sum(is_row.cast("long")).alias("rows"),
+                      F.sum(late.cast("long")).alias("late"),
+                      F.sum(keep.cast("long")).alias("kept"),
+                      *[F.max(c).alias(c) for c in more])
+                 .collect()]
+        return files, late, keep
+
+    def context(self) -> StageContext:
+        """What the batch runners use of this stage, with its settings as they are now."""
+        return StageContext(
+            spec=self.spec, window=self.window, store=self.store, tick=self._tick,
+            session=lambda: self.spark, emit=self.emit, commit=self._commit,
+            combine=self.combined, unique_rows=self.unique_rows, close=self.close,
+            retained=self.retained, open_on_driver=self.open_on_driver,
+            flow_records=self.flow_records, finalize=self.finalize_rows,
+            output_table=self.output_table, prune_spool=self.prune_spool)
+
+    @property
+    def small_batches(self) -> bool:
+        """Whether small batches close on the driver (`highlevel.smallbatch`): asked for,
+        tumbling windows without `late 'correct'`, partial rows of the low level that need
+        combining, and states the driver can combine."""
+        return (self.small_on_driver and not self.correct and self.prepare is None
+                and not self.unique_rows and self.flow_records is None
+                and smallbatch.usable(self.spec, self.window))
 
     def speculate(self) -> bool:
-        """Compute what the next micro-batch will write (`highlevel.microbatch.BatchAhead`)."""
-        return self.ahead.compute(self)
+        """Compute what the next micro-batch will write (`highlevel.microbatch.BatchAhead`):
+        only for a stage that closes its batches on the driver and has no raw sinks. Its files
+        are those the stream's log names when the stream planned it already, else every
+        spool file there is now. Returns whether there was something to compute."""
+        prev = self.state
+        if self.flow_records is None or any(sink.raw for sink in self.sinks) \
+                or self.prepare is not None or self.marker_columns or self.late_reads:
+            return False
+        # a batch the stream planned already reads the files its log names; else every file
+        paths = batch_files(self.checkpoint / "stream", prev.batch + 1)
+        if paths is None:
+            paths = [path for _, _, path in list_spool(self.spool, self.spec.query)]
+        files = files_markers(paths, self.earliest_end, prev.punctuation) if paths else None
+        if not files:
+            return False
+        state = prev.for_batch(prev.batch + 1)
+        punctuation = self._meld(state, files)
+        if punctuation is None or not self.advanced(prev, state, punctuation):
+            return False
+        self.ahead.compute(self.context(), Batch(prev.batch + 1, files, prev, state, punctuation,
+                                                 True, sum(f.kept for f in files)))
+        return True
 
     def footer_markers(self, batch_id: int, before: int | None) -> list[SpoolFileMarker] | None:
         """The markers job's answer read from the batch's spool file footers when no row can
@@ -188,12 +284,6 @@ class AggregateStage(Stage):
             closed = self.combine(exploded, ["window"] + spec.key_columns())
         return closed.select(*self.correction_outputs, *self.hidden).toArrow()
 
-    def write_corrections(self, state: StageState, batch_id: int,
-                          corrections: pa.Table | None) -> None:
-        """Write correction rows in a batch that closes no window."""
-        if corrections is not None and corrections.num_rows:
-            state.corrected_rows += self.emit(corrections, batch_id, state.punctuation)
-
     def close(self, combined: DataFrame, batch_id: int, before: int | None, upto: int,
               corrections: pa.Table | None = None) -> int:
         """Finalise and write every window with before < end(w) <= upto (and the batch's
@@ -210,16 +300,26 @@ class AggregateStage(Stage):
             # unique pane rows stay unique per window: a row's keys include its pane's identity
             closed = exploded if self.unique_rows else \
                 self.combine(exploded, ["window"] + spec.key_columns())
-        if self.having is not None:
-            closed = closed.where(self.having)
-        # sort on the driver: results are small, and a Spark orderBy costs a sampling job
-        result = closed.select(*self.outputs, *self.hidden).toArrow()
+        result = self.finalize_rows(closed)
         self._tick("combine+collect")
         extra = 0
         if corrections is not None and corrections.num_rows:
             extra = corrections.num_rows
             result = pa.concat_tables([corrections, result.cast(corrections.schema)])
         return self.emit(result, batch_id, upto) - extra
+
+    def combined(self, parts: DataFrame) -> DataFrame:
+        """Partial rows combined per (window, keys): the rows as they are when unique."""
+        if self.unique_rows:
+            return parts
+        return self.combine(parts, ["window"] + self.spec.key_columns())
+
+    def finalize_rows(self, closed: DataFrame) -> pa.Table:
+        """Closed rows' outputs and hidden order columns where HAVING holds, as Arrow."""
+        if self.having is not None:
+            closed = closed.where(self.having)
+        # sort on the driver: results are small, and a Spark orderBy costs a sampling job
+        return closed.select(*self.outputs, *self.hidden).toArrow()
 
     def output_table(self, result: pa.Table) -> pa.Table:
         """Spark's Arrow result sorted, in the output schema."""

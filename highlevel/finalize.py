@@ -8,8 +8,6 @@ halves; as output they are text (dotted quad for IPv4-mapped addresses, RFC 5952
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pyarrow as pa
 from pyspark.sql import Column
@@ -18,11 +16,11 @@ from pyspark.sql import functions as F
 from common.jit import ngjit, ngjit_inline
 from highlevel.combine import hll_estimate_col
 from highlevel.errors import StageConfigError
+from highlevel.ipcolumns import IpValue, ip_min_max, ip_text
 from highlevel.strings import string_function
 from highlevel.udfcolumns import (
     external_column,
     getlpmid_column,
-    ip_min_max,
     udaf_output_column,
 )
 from queries import expressions as E
@@ -30,37 +28,6 @@ from queries.constants import fold
 from queries.function_library import MIN_MAX, PREFIX_MATCH
 from queries.inference import type_of
 from queries.string_functions import STRING_FUNCTIONS
-
-
-@dataclass(frozen=True)
-class IpValue:
-    """An IP address as two int64 columns holding the uint64 halves."""
-
-    hi: Column
-    lo: Column
-
-
-def _group(half: Column, index: int) -> Column:
-    return F.lower(F.hex(F.shiftrightunsigned(half, 48 - 16 * index).bitwiseAND(F.lit(0xFFFF))))
-
-
-def ip_text(ip: IpValue) -> Column:
-    """Text form of an address: a.b.c.d when IPv4-mapped (hi = 0, lo >> 32 = 0xFFFF)."""
-    v4 = F.concat_ws(".", *[F.shiftrightunsigned(ip.lo, s).bitwiseAND(F.lit(255)).cast("string")
-                            for s in (24, 16, 8, 0)])
-    groups = [_group(ip.hi, i) for i in range(4)] + [_group(ip.lo, i) for i in range(4)]
-    framed = F.concat(F.lit(":"), F.concat_ws(":", *groups), F.lit(":"))
-    # RFC 5952: the first longest run of two or more zero groups becomes `::`
-    compressed = framed
-    for run in range(2, 9):
-        pattern = ":" + "0:" * run
-        pos = F.locate(pattern, framed)
-        cut = F.concat(framed.substr(F.lit(1), pos - 1), F.lit("::"),
-                       framed.substr(pos + len(pattern), F.lit(64)))
-        compressed = F.when(pos > 0, cut).otherwise(compressed)
-    text = F.regexp_replace(F.regexp_replace(compressed, "^:(?!:)", ""), "(?<!:):$", "")
-    mapped = (ip.hi == 0) & (F.shiftrightunsigned(ip.lo, 32) == F.lit(0xFFFF))
-    return F.when(mapped, v4).otherwise(text)
 
 
 class Compiler:
@@ -223,7 +190,7 @@ class Compiler:
         if name in MIN_MAX:
             a, b = self.compile(args[0]), self.compile(args[1])
             if isinstance(a, IpValue) and isinstance(b, IpValue):
-                return ip_min_max(name, a, b, IpValue)
+                return ip_min_max(name, a, b)
             op = "<" if name.endswith("min") else ">"
             first = self._compare(E.Binary(op=op, left=args[0], right=args[1]), op, a, b)
             return F.when(first, a).otherwise(b)

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from common import settings
+from highlevel.sparkhome import spark_home
 
 log = logging.getLogger(__name__)
 
@@ -76,24 +77,6 @@ def cache_dir(create: bool = True) -> Path | None:
     from highlevel.jvmcache import cache_dir as private_cache_dir
 
     return private_cache_dir(create)
-
-
-def spark_home() -> str:
-    """SPARK_HOME, or the pip-installed pyspark's own directory, found without importing
-    pyspark (its import takes ~0.1 s that the JVM's launch need not wait for)."""
-    if "SPARK_HOME" in os.environ:
-        return os.environ["SPARK_HOME"]
-    from importlib.util import find_spec
-
-    spec = find_spec("pyspark")
-    if spec is not None and spec.origin is not None:
-        home = os.path.dirname(spec.origin)
-        if os.path.isfile(os.path.join(home, "bin", "spark-submit")) and \
-                os.path.isdir(os.path.join(home, "jars")):
-            return home
-    from pyspark.find_spark_home import _find_spark_home
-
-    return _find_spark_home()
 
 
 def submit_command(home: str, conf: list[tuple[str, str]]) -> list[str]:

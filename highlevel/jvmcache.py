@@ -51,6 +51,7 @@ from common.cachedir import owned as owned
 from common.cachedir import problem as problem
 from common.cachedir import write_private as write_private
 from common.processes import pid_alive
+from highlevel.sparkhome import spark_home
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +107,6 @@ def _unlink(path: Path) -> None:
 
 def archive_key() -> str:
     """Names the Spark jars and the JVM that map an archive (their paths and mtimes)."""
-    from highlevel.jvm import spark_home
-
     jars = Path(spark_home()) / "jars"
     ident = f"{jars} {jars.stat().st_mtime_ns} {os.environ.get('JAVA_HOME', '')}"
     java = java_command()

@@ -292,10 +292,7 @@ class RunningStage(AggregateStage):
         self._tick("step windows")
         if not filled.num_rows:
             return 0
-        df = self.spark.createDataFrame(filled)
-        if self.having is not None:
-            df = df.where(self.having)
-        result = df.select(*self.outputs, *self.hidden).toArrow()
+        result = self.finalize_rows(self.spark.createDataFrame(filled))
         return self.emit(result, batch_id, upto)
 
     def _commit(self, state) -> None:

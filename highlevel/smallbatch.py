@@ -34,10 +34,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from common.spool import register_column
+from highlevel.batchcontext import Batch, StageContext
+from highlevel.flowrecords import FlowRecords
 
 if TYPE_CHECKING:
-    from highlevel.aggregate import AggregateStage
     from highlevel.batchfiles import SpoolFileMarker
+    from highlevel.spec import StageSpec
+    from highlevel.windows import WindowLogic
 
 log = logging.getLogger(__name__)
 
@@ -47,19 +50,17 @@ KINDS = frozenset({"count", "sum", "min", "max", "and", "or", "xor", "first", "l
                    "distinct", "udaf"})
 
 
-def usable(stage: AggregateStage) -> bool:
-    """Whether the stage's batches may close here (module docstring)."""
-    return (stage.small_on_driver and stage.window.tumbling and not stage.correct
-            and stage.prepare is None and not stage.unique_rows
-            and stage.flow_records is None
-            and all(s.kind in KINDS for s in stage.spec.states))
+def usable(spec: StageSpec, window: WindowLogic) -> bool:
+    """Whether an aggregation's windows and states allow its batches to close here (its
+    stage checks the rest: module docstring)."""
+    return window.tumbling and all(s.kind in KINDS for s in spec.states)
 
 
-def read_rows(stage: AggregateStage, files: list[SpoolFileMarker], open_dir: Path | None,
+def read_rows(spec: StageSpec, files: list[SpoolFileMarker], open_dir: Path | None,
               limit: int = MAX_ROWS) -> pa.Table | None:
     """The batch's partial rows and the open state's, or None when they pass `limit` (or a
     file cannot be read here)."""
-    names = [f.name for f in stage.spec.partial_schema().fields]
+    names = [f.name for f in spec.partial_schema().fields]
     if sum(f.rows for f in files) > limit or any(f.rows and f.path is None for f in files):
         return None
     parts = []
@@ -149,54 +150,45 @@ def combine(table: pa.Table, group_columns: list[str], states, registers: int) -
     return pa.table(out).select(table.column_names)
 
 
-def run(batch, files: list[SpoolFileMarker], state, punctuation) -> bool:
-    """One micro-batch (`highlevel.microbatch.MicroBatch`) closed here; False (nothing done)
-    when it is too large for the driver."""
-    from highlevel.flowrecords import FlowRecords
-
-    stage, prev, batch_id = batch.stage, batch.prev, batch.batch_id
-    spec = stage.spec
-    open_dir = stage.store.path(prev.open_dir) if prev.open_dir is not None else None
-    rows = read_rows(stage, files, open_dir)
-    kept = sum(f.kept for f in files)
-    if rows is None and (kept or open_dir is not None):
+def run(ctx: StageContext, batch: Batch) -> bool:
+    """One micro-batch closed here; False (nothing done) when it is too large for the
+    driver."""
+    spec, prev, state = ctx.spec, batch.prev, batch.state
+    batch_id, punctuation = batch.batch_id, batch.punctuation
+    open_dir = ctx.store.path(prev.open_dir) if prev.open_dir is not None else None
+    rows = read_rows(spec, batch.files, open_dir)
+    if rows is None and (batch.kept or open_dir is not None):
         return False
-    advanced = stage.advanced(prev, state, punctuation)
-    stage.driver_batches += 1
-    batch.tick("read")
+    ctx.tick("read")
     still_open = None
     if rows is not None and rows.num_rows:
         try:
             combined = combine(rows, ["window"] + spec.key_columns(), spec.states,
                                spec.distinct_registers)
         except ValueError:
-            stage.driver_batches -= 1
             return False
-        batch.tick("combine")
+        ctx.tick("combine")
         still_open = combined
-        if advanced:
-            ends = stage.window.pane_end(np.asarray(combined["window"].combine_chunks()))
+        if batch.advanced:
+            ends = ctx.window.pane_end(np.asarray(combined["window"].combine_chunks()))
             closing = ends <= punctuation
             if prev.punctuation is not None:
                 closing &= ends > prev.punctuation
             closed = combined.filter(pa.array(closing))
             still_open = combined.filter(pa.array(ends > punctuation))
             if closed.num_rows:
-                df = stage.spark.createDataFrame(closed)
-                if stage.having is not None:
-                    df = df.where(stage.having)
-                result = df.select(*stage.outputs, *stage.hidden).toArrow()
-                batch.tick("outputs")
-                state.closed_rows += stage.emit(result, batch_id, punctuation)
-    if advanced:
+                result = ctx.finalize(ctx.spark.createDataFrame(closed))
+                ctx.tick("outputs")
+                state.closed_rows += ctx.emit(result, batch_id, punctuation)
+    if batch.advanced:
         state.punctuation = punctuation
     state.open_dir = None
     if still_open is not None and still_open.num_rows:
-        state.open_dir = f"open-{batch_id:010d}"
-        FlowRecords.write_open(still_open, stage.store.path(state.open_dir))
-        batch.tick("write state")
-    stage._commit(state)
-    batch.tick("commit")
+        state.open_dir = batch.open_dir
+        FlowRecords.write_open(still_open, ctx.store.path(state.open_dir))
+        ctx.tick("write state")
+    ctx.commit(state)
+    ctx.tick("commit")
     log.debug("query %s: batch %d timings %s (small, on the driver)", spec.query, batch_id,
-              batch.tick.laps)
+              ctx.tick.laps)
     return True

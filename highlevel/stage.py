@@ -13,8 +13,9 @@ holds what every stage kind does the same way (docs/architecture.md, "The high l
 - the state store (`highlevel.state`) and the sinks: the rows in the raw layout to raw sinks,
   in the display schema to the others, and each sink's `end_batch` before the commit.
 
-What a micro-batch does is the kind's `_process`: the aggregations (`highlevel.aggregate`, run
-by `highlevel.microbatch`; `highlevel.landmark`, `highlevel.joint`, `highlevel.countwindow`),
+What a micro-batch does is the kind's `_process`: the aggregations (`highlevel.aggregate`,
+whose batches the runners of `highlevel.microbatch` and `highlevel.smallbatch` close;
+`highlevel.landmark`, `highlevel.joint`, `highlevel.countwindow`),
 and the kinds over result rows that share the batch of `highlevel.select.RowStage`
 (`highlevel.select`, `highlevel.merge`, `highlevel.join`). Each kind is made from its configuration object (a
 `StageSpec`, a `Selection`, a `MergeSpec`, a `JoinSpec`) and the same stream options.

@@ -4,7 +4,7 @@ MIN/MAX, IF, EQ/GEQ/LEQ, sqrt and non_temporal are Spark expressions (`library_c
 getlpmid and user-defined functions run Python code, so they are Arrow-batched pandas UDFs:
 each executor batch is one call of the same numpy code the low level runs (`lowlevel.lpm`,
 `lowlevel.library`), never a Python call per row. Values travel as Spark holds them (a uint64
-as the bit pattern of a long, an address as two longs, `highlevel.finalize.IpValue`).
+as the bit pattern of a long, an address as two longs, `highlevel.ipcolumns.IpValue`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from highlevel.errors import StageConfigError
+from highlevel.ipcolumns import IpValue
 from queries import expressions as E
 
-_INT64_MIN = -(1 << 63)
 #: the Spark type a GSQL type travels as
 SPARK_TYPES = {"uint": "long", "ullong": "long", "int": "long", "llong": "long",
                "ipv4": "long", "float": "double", "bool": "boolean", "string": "string"}
@@ -25,21 +25,7 @@ SPARK_TYPES = {"uint": "long", "ullong": "long", "int": "long", "llong": "long",
 
 def _is_ip(value) -> bool:
     # not hasattr(value, "hi"): a Spark Column answers any attribute (a field of a struct)
-    from highlevel.finalize import IpValue
-
     return isinstance(value, IpValue)
-
-
-def _unsigned_less(a: Column, b: Column) -> Column:
-    """a < b for longs holding uint64 bit patterns (flipping the sign bit maps the orders)."""
-    return a.bitwiseXOR(F.lit(_INT64_MIN)) < b.bitwiseXOR(F.lit(_INT64_MIN))
-
-
-def ip_min_max(name: str, a, b, ip_value: type):
-    """UMIN/UMAX of two addresses (IpValue): compared as 128-bit unsigned numbers."""
-    less = _unsigned_less(a.hi, b.hi) | ((a.hi == b.hi) & _unsigned_less(a.lo, b.lo))
-    first = less if name.endswith("min") else ~less & ~((a.hi == b.hi) & (a.lo == b.lo))
-    return ip_value(F.when(first, a.hi).otherwise(b.hi), F.when(first, a.lo).otherwise(b.lo))
 
 
 def getlpmid_column(path: str, value) -> Column:

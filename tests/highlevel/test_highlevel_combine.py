@@ -113,7 +113,7 @@ def test_streaming_run_writes_typed_parquet(spark, tmp_path):
 def test_ip_text_in_spark_matches_ipaddress(spark):
     from pyspark.sql import functions as F
 
-    from highlevel.finalize import IpValue, ip_text
+    from highlevel.ipcolumns import IpValue, ip_text
 
     values = [0x20010DB8000000000000000000000001, 0xFE800000000000000000000000000000,
               0x00000000000000000000FFFFC0A80001, 0x20010DB8000100000000000100000000,

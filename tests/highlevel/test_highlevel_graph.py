@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from highlevel.errors import StageConfigError
-from highlevel.graph import StageGraph, output_columns_of
+from highlevel.graph import StageGraph
 from highlevel.sinks import Sink, SpoolSink
+from highlevel.stagebuilder import output_columns_of
 from highlevel.testing import ListSink, canonical_rows, feed_spool
 from queries.library import __file__ as library_init
 from queries.planner import plan_text

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from common.spool import SpoolWriter
-from highlevel.graph import output_columns_of
 from highlevel.join import JoinSpec, JoinStage
+from highlevel.stagebuilder import output_columns_of
 from highlevel.testing import ListSink, batch_frame, canonical_rows
 from queries.planner import plan_text
 from tests.oracles.reference import evaluate_file
