@@ -1,10 +1,10 @@
 """`oopscope agent`: the low level alone, next to its links, writing to a shared spool.
 
 An agent plans the query file as `run` does, keeps the low-level plans of its own links
-(capture, ring, operators, flush policy, timer punctuation: `tools.run.feeds`), and writes
+(capture, ring, operators, flush policy, timer punctuation: `tools.pipeline.feeds`), and writes
 their partial rows and punctuation to `SPOOL/<query>/partials/<link>-<seq>.parquet`, where a
 collector (`tools.cluster.collector`) on a Spark cluster melds every agent's links. Beside
-them it beats (`tools.cluster.heartbeat`). Its spool files hold only rows of panes its own
+them it beats (`tools.pipeline.heartbeat`). Its spool files hold only rows of panes its own
 punctuation closed (`OperatorFeed.complete_only`), so an agent killed and started again
 continues: a capture file from the pane holding its last punctuation (nothing written twice),
 an interface from the next window on (the windows in between are the gap it reports).
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from common.errors import SpoolError, os_error_text
-from tools.cluster.fanout import Member
 from tools.errors import RunConfigError, RunLinkError
-from tools.run.config import RunConfig
+from tools.pipeline.config import RunConfig
+from tools.pipeline.fanout import Member
 
 log = logging.getLogger(__name__)
 
@@ -37,22 +37,22 @@ class AgentConfig:
     run: RunConfig
     spool: str
     host_id: str
-    #: one member of a fanout group (`tools.cluster.fanout`): its interface's sub-link
+    #: one member of a fanout group (`tools.pipeline.fanout`): its interface's sub-link
     member: Member | None = None
 
 
 @dataclass
 class AgentSummary:
     host: str
-    links: dict = field(default_factory=dict)      # name -> tools.run.config.LinkSummary
-    queries: dict = field(default_factory=dict)    # name -> tools.run.config.QuerySummary
+    links: dict = field(default_factory=dict)      # name -> tools.pipeline.config.LinkSummary
+    queries: dict = field(default_factory=dict)    # name -> tools.pipeline.config.QuerySummary
     ended: str = "end of input"
     resumed: dict = field(default_factory=dict)    # link -> packets read past (in the spool)
     gap: tuple | None = None
     seconds: float = 0.0
 
     def format(self) -> str:
-        from tools.run.config import RunSummary
+        from tools.pipeline.config import RunSummary
 
         lines = [line for line in RunSummary(self.links, {}).format().splitlines()
                  if line.startswith("link ")]
@@ -63,7 +63,7 @@ class AgentSummary:
             lines.append("agent resumed from the spool; packets already in it, read past: "
                          + ", ".join(f"link {n} {v:,}" for n, v in self.resumed.items()))
         if self.gap is not None:
-            from tools.run.runner import when
+            from tools.pipeline.runner import when
 
             lines.append(f"gap: the windows from {when(self.gap[0])} to {when(self.gap[1])} "
                          f"have no rows of this agent's links (it was down)")
@@ -75,7 +75,7 @@ def plan_for_agent(config):
     """The query set's plan over the links it names (every agent plans the same stages), or
     over this agent's links when it names none; this agent's links must be among them."""
     from queries.explain import mentioned_links
-    from tools.run.config import functions_of, plan_tree, read_query_set, schema_of
+    from tools.pipeline.config import functions_of, plan_tree, read_query_set, schema_of
 
     tree, text, paths = read_query_set(config.query_files)
     label = " + ".join(str(p) for p in paths)
@@ -97,10 +97,10 @@ def run_agent(agent: AgentConfig, stop) -> AgentSummary:
     """Run the low level of the query file for the agent's links until end of input or a
     stop request (`stop()` true)."""
     from highlevel.graph import StageGraph
-    from tools.cluster.heartbeat import Heartbeat, check_host_id
-    from tools.run.config import QuerySummary, choose_queries
-    from tools.run.feeds import LinkFeeds, OperatorFeed, SpoolQueue
-    from tools.run.runner import check_sources, collect_links, drive, open_sources, skip_points
+    from tools.pipeline.config import QuerySummary, choose_queries
+    from tools.pipeline.feeds import LinkFeeds, OperatorFeed, SpoolQueue
+    from tools.pipeline.heartbeat import Heartbeat, check_host_id
+    from tools.pipeline.runner import check_sources, collect_links, drive, open_sources, skip_points
 
     started = time.perf_counter()
     config = agent.run
@@ -143,7 +143,7 @@ def run_agent(agent: AgentConfig, stop) -> AgentSummary:
         raise SpoolError(f"cannot write the spool {exc.filename or spool}: "
                          f"{os_error_text(exc)}") from None
     feeds = {name: LinkFeeds(name, fs, config.lull_slack_ns) for name, fs in per_link.items()}
-    from tools.run.config import RunSummary
+    from tools.pipeline.config import RunSummary
 
     run_summary = RunSummary(links={}, queries=queries)
     sources = open_sources(config, feeds, run_summary, stop, skip_points(per_link, starts))
@@ -175,8 +175,8 @@ def _continue_from(spool: Path, low, config, chosen):
     """An agent started again over its own spool continues it (module docstring): the
     `Resume` and, per (query, link), the first packet time its operator takes."""
     from common.spool import last_punctuations
-    from tools.run.resume import Resume
-    from tools.run.runner import live_gap, when
+    from tools.pipeline.resume import Resume
+    from tools.pipeline.runner import live_gap, when
 
     resume = Resume(resumed=False)
     seen: dict[str, dict] = {}
@@ -198,7 +198,7 @@ def _continue_from(spool: Path, low, config, chosen):
 
 def _status(feeds: dict, sources: dict) -> dict:
     """Per link, what the heartbeat says: punctuation, packets, bytes, malformed, drops."""
-    from tools.run.runner import drops
+    from tools.pipeline.runner import drops
 
     out = {}
     for name, f in feeds.items():
@@ -220,15 +220,15 @@ def _fanout_parent(agent: AgentConfig, stop, started: float) -> AgentSummary:
     summaries are theirs, on the same stderr); a stop request is passed on to them."""
     from highlevel.errors import StageConfigError
     from highlevel.graph import StageGraph
-    from tools.cluster.fanout import FanoutMembers
     from tools.errors import UnsupportedQueryError
+    from tools.pipeline.fanout import FanoutMembers
 
     config = agent.run
     if config.links:
         raise RunConfigError("--fanout splits live interfaces over capture processes; a "
                              "capture file (--link) is read by one")
     plan = plan_for_agent(config)
-    from tools.run.config import choose_queries
+    from tools.pipeline.config import choose_queries
 
     chosen = choose_queries(plan, replace(config, outputs=()))
     try:        # what cannot meld sub-links is refused before any process starts

@@ -47,9 +47,9 @@ from tools.serve.submission import (
 from tools.serve.tail import Hub
 
 if TYPE_CHECKING:
-    from tools.run.threads import SessionStarter
+    from tools.pipeline.links import LinkRouter, ServedLink
+    from tools.pipeline.threads import SessionStarter
     from tools.serve.agents import Agents
-    from tools.serve.links import LinkRouter, ServedLink
     from tools.serve.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -150,8 +150,8 @@ class Appliance:
             assert self.agents is not None
             self.fanout.start(self.agents)
         self._open_links()
-        from tools.run.threads import SessionStarter
-        from tools.serve.links import LinkRouter
+        from tools.pipeline.links import LinkRouter
+        from tools.pipeline.threads import SessionStarter
 
         self.router = LinkRouter(self.links)
         self.router.on_feed_error = self._feed_failed
@@ -192,7 +192,7 @@ class Appliance:
         for name, path in self.config.links:
             if not Path(path).is_file():
                 raise RunConfigError(f"--link {name}={path}: no such capture file")
-        from tools.serve.recordlinks import record_format
+        from tools.pipeline.recordlinks import record_format
 
         for name, protocol, path in self.config.records:
             record_format(self.schema, name, protocol, path)
@@ -200,7 +200,7 @@ class Appliance:
             raise RunConfigError("--speed must be positive")
 
     def _open_links(self) -> None:
-        from tools.serve.links import open_links
+        from tools.pipeline.links import open_links
 
         cfg = self.config
         # fanned-out interfaces are captured by the members (`tools.serve.fanout`)

@@ -175,7 +175,7 @@ class Submission:
     def __init__(self, record: Record, state_dir: Path, link_names: list[str],
                  remote: dict[str, str] | None = None, fanout: dict[str, int] | None = None,
                  server_schemas: list | tuple = ()):
-        from tools.run.config import QuerySummary, plan_text
+        from tools.pipeline.config import QuerySummary, plan_text
 
         self.record = record
         self.state_dir = state_dir
@@ -215,7 +215,7 @@ class Submission:
         self.outputs: dict[str, StreamOutput] = {}
         self.feeds: dict[str, SubmissionFeed] = {}
         self.graph: Any = None                  # highlevel.graph.StageGraph once built
-        self.spool_queue: Any = None            # tools.run.feeds.SpoolQueue once built
+        self.spool_queue: Any = None            # tools.pipeline.feeds.SpoolQueue once built
         self.stages_started = False
         self.error: str | None = record.error
 
@@ -277,7 +277,7 @@ class Submission:
         from highlevel.errors import StageConfigError
         from highlevel.graph import StageGraph
         from tools.errors import UnsupportedQueryError
-        from tools.run.feeds import OperatorFeed, SpoolQueue
+        from tools.pipeline.feeds import OperatorFeed, SpoolQueue
         from tools.run.outputs import arrow_schema
 
         spool, checkpoint = self.spool_dir, self.run_dir / "checkpoint"

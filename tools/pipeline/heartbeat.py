@@ -206,7 +206,7 @@ def add_link_totals(links: dict, beats: dict[str, Beat], wanted=None, source=Non
     a fanned-out link's sub-links `NAME#K` added up under NAME; only the `wanted` links
     (all when None); `source(host)` names where each link came from."""
     from highlevel.graph import base_link
-    from tools.run.config import LinkSummary
+    from tools.pipeline.config import LinkSummary
 
     for host, beat in sorted(beats.items()):
         for name, st in beat.links.items():

@@ -49,7 +49,7 @@ class RunConfig:
     # would otherwise grow without bound
     keep_results: bool = True
     # each interface captured by this many processes in one PACKET_FANOUT group, melded as
-    # sub-links (`tools.cluster.fanout`)
+    # sub-links (`tools.pipeline.fanout`)
     fanout: int = 1
     # GS-lite schema files (`--schema`): record protocols a link may carry instead of packets
     schema_files: tuple[str, ...] = ()
@@ -131,7 +131,7 @@ class RunSummary:
     spark_wait_seconds: float = 0.0     # waiting for the session after the low level ended
     highlevel_seconds: float = 0.0
     total_seconds: float = 0.0
-    # a run resumed over a kept spool and checkpoint (`tools.run.resume`): the packets per
+    # a run resumed over a kept spool and checkpoint (`tools.pipeline.resume`): the packets per
     # link read past (already in the spool), and a live run's gap (from, to) ns
     resumed: bool = False
     skipped: dict = field(default_factory=dict)

@@ -95,7 +95,7 @@ class OperatorFeed:
         self.spool_queue: SpoolQueue | None = None
         self.buffer: list = []
         self.buffered = 0
-        # a resumable spool (`tools.run.resume`): a file holds only rows of panes its own
+        # a resumable spool (`tools.pipeline.resume`): a file holds only rows of panes its own
         # punctuation has closed, so after a crash the spool holds exactly the panes that end
         # by the link's last punctuation, and a resumed run replays the packets from there
         # without counting any twice. Rows of open panes (evictions) wait here meanwhile

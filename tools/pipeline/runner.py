@@ -7,9 +7,9 @@
    that no other query reads. A picked query the Spark stage cannot run is an error naming it
    before any packet is read.
 2. per link, one source feeds every low-level operator of the picked queries that read it
-   (`tools.run.feeds`): capture files are replayed interleaved by capture time, at full speed or
-   paced (`tools.run.replay`); interfaces are captured live by a thread each into a packet ring
-   (`tools.run.livelinks`). Timer-driven punctuation (`capture.punctuation`) advances each link's
+   (`tools.pipeline.feeds`): capture files are replayed interleaved by capture time, at full speed or
+   paced (`tools.pipeline.replay`); interfaces are captured live by a thread each into a packet ring
+   (`tools.pipeline.livelinks`). Timer-driven punctuation (`capture.punctuation`) advances each link's
    low-watermark every period, and during a lull to `clock - slack`, so silent links do not
    stall windows. Partial rows and punctuation go to the spool.
 3. the Spark stages combine the partial rows, close windows on the combined punctuation and
@@ -36,7 +36,7 @@ from common import settings
 from common.errors import OopscopeError, SpoolError, os_error_text
 from common.units import NS_PER_S as NS
 from tools.errors import RunConfigError, RunError, RunLinkError, UnsupportedQueryError
-from tools.run.config import (
+from tools.pipeline.config import (
     LinkSummary,
     QuerySummary,
     RunConfig,
@@ -45,13 +45,13 @@ from tools.run.config import (
     load_plan,
     output_format,
 )
-from tools.run.outputs import QueryOutput
-from tools.run.threads import (
+from tools.pipeline.threads import (
     ContinuousStages,
     OverlappedStages,
     SessionStarter,
     StopRequest,
 )
+from tools.run.outputs import QueryOutput
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +149,8 @@ def run(config: RunConfig) -> RunSummary:
     try:
         resume = None
         if config.spool is not None and config.checkpoint is not None:
-            # both kept: the run can be resumed after a crash (`tools.run.resume`)
-            from tools.run.resume import prepare
+            # both kept: the run can be resumed after a crash (`tools.pipeline.resume`)
+            from tools.pipeline.resume import prepare
 
             spool, checkpoint = Path(config.spool), Path(config.checkpoint)
             resume = prepare(config, chosen, {qp.name: output_format(config, out)
@@ -196,7 +196,7 @@ def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
                 outputs, resume=None) -> RunSummary:
     from highlevel.errors import StageConfigError
     from highlevel.graph import StageGraph
-    from tools.run.feeds import LinkFeeds, OperatorFeed, SpoolQueue
+    from tools.pipeline.feeds import LinkFeeds, OperatorFeed, SpoolQueue
 
     for o in outputs.values():
         # a failed write stops the sources as a stop request does; the windows still open
@@ -216,10 +216,10 @@ def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
     members = None
     if config.fanout > 1:
         # the interfaces are captured by member processes writing to this run's spool
-        # (`tools.cluster.fanout`); this process runs the stages
+        # (`tools.pipeline.fanout`); this process runs the stages
         import os
 
-        from tools.cluster.fanout import FanoutMembers
+        from tools.pipeline.fanout import FanoutMembers
 
         members = FanoutMembers(config, str(spool), f"run-{os.getpid()}", config.fanout)
     readers = {q: [r.name for r in plan.queries if q in graph.inputs_of(r)]
@@ -236,7 +236,7 @@ def _run_opened(config, plan, chosen, spool, checkpoint, started, stop, starter,
     graph.prune_spool = temporary
     starts: dict[tuple[str, str], int | None] = {}
     if resume is not None and resume.resumed:
-        from tools.run.resume import find_punctuation
+        from tools.pipeline.resume import find_punctuation
 
         find_punctuation(resume, spool, graph.low_plans())
         if config.live:
@@ -341,9 +341,9 @@ def output_for(config, qp, out: str, several: bool, checkpoint, resume) -> Query
     """A query's output. In a resumable run, one that can be cut back to its last whole batch
     logs its batches; a Parquet output (no footer until closed) or one written whole at the
     end keeps its batches as part files under the checkpoint (`tools.run.batchparts`)."""
+    from tools.pipeline.resume import output_log, output_parts
     from tools.run.batchparts import BatchParts
     from tools.run.outputs import arrow_schema
-    from tools.run.resume import output_log, output_parts
 
     fmt = output_format(config, out)
     buffered = not config.streaming and (fmt == "table" or (several and out == "-"))
@@ -451,7 +451,7 @@ def _suppress_gap(resume):
 def open_sources(config: RunConfig, feeds: dict, summary: RunSummary, stop=None,
                   skip: dict | None = None) -> dict:
     if config.live:
-        from tools.run.livelinks import LiveLink
+        from tools.pipeline.livelinks import LiveLink
 
         lives = {}
         from capture.live import snaplen_for
@@ -472,7 +472,7 @@ def open_sources(config: RunConfig, feeds: dict, summary: RunSummary, stop=None,
                 live.close()
             raise
         return lives
-    from tools.run.replay import FileLink
+    from tools.pipeline.replay import FileLink
 
     # `stop`: a stream (FIFO, standard input) waiting for its writer ends at a stop request
     links: dict = {}
@@ -519,10 +519,10 @@ def _read_share(sources: dict) -> float | None:
 
 def drive(config: RunConfig, sources: dict, feeds: dict, stop, info: dict) -> str:
     if config.live:
-        from tools.run.livelinks import run_live
+        from tools.pipeline.livelinks import run_live
 
         return run_live(sources, feeds, duration_ns=config.duration_ns, stop=stop)
-    from tools.run.replay import replay
+    from tools.pipeline.replay import replay
 
     return replay(sources, feeds, speed=config.speed, period_ns=config.punctuate_every_ns,
                   duration_ns=config.duration_ns, stop=stop, info=info)
@@ -532,7 +532,7 @@ def _progress(config: RunConfig, feeds: dict, sources: dict, outputs: dict):
     show = sys.stderr.isatty() if config.progress is None else config.progress
     if not show:
         return None
-    from tools.run.progress import Progress
+    from tools.pipeline.progress import Progress
 
     def sample():
         packets = sum(f.packets for f in feeds.values())

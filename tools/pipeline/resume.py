@@ -4,7 +4,7 @@ A run given both `--spool DIR` and `--checkpoint DIR` is resumable: it writes a 
 `run.json`, into both (the query file's text, its parameters and overrides, the links with
 their capture files' sizes and modification times, the outputs and their formats), writes
 each link's spool so that a file holds only rows of panes its own punctuation closes
-(`tools.run.feeds.OperatorFeed`), and logs after each output batch its id and the output's
+(`tools.pipeline.feeds.OperatorFeed`), and logs after each output batch its id and the output's
 size (`CHECKPOINT/outputs/<query>.json`, `tools.run.outputs.QueryOutput`).
 
 The same command over the same non-empty directories then resumes

@@ -1,0 +1,1 @@
+"""What surrounds one run of the pipeline: configuration, runner threads, feeds, replay, live links, outputs, progress."""
