@@ -37,7 +37,7 @@ def test_overlapped_stage_gives_the_rows_of_one_final_stage(overlap_capture, tmp
                                                             monkeypatch, caplog):
     import logging
 
-    import tools.pipeline.runner as pipeline
+    import tools.pipeline.sources as pipeline
     import tools.pipeline.threads as threads
     from highlevel.session import get_session
 

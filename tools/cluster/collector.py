@@ -127,14 +127,12 @@ def _collect(config, run_config, plan, links, fanout, checkpoint: Path, stop, st
     from tools.errors import UnsupportedQueryError
     from tools.pipeline.config import LinkSummary, QuerySummary, RunSummary, choose_queries
     from tools.pipeline.heartbeat import Liveness, add_link_totals, read_heartbeats
-    from tools.pipeline.runner import close_outputs, close_quietly, fault, open_outputs, output_for
+    from tools.pipeline.outputset import RunOutputs
 
     spool = Path(config.spool)
     chosen = choose_queries(plan, run_config)
-    several = sum(1 for _, out in chosen if out == "-") > 1
-    outputs = {qp.name: output_for(run_config, qp, out, several, checkpoint, None)
-               for qp, out in chosen}
-    open_outputs(outputs.values())
+    outputs = RunOutputs(run_config, chosen, checkpoint)
+    outputs.open()
     try:
         try:
             graph = StageGraph(plan, [qp.name for qp, _ in chosen], spool, checkpoint,
@@ -162,12 +160,12 @@ def _collect(config, run_config, plan, links, fanout, checkpoint: Path, stop, st
             time.sleep(POLL_S)
         graph.stop()
     except OopscopeError as exc:
-        close_quietly(outputs.values())
-        raise fault(exc, outputs) from None
+        outputs.close_quietly()
+        raise outputs.fault(exc) from None
     except BaseException:
-        close_quietly(outputs.values())
+        outputs.close_quietly()
         raise
-    close_outputs(outputs.values(), complete=True)
+    outputs.close(complete=True)
     queries = {qp.name: QuerySummary(qp.name, out, outputs[qp.name].format)
                for qp, out in chosen}
     for name, q in queries.items():

@@ -87,8 +87,8 @@ class Work:
         from common.spool import last_punctuations
         from highlevel.graph import StageGraph, split_sublinks
         from tools.pipeline.config import QuerySummary, plan_text
-        from tools.pipeline.feeds import OperatorFeed, SpoolQueue
-        from tools.serve.submission import SubmissionFeed, first_window_start
+        from tools.pipeline.feeds import AttachedFeed, OperatorFeed, SpoolQueue
+        from tools.pipeline.windows import first_window_start
 
         self.item = item
         self.links = list(links)
@@ -133,7 +133,7 @@ class Work:
                                 punctuation_flush=True, complete_only=True)
             feed.spool_queue = self.spool_queue
             per_link.setdefault(lp.link, []).append(feed)
-        self.feeds = {link: SubmissionFeed(fs, self.start_ns) for link, fs in per_link.items()}
+        self.feeds = {link: AttachedFeed(fs, self.start_ns) for link, fs in per_link.items()}
         self.attached_ns: int | None = None
 
     @property

@@ -1,1 +1,1 @@
-"""What surrounds one run of the pipeline: configuration, runner threads, feeds, replay, live links, outputs, progress."""
+"""The pipeline as objects that `run`, `serve`, `agent` and `collect` compose: a run (`runner.Run`), its sources (`sources`: local or fanout, `fanout`), feeds (`feeds`), replay, live and record links (`replay`, `livelinks`, `links`, `recordlinks`), resume, stage schedules and threads, outputs, heartbeats and window starts."""

@@ -10,7 +10,8 @@ our own.
 
 A collector (`oopscope collect`) reads them all (`read_heartbeats`) to learn the links to
 expect, and `Liveness` tells which links have gone silent: their agent's last beat is older
-than the agent timeout and it had not ended. docs/deployment.md says what follows.
+than the agent timeout and it had not ended. docs/deployment.md says what follows. Fanout
+members (`tools.pipeline.fanout`) are agents too: a run adds up their last beats.
 """
 
 from __future__ import annotations

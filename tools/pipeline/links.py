@@ -1,5 +1,6 @@
-"""The links of the appliance: capture threads that run for the server's whole life, and the
-thread that hands their packets to whichever queries run at the moment.
+"""Links that outlive their queries: capture threads that run for the whole life of an
+appliance (`oopscope serve`) or a watching agent (`tools.cluster.watch`), and the thread that
+hands their packets to whichever queries are attached at the moment.
 
 Each link has a producer thread pushing packets and timer punctuation into its fixed-size
 packet ring (`capture.ring.PacketRing`, which never blocks and counts what it drops):
@@ -163,7 +164,7 @@ class ServedLink:
     def __init__(self, name: str, source: str, producer, timer: LinkTimer):
         self.name, self.source = name, source
         self.producer, self.timer = producer, timer
-        self.feeds: dict[str, object] = {}        # submission name -> SubmissionFeed
+        self.feeds: dict[str, object] = {}        # query name -> feeds.AttachedFeed
         #: the submissions whose feeds saw the end of a record link that ended
         self.finished: set[str] = set()
         #: a live interface whose snap length follows its queries (no --snaplen given)

@@ -33,17 +33,9 @@ from typing import TYPE_CHECKING, Any
 from common.errors import OopscopeError
 from common.units import INT64_MAX, NS_PER_S
 from tools.errors import RunConfigError, RunError
+from tools.pipeline.windows import first_open_window, first_window_start, when
 from tools.serve.fanout import ServedFanout
-from tools.serve.submission import (
-    FORMATS,
-    NAME_RE,
-    Record,
-    Submission,
-    first_open_window,
-    first_window_start,
-    remove_generation,
-    when,
-)
+from tools.serve.submission import FORMATS, NAME_RE, Record, Submission, remove_generation
 from tools.serve.tail import Hub
 
 if TYPE_CHECKING:
