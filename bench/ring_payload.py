@@ -7,7 +7,7 @@ rows have gone through: the cost of the ring itself, with no second thread to hi
 `rows` (a ring without a payload area, the batch without payloads), `empty` (a payload area,
 the batch without payloads: empty ones placed) and `payloads` (every row carries --payload
 bytes, sizes spread from half to one and a half times that). The ring holds 1M rows and a
-256 MiB area (the live links' sizes, `tools.run.livelinks`), made once per mode and gone
+256 MiB area (the live links' sizes, `tools.pipeline.livelinks`), made once per mode and gone
 through once before the clock starts (a fresh area's first lap pays a page fault every 4 KiB,
 which a running capture pays once). Medians of --repeat runs on a warm JIT. Not a test.
 """
@@ -49,7 +49,7 @@ def make_batch(rows: int, payload: int, with_payloads: bool):
 def make_ring(mode: str, batch, payload: int):
     """The mode's ring, its kernels warm and every page of it written once."""
     from capture.ring import PacketRing
-    from tools.run.livelinks import RING_PAYLOAD_BYTES, RING_ROWS
+    from tools.pipeline.livelinks import RING_PAYLOAD_BYTES, RING_ROWS
 
     ring = PacketRing.create(RING_ROWS, link="bench",
                              payload_bytes=0 if mode == "rows" else RING_PAYLOAD_BYTES)

@@ -170,7 +170,7 @@ def launch_jvm(master: str | None = None, *, app_name: str = "oopscope",
                conf: dict[str, str] | None = None, quick_jvm: bool = True,
                nice: int = 0) -> None:
     """Start the driver JVM of a later `get_session` with the same arguments now, in the
-    calling thread, and return at once (a few milliseconds: `tools.run.runner` calls it before
+    calling thread, and return at once (a few milliseconds: `tools.pipeline.runner` calls it before
     the run's heavy imports, which would otherwise delay a starting thread). Nothing when a
     session or a JVM is up already."""
     from highlevel.jvm import gateway_running
@@ -195,7 +195,7 @@ def get_session(master: str | None = None, *, app_name: str = "oopscope",
     for a different master than the running session's stops it and starts a new one.
     `quick_jvm`: a new local driver JVM starts with `quick_jvm_options` (bounded runs);
     False keeps the JVM's tiered compilation (paced and live runs, which last).
-    `nice`: a new local driver JVM runs at this niceness (`tools.run.runner`: bounded replays,
+    `nice`: a new local driver JVM runs at this niceness (`tools.pipeline.runner`: bounded replays,
     where the low level's threads come first while both run).
     """
     global _SESSION, _MASTER, _PENDING

@@ -70,7 +70,7 @@ class Agent:
 
 def replay_truth(pcap: Path, log: str) -> dict[int, int]:
     """{second: IPv4 packets} of what the agent replayed: each pass of the file stamped from
-    the wall time its log gives (as `tools.serve.links.ReplayLink` does, at speed 1)."""
+    the wall time its log gives (as `tools.pipeline.links.ReplayLink` does, at speed 1)."""
     from capture.reader import read_all
 
     batch = read_all(pcap, "edge")

@@ -10,7 +10,7 @@ import dpkt
 
 from capture.punctuation import LinkTimer
 from tests.tools.test_tools_run_live_payload import payload_traffic
-from tools.serve.links import ReplayLink
+from tools.pipeline.links import ReplayLink
 
 
 def dpkt_payloads(path) -> list[bytes]:

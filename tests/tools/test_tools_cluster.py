@@ -206,7 +206,7 @@ def _l1_only(batches):
 
 
 def _beat(host: str, links: list[str], age_s: float, state: str = "running"):
-    from tools.cluster.heartbeat import Beat
+    from tools.pipeline.heartbeat import Beat
 
     return Beat(host, 1, time.time_ns() - int(age_s * NS), state, NS, ["q"],
                 {link: {} for link in links})
@@ -224,7 +224,7 @@ def test_fanout_sublinks_are_melded_under_their_link():
 
 
 def test_liveness_declares_a_silent_link_once_and_brings_it_back(caplog):
-    from tools.cluster.heartbeat import Liveness, links_of
+    from tools.pipeline.heartbeat import Liveness, links_of
 
     live = Liveness(timeout_s=2.0)
     beats = {"a": _beat("a", ["l0"], 0.5), "b": _beat("b", ["l1"], 5.0),
@@ -241,8 +241,8 @@ def test_liveness_declares_a_silent_link_once_and_brings_it_back(caplog):
 
 
 def test_an_agent_refuses_a_link_another_agent_captures(tmp_path):
-    from tools.cluster.heartbeat import Heartbeat
     from tools.errors import RunConfigError
+    from tools.pipeline.heartbeat import Heartbeat
 
     first = Heartbeat(tmp_path, "a", ["q"], NS, lambda: {"l0": {}})
     with pytest.raises(RunConfigError, match="link l0 is captured by agent a already"):

@@ -89,7 +89,7 @@ def _files(stem: str) -> list[Path]:
 def test_example_runs_and_equals_the_reference(stem, links, batches, spark_session,
                                                tmp_path, capsys, monkeypatch):
     from tests.oracles.reference import evaluate_file
-    from tools.run.config import plan_tree, read_query_set, schema_of
+    from tools.pipeline.config import plan_tree, read_query_set, schema_of
 
     for name, content in CWD_FILES.get(stem, {}).items():
         (tmp_path / name).write_text(content)
@@ -122,7 +122,7 @@ def test_the_rest_fail_with_a_located_error():
     line and column of what it lacks, or at the reference evaluator's door; none crashes."""
     from common.errors import OopscopeError
     from queries.errors import QueryError
-    from tools.run.config import plan_tree, read_query_set, schema_of
+    from tools.pipeline.config import plan_tree, read_query_set, schema_of
 
     located = re.compile(r"\.gsql:\d+:\d+: ")
     runs = {*RUNS, *CSV_RUNS, *PKTS_RUNS}

@@ -66,8 +66,8 @@ def test_a_name_in_two_files_is_an_error_naming_both(query_set, tmp_path):
 
 def test_fanout_members_get_every_file_and_schema(query_set, tmp_path):
     """A fanout member agent is started with the whole query set and the schema files."""
-    from tools.cluster.fanout import Member, member_argv
-    from tools.run.config import RunConfig
+    from tools.pipeline.config import RunConfig
+    from tools.pipeline.fanout import Member, member_argv
 
     down, up = query_set
     schema = tmp_path / "extra_schema.txt"
@@ -81,8 +81,8 @@ def test_fanout_members_get_every_file_and_schema(query_set, tmp_path):
 
 def test_resume_state_depends_on_every_file(query_set):
     """A resumable run's state is refused when any file of the set changed."""
-    from tools.run.config import RunConfig
-    from tools.run.resume import differences, manifest
+    from tools.pipeline.config import RunConfig
+    from tools.pipeline.resume import differences, manifest
 
     down, up = query_set
     config = RunConfig(query_file=str(down), more_query_files=(str(up),))

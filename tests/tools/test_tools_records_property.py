@@ -70,8 +70,8 @@ def test_run_equals_the_reference_over_random_records(spark_session, tmp_path_fa
     from queries.planner import plan_text
     from queries.schemafile import load_schema
     from tests.oracles.reference import evaluate_file
-    from tools.run.config import RunConfig
-    from tools.run.runner import run
+    from tools.pipeline.config import RunConfig
+    from tools.pipeline.runner import run
 
     work = tmp_path_factory.mktemp("prop")
     schema_path, query, data = work / "schema.txt", work / "q.gsql", work / "events.csv"

@@ -1,4 +1,4 @@
-"""A capture file as a replay link (tools.run.replay.FileLink): packets come out in chunks bounded by
+"""A capture file as a replay link (tools.pipeline.replay.FileLink): packets come out in chunks bounded by
 the running maximum of capture time, across batches, whether a batch's timestamps are in order
 (the reader says so, and the link then takes them as they are) or not.
 
@@ -13,7 +13,7 @@ from scapy.layers.l2 import Ether
 
 from capture.reader import open_capture
 from tests.capture.capture_writers import NS, pcap_bytes
-from tools.run.replay import FileLink
+from tools.pipeline.replay import FileLink
 
 FRAME = bytes(Ether() / IP(src="10.0.0.1", dst="10.0.0.2") / UDP(sport=1, dport=2))
 #: batches of 4: in order; starting below the last maximum and out of order inside; in order

@@ -253,8 +253,8 @@ def test_punctuation_period_changes_nothing(capture, batches, spark_session, tmp
     """Punctuation changes when results appear, never what they are (docs/semantics.md):
     punctuation every 10 ms of data (small batches) or only at the end give the same rows; the
     library entry point returns the result tables."""
-    from tools.run.config import RunConfig
-    from tools.run.runner import run
+    from tools.pipeline.config import RunConfig
+    from tools.pipeline.runner import run
 
     tables = []
     counts = []
@@ -279,8 +279,8 @@ def test_late_packets_are_dropped_and_counted(spark_session, tmp_path):
     data", drop)."""
     from capture.reader import read_all
     from tools.gen.traffic import TrafficConfig, generate
-    from tools.run.config import RunConfig
-    from tools.run.runner import run
+    from tools.pipeline.config import RunConfig
+    from tools.pipeline.runner import run
 
     cfg = TrafficConfig(packets=40_000, duration_ns=150 * NS, groups=500, tcp=1.0, udp=0.0,
                         icmp=0.0, disorder="band", max_delay_ns=3 * NS, disorder_share=0.3,

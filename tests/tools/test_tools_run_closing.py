@@ -103,8 +103,8 @@ def test_reference_carries_groups_through_silent_windows(reference):
 @pytest.mark.slow
 def test_running_aggregation_equals_reference(capture, reference, slots, spark_session,
                                               tmp_path):
-    from tools.run.config import RunConfig
-    from tools.run.runner import run
+    from tools.pipeline.config import RunConfig
+    from tools.pipeline.runner import run
 
     outputs = tuple((name, str(tmp_path / f"{name}.csv")) for name in NAMES)
     summary = run(RunConfig(query_file=str(capture["dir"] / "q.gsql"), links=capture["links"],
@@ -229,8 +229,8 @@ def test_running_aggregate_equals_reference(capture, spark_session, tmp_path):
     from queries.planner import plan_text
     from queries.udf import FunctionLibrary
     from tests.oracles.reference import evaluate_file
-    from tools.run.config import RunConfig
-    from tools.run.runner import run
+    from tools.pipeline.config import RunConfig
+    from tools.pipeline.runner import run
 
     (tmp_path / "udafs.def").write_text(RUNNING_DECLARATIONS)
     (tmp_path / "udafs.py").write_text(RUNNING_MODULE)

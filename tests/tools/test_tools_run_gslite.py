@@ -1,4 +1,4 @@
-"""GS-lite constructs end to end (`tools.run.runner.run` over a generated capture) against the reference."""
+"""GS-lite constructs end to end (`tools.pipeline.runner.run` over a generated capture) against the reference."""
 
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ def _run_and_compare(text: str, name: str, pcap: Path, tmp_path: Path):
     from capture.reader import read_all
     from queries.planner import plan_text
     from tests.oracles.reference import evaluate_file
-    from tools.run.config import RunConfig
-    from tools.run.runner import run
+    from tools.pipeline.config import RunConfig
+    from tools.pipeline.runner import run
 
     path = tmp_path / "q.gsql"
     path.write_text(text)

@@ -112,7 +112,7 @@ def test_a_live_link_drops_what_its_payload_area_cannot_hold(pair, tmp_path):
     from scapy.all import IP, UDP, Ether, Raw, wrpcap
 
     from capture.punctuation import LinkTimer
-    from tools.run.livelinks import LiveLink
+    from tools.pipeline.livelinks import LiveLink
 
     sent = {10000 + i: bytes([i % 256]) * (200 + 13 * i % 800) for i in range(400)}
     pcap = tmp_path / "udp.pcap"

@@ -25,8 +25,8 @@ def overlap_capture(tmp_path_factory) -> Path:
 
 
 def _run(capture: Path, out: Path):
-    from tools.run.config import RunConfig
-    from tools.run.runner import run
+    from tools.pipeline.config import RunConfig
+    from tools.pipeline.runner import run
 
     return run(RunConfig("netflow", links=(("main", str(capture)),),
                          outputs=(("netflow", str(out)),), batch_size=2048))
@@ -37,8 +37,8 @@ def test_overlapped_stage_gives_the_rows_of_one_final_stage(overlap_capture, tmp
                                                             monkeypatch, caplog):
     import logging
 
-    import tools.run.runner as pipeline
-    import tools.run.threads as threads
+    import tools.pipeline.sources as pipeline
+    import tools.pipeline.threads as threads
     from highlevel.session import get_session
 
     get_session()

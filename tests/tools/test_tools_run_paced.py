@@ -90,8 +90,8 @@ def test_paced_run_closes_windows_during_a_lull(lull, spark_session, tmp_path):
     """The quiet link's lull does not hold the busy link's windows back (timer punctuation:
     clock - slack), and its packets after the lull are still counted."""
     from capture.reader import read_all
-    from tools.run.config import RunConfig
-    from tools.run.runner import run
+    from tools.pipeline.config import RunConfig
+    from tools.pipeline.runner import run
 
     speed = 1.5
     out = tmp_path / "per5s.csv"
@@ -127,8 +127,8 @@ def test_paced_run_closes_windows_during_a_lull(lull, spark_session, tmp_path):
 
 def test_duration_stops_the_replay_at_that_capture_time(one_link, spark_session, tmp_path):
     from capture.reader import read_all
-    from tools.run.config import RunConfig
-    from tools.run.runner import run
+    from tools.pipeline.config import RunConfig
+    from tools.pipeline.runner import run
 
     out = tmp_path / "per5s.csv"
     summary = run(RunConfig(str(one_link["query"]), links=(("main", str(one_link["pcap"])),),

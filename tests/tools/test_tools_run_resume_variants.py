@@ -102,8 +102,8 @@ def reference(work, links, query) -> dict:
 
 
 def _part_rows(ck: Path, query: str) -> int:
+    from tools.pipeline.resume import output_parts
     from tools.run.batchparts import BatchParts
-    from tools.run.resume import output_parts
 
     return BatchParts(output_parts(ck, query)).rows()
 

@@ -127,8 +127,8 @@ def test_the_samples_are_samples(reference):
 
 @pytest.mark.slow
 def test_sampling_run_equals_reference(capture, reference, spark_session, tmp_path):
-    from tools.run.config import RunConfig
-    from tools.run.runner import run
+    from tools.pipeline.config import RunConfig
+    from tools.pipeline.runner import run
 
     outputs = tuple((name, str(tmp_path / f"{name}.csv")) for name in NAMES)
     summary = run(RunConfig(query_file=str(capture["dir"] / "q.gsql"), links=capture["links"],

@@ -98,7 +98,7 @@ def test_special_paths_say_what_they_are(tmp_path, capsys):
 
 
 def test_direction_is_passed_to_the_live_capture(monkeypatch, capsys):
-    import tools.run.runner as runner
+    import tools.pipeline.runner as runner
 
     seen = {}
 

@@ -106,8 +106,8 @@ def reference(setup):
 @pytest.mark.parametrize("slots", [16, 1 << 20])
 @pytest.mark.slow
 def test_udaf_run_equals_reference(setup, reference, slots, spark_session, tmp_path):
-    from tools.run.config import RunConfig
-    from tools.run.runner import run
+    from tools.pipeline.config import RunConfig
+    from tools.pipeline.runner import run
 
     d = setup["dir"]
     outputs = tuple((name, str(tmp_path / f"{name}.csv")) for name in NAMES)
@@ -190,8 +190,8 @@ def test_udaf_in_every_window_kind_equals_reference(setup, spark_session, tmp_pa
     from queries.planner import plan_text
     from queries.udf import FunctionLibrary
     from tests.oracles.reference import evaluate_file
-    from tools.run.config import RunConfig
-    from tools.run.runner import run
+    from tools.pipeline.config import RunConfig
+    from tools.pipeline.runner import run
 
     d = tmp_path
     (d / "udafs.def").write_text(DECLARATIONS)
@@ -255,8 +255,8 @@ def test_extractors_equal_reference(setup, spark_session, tmp_path):
     from queries.planner import plan_text
     from queries.udf import FunctionLibrary
     from tests.oracles.reference import evaluate_file
-    from tools.run.config import RunConfig
-    from tools.run.runner import run
+    from tools.pipeline.config import RunConfig
+    from tools.pipeline.runner import run
 
     companions = Path(__file__).resolve().parent / "fixtures" / "manual_companions"
     example = Path(__file__).resolve().parents[1] / "queries" / "fixtures" / "manual" / \

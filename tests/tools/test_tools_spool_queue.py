@@ -1,4 +1,4 @@
-"""tools.run.feeds.SpoolQueue: spool files written on a thread of their own, in order; a write
+"""tools.pipeline.feeds.SpoolQueue: spool files written on a thread of their own, in order; a write
 that fails reaches the low level's thread."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from tools.run.feeds import SpoolQueue
+from tools.pipeline.feeds import SpoolQueue
 
 
 class Recorder:

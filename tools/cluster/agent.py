@@ -1,10 +1,10 @@
 """`oopscope agent`: the low level alone, next to its links, writing to a shared spool.
 
 An agent plans the query file as `run` does, keeps the low-level plans of its own links
-(capture, ring, operators, flush policy, timer punctuation: `tools.run.feeds`), and writes
+(capture, ring, operators, flush policy, timer punctuation: `tools.pipeline.feeds`), and writes
 their partial rows and punctuation to `SPOOL/<query>/partials/<link>-<seq>.parquet`, where a
 collector (`tools.cluster.collector`) on a Spark cluster melds every agent's links. Beside
-them it beats (`tools.cluster.heartbeat`). Its spool files hold only rows of panes its own
+them it beats (`tools.pipeline.heartbeat`). Its spool files hold only rows of panes its own
 punctuation closed (`OperatorFeed.complete_only`), so an agent killed and started again
 continues: a capture file from the pane holding its last punctuation (nothing written twice),
 an interface from the next window on (the windows in between are the gap it reports).
@@ -21,10 +21,11 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from common.errors import SpoolError, os_error_text
-from tools.cluster.fanout import Member
+from common.errors import os_error_text
 from tools.errors import RunConfigError, RunLinkError
-from tools.run.config import RunConfig
+from tools.pipeline.config import RunConfig
+from tools.pipeline.fanout import Member
+from tools.pipeline.windows import when
 
 log = logging.getLogger(__name__)
 
@@ -37,22 +38,22 @@ class AgentConfig:
     run: RunConfig
     spool: str
     host_id: str
-    #: one member of a fanout group (`tools.cluster.fanout`): its interface's sub-link
+    #: one member of a fanout group (`tools.pipeline.fanout`): its interface's sub-link
     member: Member | None = None
 
 
 @dataclass
 class AgentSummary:
     host: str
-    links: dict = field(default_factory=dict)      # name -> tools.run.config.LinkSummary
-    queries: dict = field(default_factory=dict)    # name -> tools.run.config.QuerySummary
+    links: dict = field(default_factory=dict)      # name -> tools.pipeline.config.LinkSummary
+    queries: dict = field(default_factory=dict)    # name -> tools.pipeline.config.QuerySummary
     ended: str = "end of input"
     resumed: dict = field(default_factory=dict)    # link -> packets read past (in the spool)
     gap: tuple | None = None
     seconds: float = 0.0
 
     def format(self) -> str:
-        from tools.run.config import RunSummary
+        from tools.pipeline.config import RunSummary
 
         lines = [line for line in RunSummary(self.links, {}).format().splitlines()
                  if line.startswith("link ")]
@@ -63,8 +64,6 @@ class AgentSummary:
             lines.append("agent resumed from the spool; packets already in it, read past: "
                          + ", ".join(f"link {n} {v:,}" for n, v in self.resumed.items()))
         if self.gap is not None:
-            from tools.run.runner import when
-
             lines.append(f"gap: the windows from {when(self.gap[0])} to {when(self.gap[1])} "
                          f"have no rows of this agent's links (it was down)")
         lines.append(f"agent {self.host} ended: {self.ended}; {self.seconds:.2f} s")
@@ -75,7 +74,7 @@ def plan_for_agent(config):
     """The query set's plan over the links it names (every agent plans the same stages), or
     over this agent's links when it names none; this agent's links must be among them."""
     from queries.explain import mentioned_links
-    from tools.run.config import functions_of, plan_tree, read_query_set, schema_of
+    from tools.pipeline.config import functions_of, plan_tree, read_query_set, schema_of
 
     tree, text, paths = read_query_set(config.query_files)
     label = " + ".join(str(p) for p in paths)
@@ -97,10 +96,9 @@ def run_agent(agent: AgentConfig, stop) -> AgentSummary:
     """Run the low level of the query file for the agent's links until end of input or a
     stop request (`stop()` true)."""
     from highlevel.graph import StageGraph
-    from tools.cluster.heartbeat import Heartbeat, check_host_id
-    from tools.run.config import QuerySummary, choose_queries
-    from tools.run.feeds import LinkFeeds, OperatorFeed, SpoolQueue
-    from tools.run.runner import check_sources, collect_links, drive, open_sources, skip_points
+    from tools.pipeline.config import QuerySummary, RunSummary, choose_queries
+    from tools.pipeline.heartbeat import Heartbeat, check_host_id
+    from tools.pipeline.sources import LocalSources, LowLevel, check_sources
 
     started = time.perf_counter()
     config = agent.run
@@ -124,95 +122,53 @@ def run_agent(agent: AgentConfig, stop) -> AgentSummary:
     own = set(config.link_names)
     with tempfile.TemporaryDirectory(prefix="oopscope-agent-") as unused:
         graph = StageGraph(plan, [qp.name for qp, _ in chosen], spool, unused, sinks={})
-        low = [replace(lp, link=sub[lp.link]) if lp.link in sub else lp
-               for lp in graph.low_plans()]
-        low = [lp for lp in low if lp.link in own]
-    if not low:
+        low_plans = [replace(lp, link=sub[lp.link]) if lp.link in sub else lp
+                     for lp in graph.low_plans()]
+        low_plans = [lp for lp in low_plans if lp.link in own]
+    if not low_plans:
         files = " + ".join(Path(f).name for f in config.query_files)
         raise RunLinkError(f"no query of {files} reads the links {', '.join(sorted(own))}")
-    resume, starts = _continue_from(spool, low, config, chosen)
+    resume = _continue_from(spool, low_plans, config, chosen)
     queries = {q: QuerySummary(q, "(spool)", "spool") for q in {graph.query_of(lp)
-                                                                for lp in low}}
-    per_link: dict[str, list] = {name: [] for name in config.link_names}
-    try:
-        for lp in low:
-            per_link[lp.link].append(OperatorFeed(lp, spool, queries[graph.query_of(lp)],
-                                                  "snappy", complete_only=True,
-                                                  start_ns=starts.get((lp.query, lp.link))))
-    except OSError as exc:
-        raise SpoolError(f"cannot write the spool {exc.filename or spool}: "
-                         f"{os_error_text(exc)}") from None
-    feeds = {name: LinkFeeds(name, fs, config.lull_slack_ns) for name, fs in per_link.items()}
-    from tools.run.config import RunSummary
-
-    run_summary = RunSummary(links={}, queries=queries)
-    sources = open_sources(config, feeds, run_summary, stop, skip_points(per_link, starts))
-    beat = Heartbeat(spool, host, sorted(queries), config.punctuate_every_ns,
-                     lambda: _status(feeds, sources))
+                                                                for lp in low_plans}}
+    low = LowLevel(config, low_plans, spool, queries, graph.query_of, complete_only=True,
+                   starts=resume.starts(low_plans))
+    sources = LocalSources(config, low)
+    sources.open(stop)
+    beat = Heartbeat(spool, host, sorted(queries), config.punctuate_every_ns, sources.status)
     beat.start()
-    spool_queue = SpoolQueue()
-    for f in feeds.values():
-        for feed in f.feeds:
-            feed.spool_queue = spool_queue
+    low.start_spool_queue()
     summary = AgentSummary(host, queries=queries, gap=resume.gap)
     state = "stopped"
     try:
-        summary.ended = drive(config, sources, feeds, stop, {})
+        summary.ended = sources.drive(stop, {})
         state = "ended" if summary.ended == "end of input" else "stopped"
     finally:
-        spool_queue.close()
+        low.close_spool_queue()
         beat.finish(state)
-    collect_links(run_summary, config, sources, feeds)
+    run_summary = RunSummary(links={}, queries=queries)
+    sources.collect(run_summary)
     summary.links = run_summary.links
     if resume.resumed:
-        summary.resumed = {n: int(getattr(s, "skipped", 0)) for n, s in sources.items()
-                           if getattr(s, "skipped", 0)}
+        summary.resumed = {n: v for n, v in sources.skipped().items() if v}
     summary.seconds = time.perf_counter() - started
     return summary
 
 
-def _continue_from(spool: Path, low, config, chosen):
+def _continue_from(spool: Path, low_plans, config, chosen):
     """An agent started again over its own spool continues it (module docstring): the
-    `Resume` and, per (query, link), the first packet time its operator takes."""
-    from common.spool import last_punctuations
-    from tools.run.resume import Resume
-    from tools.run.runner import live_gap, when
+    `Resume`, whose `starts` are, per (query, link), the first packet time its operator
+    takes."""
+    from tools.pipeline.resume import Resume
 
-    resume = Resume(resumed=False)
-    seen: dict[str, dict] = {}
-    for lp in low:
-        if lp.query not in seen:
-            seen[lp.query] = last_punctuations(spool, lp.query)
-        if lp.link in seen[lp.query]:
-            resume.resumed = True
-        resume.punctuation[(lp.query, lp.link)] = seen[lp.query].get(lp.link, (None, None))[1]
+    resume = Resume.of_spool(spool, low_plans)
     if resume.resumed and config.live:
-        live_gap(resume, chosen)
-    starts = {(lp.query, lp.link): resume.start_of(lp) for lp in low}
+        resume.live_gap(chosen)
     if resume.resumed:
-        for (query, link), start in sorted(starts.items()):
+        for (query, link), start in sorted(resume.starts(low_plans).items()):
             log.warning("query %s, link %s: continuing the spool from %s", query, link,
                         "the start" if start is None else when(start))
-    return resume, starts
-
-
-def _status(feeds: dict, sources: dict) -> dict:
-    """Per link, what the heartbeat says: punctuation, packets, bytes, malformed, drops."""
-    from tools.run.runner import drops
-
-    out = {}
-    for name, f in feeds.items():
-        src = sources.get(name)
-        stats = getattr(getattr(src, "capture", None), "stats", None) \
-            or getattr(src, "stats", None)
-        puncts = [p for x in f.feeds if (p := x.op.punctuation) is not None]
-        ring, kernel = drops(src) if src is not None else (0, 0)
-        out[name] = {"punctuation": min(puncts) if puncts and len(puncts) == len(f.feeds)
-                     else None,
-                     "packets": f.packets, "bytes": f.bytes,
-                     "malformed": int(getattr(stats, "malformed", 0) or 0),
-                     "ring_drops": ring, "kernel_drops": kernel, "ended": f.finished}
-    return out
+    return resume
 
 
 def _fanout_parent(agent: AgentConfig, stop, started: float) -> AgentSummary:
@@ -220,15 +176,15 @@ def _fanout_parent(agent: AgentConfig, stop, started: float) -> AgentSummary:
     summaries are theirs, on the same stderr); a stop request is passed on to them."""
     from highlevel.errors import StageConfigError
     from highlevel.graph import StageGraph
-    from tools.cluster.fanout import FanoutMembers
     from tools.errors import UnsupportedQueryError
+    from tools.pipeline.fanout import FanoutMembers
 
     config = agent.run
     if config.links:
         raise RunConfigError("--fanout splits live interfaces over capture processes; a "
                              "capture file (--link) is read by one")
     plan = plan_for_agent(config)
-    from tools.run.config import choose_queries
+    from tools.pipeline.config import choose_queries
 
     chosen = choose_queries(plan, replace(config, outputs=()))
     try:        # what cannot meld sub-links is refused before any process starts

@@ -8,7 +8,7 @@ continuously, on a Spark cluster with `--master`: Meld across all links of all a
 writes them.
 
 Between micro-batches it reads the heartbeats: a link whose agent has not beaten for
-`--agent-timeout` is declared silent (`tools.cluster.heartbeat.Liveness`) and left out of the
+`--agent-timeout` is declared silent (`tools.pipeline.heartbeat.Liveness`) and left out of the
 stages' Meld, so windows close without it; its rows that arrive later are late for the windows
 closed meanwhile and follow the query's late policy (dropped and counted, or corrected). It
 ends when every expected link has punctuated end of input (each agent's replay ended or was
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from common.units import NS_PER_S as NS
 from tools.errors import RunConfigError
-from tools.run.config import RunConfig
+from tools.pipeline.config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class CollectConfig:
 
 def expected_links(config: CollectConfig, stop) -> tuple[list[str], dict]:
     """The links to meld, and the heartbeats read (host -> Beat)."""
-    from tools.cluster.heartbeat import links_of, read_heartbeats
+    from tools.pipeline.heartbeat import links_of, read_heartbeats
 
     spool = Path(config.spool)
     if config.links:
@@ -81,7 +81,7 @@ def run_collector(config: CollectConfig, stop):
     """Run the stages until every expected link has ended, or `stop()`; a RunSummary."""
     from dataclasses import replace
 
-    from tools.run.config import load_plan
+    from tools.pipeline.config import load_plan
 
     started = time.perf_counter()
     found, beats = expected_links(config, stop)
@@ -106,10 +106,10 @@ def run_collector(config: CollectConfig, stop):
 
 def _sublinks(names: list[str], beats: dict) -> tuple[list[str], dict[str, int]]:
     """(links, link -> N) from the names to expect: an agent with `--fanout N` spools a link
-    as N sub-links `NAME#K` (`tools.cluster.fanout`); a link named by `--links` whose agent
+    as N sub-links `NAME#K` (`tools.pipeline.fanout`); a link named by `--links` whose agent
     has beaten with sub-links is taken as they are."""
     from highlevel.graph import base_link, split_sublinks
-    from tools.cluster.heartbeat import links_of
+    from tools.pipeline.heartbeat import links_of
 
     beaten = list(links_of(beats))
     spooled: list[str] = []
@@ -124,17 +124,15 @@ def _collect(config, run_config, plan, links, fanout, checkpoint: Path, stop, st
     from highlevel.errors import StageConfigError
     from highlevel.graph import StageGraph
     from highlevel.session import get_session
-    from tools.cluster.heartbeat import Liveness, add_link_totals, read_heartbeats
     from tools.errors import UnsupportedQueryError
-    from tools.run.config import LinkSummary, QuerySummary, RunSummary, choose_queries
-    from tools.run.runner import close_outputs, close_quietly, fault, open_outputs, output_for
+    from tools.pipeline.config import LinkSummary, QuerySummary, RunSummary, choose_queries
+    from tools.pipeline.heartbeat import Liveness, add_link_totals, read_heartbeats
+    from tools.pipeline.outputset import RunOutputs
 
     spool = Path(config.spool)
     chosen = choose_queries(plan, run_config)
-    several = sum(1 for _, out in chosen if out == "-") > 1
-    outputs = {qp.name: output_for(run_config, qp, out, several, checkpoint, None)
-               for qp, out in chosen}
-    open_outputs(outputs.values())
+    outputs = RunOutputs(run_config, chosen, checkpoint)
+    outputs.open()
     try:
         try:
             graph = StageGraph(plan, [qp.name for qp, _ in chosen], spool, checkpoint,
@@ -162,12 +160,12 @@ def _collect(config, run_config, plan, links, fanout, checkpoint: Path, stop, st
             time.sleep(POLL_S)
         graph.stop()
     except OopscopeError as exc:
-        close_quietly(outputs.values())
-        raise fault(exc, outputs) from None
+        outputs.close_quietly()
+        raise outputs.fault(exc) from None
     except BaseException:
-        close_quietly(outputs.values())
+        outputs.close_quietly()
         raise
-    close_outputs(outputs.values(), complete=True)
+    outputs.close(complete=True)
     queries = {qp.name: QuerySummary(qp.name, out, outputs[qp.name].format)
                for qp, out in chosen}
     for name, q in queries.items():

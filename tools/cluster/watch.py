@@ -2,10 +2,10 @@
 work an appliance gives it (`oopscope serve --spool SHARED`).
 
 The agent keeps its links open for its whole life, as the appliance does
-(`tools.serve.links`: a capture file is replayed paced, stamped with the wall clock and, with
+(`tools.pipeline.links`: a capture file is replayed paced, stamped with the wall clock and, with
 `--loop`, looped; an interface is captured live), with one router thread running whatever
 low-level operators are attached to each link. It beats as any agent
-(`tools.cluster.heartbeat`), its beat adding the work items it runs, and every `poll_s` it
+(`tools.pipeline.heartbeat`), its beat adding the work items it runs, and every `poll_s` it
 reads the work items (`tools.cluster.work`):
 
 - a `running` item naming one of its links: the item's query text is planned as the server
@@ -17,7 +17,7 @@ reads the work items (`tools.cluster.work`):
   punctuate end of input, so every open window closes at the server.
 
 A member of a fanout group (`--fanout-member K/N/GROUP`, started by `oopscope serve --fanout
-N`: `tools.cluster.fanout`) captures its one interface through its own socket of the group
+N`: `tools.pipeline.fanout`) captures its one interface through its own socket of the group
 and offers its share as the sub-link `NAME#K`. A work item names such sub-links among its
 links (`Submission.spool_links`): the item's text is planned over the links themselves, its
 stages' fanout (`highlevel.graph.StageGraph(fanout=...)`) counted from the sub-links, and the
@@ -39,13 +39,13 @@ from typing import TYPE_CHECKING
 
 from common.errors import os_error_text
 from common.units import NS_PER_S as NS
-from tools.cluster.fanout import Member
-from tools.cluster.heartbeat import Heartbeat, check_host_id
 from tools.cluster.work import RUNNING, WorkItem, read_work
 from tools.errors import RunConfigError
+from tools.pipeline.fanout import Member
+from tools.pipeline.heartbeat import Heartbeat, check_host_id
 
 if TYPE_CHECKING:
-    from tools.serve.links import LinkRouter
+    from tools.pipeline.links import LinkRouter
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +86,9 @@ class Work:
     def __init__(self, item: WorkItem, links: list[str]):
         from common.spool import last_punctuations
         from highlevel.graph import StageGraph, split_sublinks
-        from tools.run.config import QuerySummary, plan_text
-        from tools.run.feeds import OperatorFeed, SpoolQueue
-        from tools.serve.submission import SubmissionFeed, first_window_start
+        from tools.pipeline.config import QuerySummary, plan_text
+        from tools.pipeline.feeds import AttachedFeed, OperatorFeed, SpoolQueue
+        from tools.pipeline.windows import first_window_start
 
         self.item = item
         self.links = list(links)
@@ -133,7 +133,7 @@ class Work:
                                 punctuation_flush=True, complete_only=True)
             feed.spool_queue = self.spool_queue
             per_link.setdefault(lp.link, []).append(feed)
-        self.feeds = {link: SubmissionFeed(fs, self.start_ns) for link, fs in per_link.items()}
+        self.feeds = {link: AttachedFeed(fs, self.start_ns) for link, fs in per_link.items()}
         self.attached_ns: int | None = None
 
     @property
@@ -175,7 +175,7 @@ class Watcher:
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        from tools.serve.links import LinkRouter, open_links
+        from tools.pipeline.links import LinkRouter, open_links
 
         cfg = self.config
         names = [n for n, _ in cfg.links] + [n for n, _ in cfg.interfaces]
@@ -208,8 +208,8 @@ class Watcher:
         # item's first window begins (the server leaves it ATTACH_MARGIN_NS)
         import highlevel.graph  # noqa: F401
         import lowlevel.operator  # noqa: F401
-        import tools.run.config  # noqa: F401
-        import tools.run.feeds  # noqa: F401
+        import tools.pipeline.config  # noqa: F401
+        import tools.pipeline.feeds  # noqa: F401
 
         router = self.router = LinkRouter(self.links)
         router.on_feed_error = self._feed_failed

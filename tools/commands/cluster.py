@@ -69,10 +69,10 @@ def agent(query_files, links, schema_files, csv_separator, function_files, udf_m
       oopscope agent --link edge=trace.pcap --loop --spool /shared/oops --host-id b
     """
     from tools.cluster.agent import AgentConfig, run_agent
-    from tools.cluster.fanout import Member
-    from tools.cluster.heartbeat import default_host_id
-    from tools.run.config import RunConfig
-    from tools.run.threads import StopRequest
+    from tools.pipeline.config import RunConfig
+    from tools.pipeline.fanout import Member
+    from tools.pipeline.heartbeat import default_host_id
+    from tools.pipeline.threads import StopRequest
 
     if punctuate_every <= 0:
         raise click.BadParameter("must be positive", param_hint="--punctuate-every")
@@ -109,9 +109,9 @@ def agent(query_files, links, schema_files, csv_separator, function_files, udf_m
 def _watch(links, interfaces, spool, host_id, speed, loop, duration, sets, params,
            punctuate_every, lull_slack, fanout, capture_options, member=None) -> None:
     """`oopscope agent` without a query file: watch --spool for the server's work."""
-    from tools.cluster.heartbeat import default_host_id
     from tools.cluster.watch import WatchConfig, run_watch
-    from tools.run.threads import StopRequest
+    from tools.pipeline.heartbeat import default_host_id
+    from tools.pipeline.threads import StopRequest
 
     if sets or params:
         raise click.UsageError("--set and --param come with each query submitted to the "
@@ -169,8 +169,8 @@ def collect(query_files, spool, schema_files, function_files, udf_module, links,
     """
     from tools.cluster.collector import CollectConfig, run_collector
     from tools.errors import RunError
-    from tools.run.config import RunConfig
-    from tools.run.threads import StopRequest
+    from tools.pipeline.config import RunConfig
+    from tools.pipeline.threads import StopRequest
 
     names = tuple(n.strip() for n in (links or "").split(",") if n.strip())
     # a speed makes the run a continuous one (`RunConfig.streaming`): rows are written as

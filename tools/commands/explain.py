@@ -44,7 +44,7 @@ def explain(query_files: tuple[str, ...], sets: tuple[str, ...], params: tuple[s
     """
     from queries.explain import format_plan, mentioned_links
     from queries.planner import plan_file
-    from tools.run.config import functions_of, read_query_set, schema_of
+    from tools.pipeline.config import functions_of, read_query_set, schema_of
 
     tree, text, paths = read_query_set(query_files)
     link_names = [name.partition("=")[0].strip() for name in links]

@@ -130,7 +130,7 @@ def functions_option(fn):
     """`--functions FILE` (repeatable) and `--udf MODULE.py` as the `function_files` and
     `udf_module` arguments: user-defined functions declared in GS-lite's external_fcns.def
     syntax and the Python module implementing them (queries.udf). Commands build the library
-    with `tools.run.config.functions_of(function_files, udf_module)`."""
+    with `tools.pipeline.config.functions_of(function_files, udf_module)`."""
     fn = click.option(
         "--udf", "udf_module", metavar="MODULE.py", default=None,
         type=click.Path(exists=True, dir_okay=False),

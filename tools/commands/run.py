@@ -198,8 +198,8 @@ def run(query_files: tuple[str, ...], links, schema_files, function_files, udf_m
     import logging
 
     from tools.errors import RunError
-    from tools.run.config import RunConfig
-    from tools.run.runner import run as run_pipeline
+    from tools.pipeline.config import RunConfig
+    from tools.pipeline.runner import run as run_pipeline
 
     if punctuate_every <= 0:
         raise click.BadParameter("must be positive", param_hint="--punctuate-every")

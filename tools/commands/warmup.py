@@ -182,8 +182,8 @@ def _tiny_runs(pcap: str, queries: list[str]) -> dict:
 
     from common.errors import OopscopeError
     from highlevel import jvm, jvmcache
-    from tools.run.config import RunConfig
-    from tools.run.runner import run
+    from tools.pipeline.config import RunConfig
+    from tools.pipeline.runner import run
 
     times, errors = {}, {}
     for query in queries:

@@ -1,1 +1,1 @@
-"""What surrounds one run of the pipeline: configuration, runner threads, feeds, replay, live links, outputs, progress."""
+"""The run's outputs: format writers and their commit models (read by tools.pipeline)."""

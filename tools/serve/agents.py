@@ -13,7 +13,7 @@
   an agent that does not answer, so every window closes;
 - what each agent says of its work (a low level that cannot start there fails the query).
 
-The members of `oopscope serve --fanout N` are such agents too (`tools.cluster.fanout`):
+The members of `oopscope serve --fanout N` are such agents too (`tools.pipeline.fanout`):
 each offers its share of an interface as the sub-link `NAME#K`, and an item names them by
 their sub-links (`Submission.spool_links`).
 """
@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from common.units import NS_PER_S as NS
-from tools.cluster.heartbeat import Liveness
 from tools.cluster.work import CANCELLED, WorkItem, publish, read_item, withdraw, work_path
+from tools.pipeline.heartbeat import Liveness
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class Agents:
     def __init__(self, shared: str | Path, timeout_s: float | None = None):
         self.shared = Path(shared).resolve()
         self.timeout_s = timeout_s
-        self.beats: dict = {}                   # host -> tools.cluster.heartbeat.Beat
+        self.beats: dict = {}                   # host -> tools.pipeline.heartbeat.Beat
         self.work: dict[str, dict] = {}         # host -> its heartbeat's work reports
         self.liveness = Liveness(timeout_s or MIN_TIMEOUT_S)   # the rule is `_live`
         #: hosts known to have died whatever their last beat says (the server's own fanout
@@ -55,7 +55,7 @@ class Agents:
         self._lock = threading.Lock()
 
     def refresh(self) -> None:
-        from tools.cluster.heartbeat import read_heartbeats
+        from tools.pipeline.heartbeat import read_heartbeats
 
         beats = read_heartbeats(self.shared)
         now = time.time_ns()

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tools.serve.submission import when
+from tools.pipeline.windows import when
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 agents in watch mode per interface, each with one socket of a PACKET_FANOUT group on it.
 
 The server opens none of its interfaces itself then. It starts the members
-(`tools.cluster.fanout.FanoutMembers`) on its shared directory (`--spool`, else
+(`tools.pipeline.fanout.FanoutMembers`) on its shared directory (`--spool`, else
 `STATE/shared`); member K of NAME beats as `<server id>.K` and offers its share as the
 sub-link `NAME#K`. A submission reading NAME is a query on agents' links whose stages meld
 NAME's sub-links (`Record.fanout`), each member running the low level of its own share. The
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from tools.errors import RunConfigError, RunError
 
 if TYPE_CHECKING:
-    from tools.cluster.fanout import FanoutMembers
+    from tools.pipeline.fanout import FanoutMembers
     from tools.serve.agents import Agents
 
 log = logging.getLogger(__name__)
@@ -46,14 +46,14 @@ class ServedFanout:
     def server_id(self) -> str:
         """The members' host ids are `<this>.K`: the same at every start of this server, so
         a restart continues its queries' spools under the same sub-links and agents."""
-        from tools.cluster.heartbeat import default_host_id
+        from tools.pipeline.heartbeat import default_host_id
 
         return f"{default_host_id()[:48]}-serve"
 
     def start(self, agents: Agents) -> None:
         """Start the members on the agents' shared directory; from the thread that starts the
         server (the kernel's parent-death signal follows the thread that forked)."""
-        from tools.cluster.fanout import FanoutMembers
+        from tools.pipeline.fanout import FanoutMembers
 
         self.agents = agents
         self.members = FanoutMembers(self.config, str(agents.shared), self.server_id,

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING
 from tools.errors import RunConfigError
 
 if TYPE_CHECKING:
+    from tools.pipeline.links import LinkRouter, ServedLink
     from tools.serve.config import ServeConfig
-    from tools.serve.links import LinkRouter, ServedLink
     from tools.serve.submission import Submission
 
 
 class LinkSet:
     """The links the server captures itself (live interfaces, capture files replayed paced
-    and re-timed to the wall clock, record links: `tools.serve.links`) and the router that
+    and re-timed to the wall clock, record links: `tools.pipeline.links`) and the router that
     runs the attached queries' low-level operators on them. It attaches and detaches a
     submission's feeds (on the router's thread), says what time it is on its links (the
     latest packet seen, or the wall clock), which links are timed by their records' own
@@ -52,7 +52,7 @@ class LinkSet:
         for name, path in config.links:
             if not Path(path).is_file():
                 raise RunConfigError(f"--link {name}={path}: no such capture file")
-        from tools.serve.recordlinks import record_format
+        from tools.pipeline.recordlinks import record_format
 
         for name, protocol, path in config.records:
             record_format(schema, name, protocol, path)
@@ -64,7 +64,7 @@ class LinkSet:
         """Open and start the links (`fanned`: the interfaces are captured by the fanout
         members, not here) and the router; `on_feed_error(submission, exc)` when a
         submission's low level fails."""
-        from tools.serve.links import LinkRouter, open_links
+        from tools.pipeline.links import LinkRouter, open_links
 
         cfg = self.config
         interfaces = () if fanned else cfg.interfaces

@@ -170,7 +170,7 @@ def serve(config, listen: Listen, token: str | None, ready_file: str | None = No
 
 def summary(appliance) -> str:
     """Links, queries and gaps at the end of the server's life."""
-    from tools.serve.submission import when
+    from tools.pipeline.windows import when
 
     st = appliance.status()
     lines = []

@@ -33,13 +33,12 @@ import logging
 import os
 import re
 import shutil
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.units import NS_PER_S as NS
 from tools.errors import RunConfigError
+from tools.pipeline.feeds import AttachedFeed
 from tools.serve.tail import StreamOutput
 
 log = logging.getLogger(__name__)
@@ -102,80 +101,13 @@ class Record:
         return out
 
 
-def _first_starts(plan, after) -> list[int]:
-    """Per query with a window, the start of its first window that begins after
-    `after(window)` (windows begin at multiples of the slide, shifted by the offset)."""
-    starts = []
-    for qp in plan:
-        w = qp.high.window
-        if w is None or not w.slide_ns:
-            continue
-        step, off = w.slide_ns, w.offset_ns
-        starts.append(((after(w) + off) // step + 1) * step - off)
-    return starts
-
-
-def first_window_start(plan, after_ns: int) -> int:
-    """The start of the first window of the file's chosen queries that begins after
-    `after_ns`; queries without a window begin right after it."""
-    return max(_first_starts(plan, lambda w: after_ns), default=after_ns + 1)
-
-
-def first_open_window(plan, p: int) -> int:
-    """Where a resumed query's records start again on a link timed by its records' own
-    field, whose file is read again from its start: the start of the first window that had
-    not closed at punctuation `p` (each window ending by `p` was written before; the next
-    ones are counted again from the records). With windows of several sizes, the latest
-    such start of any query: the windows of the others that begin before it are a gap."""
-    return max(_first_starts(plan, lambda w: p - max(w.range_ns, w.slide_ns)), default=p)
-
-
-class SubmissionFeed:
-    """A submission's operators on one link: packets before its start are held back (each
-    `OperatorFeed`'s `start_ns`) until the link's punctuation passes the start; from then on
-    an older packet is late, as for any query."""
-
-    def __init__(self, feeds: list, start_ns: int | None):
-        self.feeds = feeds
-        self.start_ns = start_ns
-
-    @property
-    def start_ns(self) -> int | None:
-        return self.feeds[0].start_ns
-
-    @start_ns.setter
-    def start_ns(self, value: int | None) -> None:
-        for f in self.feeds:
-            f.start_ns = value
-
-    @property
-    def before_start(self) -> int:
-        """Packets held back (every operator of the link sees the same packets)."""
-        return self.feeds[0].before_start
-
-    def process(self, batch) -> None:
-        for f in self.feeds:
-            f.process(batch)
-
-    def punctuate(self, p: int) -> None:
-        start = self.start_ns
-        if start is not None and p >= start:
-            self.start_ns = None
-        for f in self.feeds:
-            f.punctuate(p)
-
-    def finish(self) -> None:
-        for f in self.feeds:
-            f.finish()
-
-
 class Submission:
     """A running submission (module docstring). Made by the appliance, which owns its life."""
 
     def __init__(self, record: Record, state_dir: Path, link_names: list[str],
                  remote: dict[str, str] | None = None, fanout: dict[str, int] | None = None,
                  server_schemas: list | tuple = ()):
-        from tools.run.config import QuerySummary, plan_text
+        from tools.pipeline.config import QuerySummary, plan_text
 
         self.record = record
         self.state_dir = state_dir
@@ -213,9 +145,9 @@ class Submission:
         self.remote = {n: h for n, h in (remote or {}).items() if n in self.spool_links}
         self.summaries = {q: QuerySummary(q, "", record.format) for q in self.plan.names}
         self.outputs: dict[str, StreamOutput] = {}
-        self.feeds: dict[str, SubmissionFeed] = {}
+        self.feeds: dict[str, AttachedFeed] = {}
         self.graph: Any = None                  # highlevel.graph.StageGraph once built
-        self.spool_queue: Any = None            # tools.run.feeds.SpoolQueue once built
+        self.spool_queue: Any = None            # tools.pipeline.feeds.SpoolQueue once built
         self.stages_started = False
         self.error: str | None = record.error
 
@@ -277,7 +209,7 @@ class Submission:
         from highlevel.errors import StageConfigError
         from highlevel.graph import StageGraph
         from tools.errors import UnsupportedQueryError
-        from tools.run.feeds import OperatorFeed, SpoolQueue
+        from tools.pipeline.feeds import OperatorFeed, SpoolQueue
         from tools.run.outputs import arrow_schema
 
         spool, checkpoint = self.spool_dir, self.run_dir / "checkpoint"
@@ -311,7 +243,7 @@ class Submission:
             feed.spool_queue = self.spool_queue
             per_link[lp.link].append(feed)
         start = self.record.suppress[-1][1] if self.record.suppress else None
-        self.feeds = {n: SubmissionFeed(fs, start if start is not None else 0)
+        self.feeds = {n: AttachedFeed(fs, start if start is not None else 0)
                       for n, fs in per_link.items() if fs}
 
     def last_punctuation(self) -> int | None:
@@ -434,7 +366,3 @@ def remove_generation(state_dir: Path, name: str, generation: int,
 
         shutil.rmtree(spool_of(Path(spool_root), name, generation).parent, ignore_errors=True)
 
-
-def when(ns: int) -> str:
-    """A ns timestamp as UTC text (for replies and logs)."""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ns / NS)) + " UTC"

@@ -12,20 +12,12 @@ from typing import TYPE_CHECKING
 from common.errors import OopscopeError
 from common.units import INT64_MAX, NS_PER_S
 from tools.errors import RunConfigError
+from tools.pipeline.windows import first_open_window, first_window_start, when
 from tools.serve.config import ServeError
-from tools.serve.submission import (
-    FORMATS,
-    NAME_RE,
-    Record,
-    Submission,
-    first_open_window,
-    first_window_start,
-    remove_generation,
-    when,
-)
+from tools.serve.submission import FORMATS, NAME_RE, Record, Submission, remove_generation
 
 if TYPE_CHECKING:
-    from tools.run.threads import SessionStarter
+    from tools.pipeline.threads import SessionStarter
     from tools.serve.config import ServeConfig
     from tools.serve.linkset import LinkSet
     from tools.serve.metrics import Metrics
@@ -77,7 +69,7 @@ class Submissions:
     # --- Spark ---------------------------------------------------------------------------------
     def start_spark(self) -> None:
         """Start the Spark session in the background (stages start when it is up)."""
-        from tools.run.threads import SessionStarter
+        from tools.pipeline.threads import SessionStarter
 
         self._starter = SessionStarter(self.config.master, quick_jvm=False, nice=0)
         self._starter.start()

@@ -82,7 +82,7 @@ class FileLink:
         self.max_seen: int | None = None
         self.exhausted = False
         self.problem: str | None = None
-        # a resumed run (`tools.run.resume`): the packets before this are in the spool
+        # a resumed run (`tools.pipeline.resume`): the packets before this are in the spool
         # already; they are read past unpaced, and the replay's clock starts after them
         self.skip_before = skip_before
         self.skipped = 0
@@ -178,7 +178,7 @@ class FileLink:
 def replay(links: dict, feeds: dict, *, speed: float | None, period_ns: int,
            duration_ns: int | None = None, stop=lambda: False, info: dict | None = None,
            wall=time.monotonic, sleep=time.sleep) -> str:
-    """Replay `links` (name -> FileLink) into `feeds` (name -> tools.run.feeds.LinkFeeds).
+    """Replay `links` (name -> FileLink) into `feeds` (name -> tools.pipeline.feeds.LinkFeeds).
 
     Returns why it ended: "end of input", "duration" or "stopped". Every link is finished
     (END_OF_INPUT punctuation) when it ends, whatever the reason. A paced replay puts its

@@ -10,7 +10,8 @@ our own.
 
 A collector (`oopscope collect`) reads them all (`read_heartbeats`) to learn the links to
 expect, and `Liveness` tells which links have gone silent: their agent's last beat is older
-than the agent timeout and it had not ended. docs/deployment.md says what follows.
+than the agent timeout and it had not ended. docs/deployment.md says what follows. Fanout
+members (`tools.pipeline.fanout`) are agents too: a run adds up their last beats.
 """
 
 from __future__ import annotations
@@ -206,7 +207,7 @@ def add_link_totals(links: dict, beats: dict[str, Beat], wanted=None, source=Non
     a fanned-out link's sub-links `NAME#K` added up under NAME; only the `wanted` links
     (all when None); `source(host)` names where each link came from."""
     from highlevel.graph import base_link
-    from tools.run.config import LinkSummary
+    from tools.pipeline.config import LinkSummary
 
     for host, beat in sorted(beats.items()):
         for name, st in beat.links.items():

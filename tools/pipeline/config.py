@@ -49,7 +49,7 @@ class RunConfig:
     # would otherwise grow without bound
     keep_results: bool = True
     # each interface captured by this many processes in one PACKET_FANOUT group, melded as
-    # sub-links (`tools.cluster.fanout`)
+    # sub-links (`tools.pipeline.fanout`)
     fanout: int = 1
     # GS-lite schema files (`--schema`): record protocols a link may carry instead of packets
     schema_files: tuple[str, ...] = ()
@@ -131,7 +131,7 @@ class RunSummary:
     spark_wait_seconds: float = 0.0     # waiting for the session after the low level ended
     highlevel_seconds: float = 0.0
     total_seconds: float = 0.0
-    # a run resumed over a kept spool and checkpoint (`tools.run.resume`): the packets per
+    # a run resumed over a kept spool and checkpoint (`tools.pipeline.resume`): the packets per
     # link read past (already in the spool), and a live run's gap (from, to) ns
     resumed: bool = False
     skipped: dict = field(default_factory=dict)
@@ -181,13 +181,11 @@ class RunSummary:
                          + (f"; packets already in the spool, read past: {skipped}"
                             if skipped else ""))
         if self.gap is not None:
-            import time as _time
+            from tools.pipeline.windows import when
 
-            def when(ns: int) -> str:
-                if ns <= -(1 << 63):
-                    return "the start"
-                return _time.strftime("%Y-%m-%d %H:%M:%S", _time.gmtime(ns / NS)) + " UTC"
-            lines.append(f"gap: the windows from {when(self.gap[0])} to {when(self.gap[1])} "
+            def since(ns: int) -> str:
+                return "the start" if ns <= -(1 << 63) else when(ns)
+            lines.append(f"gap: the windows from {since(self.gap[0])} to {since(self.gap[1])} "
                          f"were not written (the run was down; live packets are not replayed)")
         lines.append(f"run ended: {self.ended}; time: low level {self.lowlevel_seconds:.2f} s, "
                      f"waiting for Spark {self.spark_wait_seconds:.2f} s, Spark stage "

@@ -4,7 +4,7 @@ A run given both `--spool DIR` and `--checkpoint DIR` is resumable: it writes a 
 `run.json`, into both (the query file's text, its parameters and overrides, the links with
 their capture files' sizes and modification times, the outputs and their formats), writes
 each link's spool so that a file holds only rows of panes its own punctuation closes
-(`tools.run.feeds.OperatorFeed`), and logs after each output batch its id and the output's
+(`tools.pipeline.feeds.OperatorFeed`), and logs after each output batch its id and the output's
 size (`CHECKPOINT/outputs/<query>.json`, `tools.run.outputs.QueryOutput`).
 
 The same command over the same non-empty directories then resumes
@@ -37,15 +37,19 @@ import hashlib
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.errors import os_error_text
+from common.units import NS_PER_S as NS
 from tools.errors import RunConfigError
+from tools.pipeline.windows import when
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "run.json"
+_INT64_MIN = -(1 << 63)
 VERSION = 1
 
 
@@ -146,6 +150,51 @@ class Resume:
         if w is None or not w.pane_ns:      # a selection: its rows are packets
             return p
         return ((p + w.offset_ns) // w.pane_ns) * w.pane_ns - w.offset_ns
+
+    def starts(self, low_plans) -> dict[tuple[str, str], int | None]:
+        """Per (query, link) of `low_plans`, the first packet time its operator takes."""
+        return {(lp.query, lp.link): self.start_of(lp) for lp in low_plans}
+
+    @classmethod
+    def of_spool(cls, spool: Path, low_plans) -> Resume:
+        """What a process that writes `low_plans` into a spool it wrote before continues
+        from (an agent started again): resumed when a link of it is in the spool."""
+        from common.spool import last_punctuations
+
+        resume = cls(resumed=False)
+        seen: dict[str, dict] = {}
+        for lp in low_plans:
+            if lp.query not in seen:
+                seen[lp.query] = last_punctuations(spool, lp.query)
+            if lp.link in seen[lp.query]:
+                resume.resumed = True
+            resume.punctuation[(lp.query, lp.link)] = \
+                seen[lp.query].get(lp.link, (None, None))[1]
+        return resume
+
+    def live_gap(self, chosen) -> None:
+        """A resumed live run: the windows from the last punctuation in the spool to the
+        first window start after now are incomplete (the packets in between were never
+        captured) and are not written; the operators take packets from that start on."""
+        known = [p for p in self.punctuation.values() if p is not None]
+        gap_from = min(known) if len(known) == len(self.punctuation) and known else _INT64_MIN
+        after = time.time_ns() + NS // 5
+        starts = [((after + w.offset_ns) // w.slide_ns + 1) * w.slide_ns - w.offset_ns
+                  for qp, _ in chosen if (w := qp.high.window) is not None and w.slide_ns]
+        start = max(starts) if starts else after + 1
+        self.gap = (gap_from, start)
+        self.punctuation = {k: start for k in self.punctuation}
+        log.warning("resumed: the windows from %s to %s are a gap (the run was down) and are "
+                    "not written", "the start" if gap_from == _INT64_MIN else when(gap_from),
+                    when(start))
+
+    def suppress_gap(self, graph) -> None:
+        """The stages of `graph` leave out the windows of the gap (none without one)."""
+        if self.gap is None:
+            return
+        gap = (int(self.gap[0]), int(self.gap[1]))
+        for _, stage in graph.stages:
+            stage.suppress = (gap,)
 
 
 def output_log(checkpoint: Path, query: str) -> Path:

@@ -12,9 +12,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from typing import TYPE_CHECKING
 
 from capture.punctuation import LinkTimer
 from common.spool import END_OF_INPUT
+
+if TYPE_CHECKING:
+    from tools.pipeline.config import QuerySummary
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +99,7 @@ class OperatorFeed:
         self.spool_queue: SpoolQueue | None = None
         self.buffer: list = []
         self.buffered = 0
-        # a resumable spool (`tools.run.resume`): a file holds only rows of panes its own
+        # a resumable spool (`tools.pipeline.resume`): a file holds only rows of panes its own
         # punctuation has closed, so after a crash the spool holds exactly the panes that end
         # by the link's last punctuation, and a resumed run replays the packets from there
         # without counting any twice. Rows of open panes (evictions) wait here meanwhile
@@ -267,5 +271,45 @@ class LinkFeeds:
         for f in self.feeds:
             f.finish()
 
-    def counters(self) -> list[tuple[object, dict]]:
+    def counters(self) -> list[tuple[QuerySummary, dict]]:
         return [(f.summary, f.op.counters) for f in self.feeds]
+
+
+class AttachedFeed:
+    """A query's operators on one link that outlives it (the appliance's links, a watching
+    agent's), attached between two batches: packets before its start are held back (each
+    `OperatorFeed`'s `start_ns`) until the link's punctuation passes the start; from then on
+    an older packet is late, as for any query."""
+
+    def __init__(self, feeds: list, start_ns: int | None):
+        self.feeds = feeds
+        self.start_ns = start_ns
+
+    @property
+    def start_ns(self) -> int | None:
+        return self.feeds[0].start_ns
+
+    @start_ns.setter
+    def start_ns(self, value: int | None) -> None:
+        for f in self.feeds:
+            f.start_ns = value
+
+    @property
+    def before_start(self) -> int:
+        """Packets held back (every operator of the link sees the same packets)."""
+        return self.feeds[0].before_start
+
+    def process(self, batch) -> None:
+        for f in self.feeds:
+            f.process(batch)
+
+    def punctuate(self, p: int) -> None:
+        start = self.start_ns
+        if start is not None and p >= start:
+            self.start_ns = None
+        for f in self.feeds:
+            f.punctuate(p)
+
+    def finish(self) -> None:
+        for f in self.feeds:
+            f.finish()

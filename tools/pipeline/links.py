@@ -1,10 +1,11 @@
-"""The links of the appliance: capture threads that run for the server's whole life, and the
-thread that hands their packets to whichever queries run at the moment.
+"""Links that outlive their queries: capture threads that run for the whole life of an
+appliance (`oopscope serve`) or a watching agent (`tools.cluster.watch`), and the thread that
+hands their packets to whichever queries are attached at the moment.
 
 Each link has a producer thread pushing packets and timer punctuation into its fixed-size
 packet ring (`capture.ring.PacketRing`, which never blocks and counts what it drops):
 
-- a live interface: `tools.run.livelinks.LiveLink`, as in `oopscope run`;
+- a live interface: `tools.pipeline.livelinks.LiveLink`, as in `oopscope run`;
 - a capture file (`ReplayLink`): replayed paced at `speed` x real time and, optionally, looped.
   Its packets are stamped with the wall-clock time at which they are replayed (capture time
   offset and scaled), so a replayed link is a live link made from a file: its clock is the
@@ -34,7 +35,7 @@ from capture.batch import PAYLOAD
 from capture.punctuation import LinkTimer
 from capture.schema import COLUMNS
 from common.units import NS_PER_S as NS
-from tools.run.livelinks import RING_PAYLOAD_BYTES
+from tools.pipeline.livelinks import RING_PAYLOAD_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ class ReplayLink(threading.Thread):
 
     def _play_once(self, next_tick: int) -> int:
         from capture.batch import PacketBatch
-        from tools.run.replay import FileLink
+        from tools.pipeline.replay import FileLink
 
         link = FileLink(self.link, self.path, self.batch_size, prefetch=0,
                         columns=(*(c.name for c in COLUMNS), PAYLOAD))
@@ -163,7 +164,7 @@ class ServedLink:
     def __init__(self, name: str, source: str, producer, timer: LinkTimer):
         self.name, self.source = name, source
         self.producer, self.timer = producer, timer
-        self.feeds: dict[str, object] = {}        # submission name -> SubmissionFeed
+        self.feeds: dict[str, object] = {}        # query name -> feeds.AttachedFeed
         #: the submissions whose feeds saw the end of a record link that ended
         self.finished: set[str] = set()
         #: a live interface whose snap length follows its queries (no --snaplen given)
@@ -245,11 +246,11 @@ def open_links(links, interfaces, *, period_ns: int, slack_ns: int, speed: float
                separator: str | None = None) -> dict[str, ServedLink]:
     """Open and start the producers of `links` ((name, capture file): replayed),
     `interfaces` ((name, interface): live) and `records` ((name, protocol, path): record
-    links of `schema`'s protocols, `tools.serve.recordlinks`): the appliance's links, and a
+    links of `schema`'s protocols, `tools.pipeline.recordlinks`): the appliance's links, and a
     watching agent's."""
     from capture.tpacket import MAX_SNAPLEN
-    from tools.run.livelinks import LiveLink
-    from tools.serve.recordlinks import open_record_links
+    from tools.pipeline.livelinks import LiveLink
+    from tools.pipeline.recordlinks import open_record_links
 
     out: dict[str, ServedLink] = {}
     try:

@@ -73,7 +73,7 @@ class Member:
 def member_argv(config, spool: str, host: str, member: Member) -> list[str]:
     """The command line of one member agent for the run or agent `config` (one interface),
     or for the appliance's `ServeConfig` (no query file: a member in watch mode)."""
-    from tools.cluster.heartbeat import check_host_id
+    from tools.pipeline.heartbeat import check_host_id
 
     ((link, iface),) = config.interfaces
     query_files = getattr(config, "query_files", ())
@@ -182,7 +182,7 @@ class FanoutMembers:
     def summarise(self, summary, spool) -> None:
         """Each fanned-out link's numbers in `summary.links`: its members' last heartbeats,
         added up (the members' own summaries are on stderr before)."""
-        from tools.cluster.heartbeat import add_link_totals, read_heartbeats
+        from tools.pipeline.heartbeat import add_link_totals, read_heartbeats
 
         n = len(self.procs)
         add_link_totals(summary.links, read_heartbeats(spool), source=lambda _: f"fanout of {n}")

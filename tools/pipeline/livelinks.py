@@ -6,7 +6,7 @@ pushes the packets into the link's fixed-size `capture.ring.PacketRing`, which n
 and counts what it has to drop. The same thread generates the link's timer punctuation on the
 wall clock (kernel timestamps are wall-clock times) and pushes it in order with the data, so a
 silent interface still closes windows. The main thread takes from every ring and runs the low
-level (`tools.run.feeds.LinkFeeds`). Numba kernels release the GIL, so decoding and aggregating
+level (`tools.pipeline.feeds.LinkFeeds`). Numba kernels release the GIL, so decoding and aggregating
 use both cores.
 
 A link whose queries read `TCP_data` or `UDP_data` (`payload=True`) captures the payloads too

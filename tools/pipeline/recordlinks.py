@@ -172,7 +172,7 @@ class RecordFileLink(_RecordProducer):
         self.speed = float(speed)
 
     def _read(self) -> None:
-        from tools.run.replay import FileLink
+        from tools.pipeline.replay import FileLink
 
         link = FileLink(self.link, self.path, self.batch_size, prefetch=0, record=self.format,
                         separator=self.separator, skip_before=self.skip_before,

@@ -1,0 +1,1 @@
+"""The pipeline as objects that `run`, `serve`, `agent` and `collect` compose: a run (`runner.Run`), its sources (`sources`: local or fanout, `fanout`), feeds (`feeds`), replay, live and record links (`replay`, `livelinks`, `links`, `recordlinks`), resume, stage schedules and threads, outputs, heartbeats and window starts."""
