@@ -102,10 +102,10 @@ def reference(work, links, query) -> dict:
 
 
 def _part_rows(ck: Path, query: str) -> int:
-    from tools.run.batchparts import BatchParts
+    from tools.results.parts import PartFiles
     from tools.run.resume import output_parts
 
-    return BatchParts(output_parts(ck, query)).rows()
+    return PartFiles(output_parts(ck, query)).rows()
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@
    low-watermark every period, and during a lull to `clock - slack`, so silent links do not
    stall windows. Partial rows and punctuation go to the spool.
 3. the Spark stages combine the partial rows, close windows on the combined punctuation and
-   hand the rows to the outputs (`tools.run.outputs`). Paced and live runs run them
+   hand the rows to the outputs (`tools.results`). Paced and live runs run them
    continuously, so each window appears as soon as its punctuation arrives. A replay at full
    speed starts the JVM in the background; if the low level is still reading when Spark is
    up, the stages run continuously from then on (the two levels overlap on two cores),
@@ -36,6 +36,7 @@ from common import settings
 from common.errors import OopscopeError, SpoolError, os_error_text
 from common.units import NS_PER_S as NS
 from tools.errors import RunConfigError, RunError, RunLinkError, UnsupportedQueryError
+from tools.results.appended import QueryOutput
 from tools.run.config import (
     LinkSummary,
     QuerySummary,
@@ -45,7 +46,6 @@ from tools.run.config import (
     load_plan,
     output_format,
 )
-from tools.run.outputs import QueryOutput
 from tools.run.threads import (
     ContinuousStages,
     OverlappedStages,
@@ -340,9 +340,9 @@ def skip_points(per_link: dict, starts: dict) -> dict[str, int | None]:
 def output_for(config, qp, out: str, several: bool, checkpoint, resume) -> QueryOutput:
     """A query's output. In a resumable run, one that can be cut back to its last whole batch
     logs its batches; a Parquet output (no footer until closed) or one written whole at the
-    end keeps its batches as part files under the checkpoint (`tools.run.batchparts`)."""
-    from tools.run.batchparts import BatchParts
-    from tools.run.outputs import arrow_schema
+    end keeps its batches as part files under the checkpoint (`tools.results.parts`)."""
+    from tools.results.formats import arrow_schema
+    from tools.results.parts import PartFiles
     from tools.run.resume import output_log, output_parts
 
     fmt = output_format(config, out)
@@ -350,7 +350,7 @@ def output_for(config, qp, out: str, several: bool, checkpoint, resume) -> Query
     resume_log = parts = None
     if resume is not None:
         if fmt == "parquet" or buffered:
-            parts = BatchParts(output_parts(checkpoint, qp.name))
+            parts = PartFiles(output_parts(checkpoint, qp.name))
         elif out != "-":
             resume_log = output_log(checkpoint, qp.name)
     return QueryOutput(qp.name, qp.high.outputs, fmt, out,
