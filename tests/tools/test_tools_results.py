@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from highlevel.errors import SinkError
+from tools.errors import RunConfigError
 from tools.results.appended import QueryOutput
 from tools.results.formats import make_writer
 from tools.results.parts import PartFiles, make_sink, part_sink
@@ -111,6 +112,8 @@ def test_parquet_appended_resumes_from_its_parts(tmp_path):
     assert again.write(2, tables[2]) is True
     again.close()
     assert pq.read_table(tmp_path / "out.parquet").equals(want)
+    with pytest.raises(RunConfigError, match="cannot be cut back"):
+        _output("parquet", tmp_path / "log.parquet", tables, resume_log=tmp_path / "log.json")
 
 
 @pytest.mark.parametrize("fmt", PART_FORMATS)

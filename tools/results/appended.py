@@ -168,6 +168,9 @@ class QueryOutput(Sink):
         # parts at `close`: a file that has no footer yet, or nothing at all, until the end
         # cannot be cut back to its last batch
         self.parts = parts
+        if resume_log is not None and self.writer.footer:
+            raise RunConfigError(f"the output {out}: a {fmt} file cannot be cut back to a "
+                                 f"batch (no footer until closed); resume it from part files")
 
     # --- the Sink protocol -------------------------------------------------------------------
     def write(self, batch_id: int, table) -> bool:

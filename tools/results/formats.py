@@ -17,6 +17,11 @@ per batch). So `run`, `serve` and `collect` write the same bytes for the same ro
   (`tools.netflow.exporter.Exporter`'s encoders and pcap frames; sequence numbers and
   templates carry on from batch to batch).
 
+Each format goes under both commit models but two combinations: a table is never part files
+(its widths fit the rows it holds, and no program reads it back: `tools.results.parts`), and
+an appended Parquet file is never cut back to a logged batch (it has no footer until closed:
+a resumable run keeps its batches as part files and writes it from them at the end).
+
 A writer's methods take the file: `start(fh, table)` before the first rows (a header),
 `batch(table)` once per batch (CSV chooses its quoting), `rows(fh, part)` for the batch, or
 for each part of it when `splits` (rows of whole windows, each committed on its own),
