@@ -13,7 +13,7 @@ log = logging.getLogger(__name__)
 
 
 #: the packages whose modules hold kernels, relative to the folder that holds the packages
-KERNEL_PACKAGES = ("capture", "lowlevel", "highlevel", "tools/gen", "tools/run")
+KERNEL_PACKAGES = ("capture", "lowlevel", "highlevel", "tools/gen", "tools/results")
 
 
 def sources_digest(package: Path) -> str:

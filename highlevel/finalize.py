@@ -338,7 +338,7 @@ def ip_text_arrow(hi: pa.Array, lo: pa.Array) -> pa.Array:
 
 
 # --- the kernel of ip_text_arrow -----------------------------------------------------------------
-# As in `tools.run.csvwrite`: indices cast to unsigned (`_U(o)`) skip Numba's negative-index
+# As in `tools.results.csvwrite`: indices cast to unsigned (`_U(o)`) skip Numba's negative-index
 # wraparound, and the loop writes `data` itself (helpers taking arrays left reference-count calls
 # in it). Each octet or group is stored as one 4-byte word and `o` advances by its length: the
 # bytes past it are overwritten by what follows (one store instead of a loop per digit).

@@ -12,6 +12,7 @@ import logging
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -55,6 +56,29 @@ class ListSink(Sink):
     def table(self) -> pa.Table | None:
         tables = [t for _, t in sorted(self.tables.items()) if t.num_rows]
         return pa.concat_tables(tables) if tables else None
+
+
+class ParquetDirSink(Sink):
+    """Each batch's rows as `DIR/part-<batch>.parquet` (the `run-stage` command's output, in
+    the layout of `tools.results.parts.ParquetSink`, which the application writes)."""
+
+    def __init__(self, directory):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def write(self, batch_id: int, table: pa.Table) -> bool:
+        import os
+
+        import pyarrow.parquet as pq
+
+        path = self.dir / f"part-{batch_id:010d}.parquet"
+        if path.exists():
+            return False
+        if table.num_rows:
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            pq.write_table(table, tmp)
+            os.replace(tmp, path)
+        return True
 
 
 def col(name: str) -> E.Column:
@@ -176,7 +200,6 @@ def feed_spool(low_plans, batches: dict, spool, *, pieces: int = 4, disorder_ns:
 def _run_stage(args) -> int:
     from highlevel.aggregate import AggregateStage
     from highlevel.session import get_session
-    from highlevel.sinks import ParquetSink
 
     spec = demo_spec(query=args.query, links=tuple(args.links.split(",")), pane_s=args.pane_s,
                      range_s=args.range_s)
@@ -191,7 +214,7 @@ def _run_stage(args) -> int:
         time.sleep(0.2)
     print(f"master={sc.master} executors={executors} startup={time.time() - started:.1f}s",
           flush=True)
-    stage = AggregateStage(spec, args.spool, args.checkpoint, [ParquetSink(args.out)],
+    stage = AggregateStage(spec, args.spool, args.checkpoint, [ParquetDirSink(args.out)],
                            spark=spark, trigger=args.trigger,
                            max_files_per_trigger=args.max_files)
     if args.available_now:

@@ -11,8 +11,8 @@ import pytest
 from common.spool import SpoolWriter
 from highlevel.aggregate import AggregateStage
 from highlevel.cluster import LocalCluster
-from highlevel.sinks import ParquetSink
 from highlevel.testing import demo_spec, random_partials
+from tools.results.parts import ParquetSink
 
 SECOND = 10**9
 

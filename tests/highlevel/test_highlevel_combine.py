@@ -11,9 +11,9 @@ import pyarrow as pa
 
 from common.spool import SpoolWriter, list_spool
 from highlevel.aggregate import AggregateStage
-from highlevel.sinks import ParquetSink
 from highlevel.testing import ListSink, batch_frame, demo_spec, random_partials
 from lowlevel.hll import estimate
+from tools.results.parts import ParquetSink
 
 SECOND = 10**9
 

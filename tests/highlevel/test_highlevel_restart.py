@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from common.spool import SpoolWriter
-from highlevel.sinks import ParquetSink
 from highlevel.testing import random_partials
+from tools.results.parts import ParquetSink
 
 SECOND = 10**9
 

@@ -13,8 +13,8 @@ import pytest
 from common.errors import SpoolError
 from common.spool import LINK, PUNCT, SEQ, SpoolWriter, list_spool, read_spool
 from highlevel.errors import SinkError
-from highlevel.sinks import ConsoleSink, CsvSink, JsonLinesSink, ParquetSink, make_sink
 from highlevel.testing import demo_spec, random_partials
+from tools.results.parts import ConsoleSink, CsvSink, JsonLinesSink, ParquetSink, make_sink
 
 
 def _result_table():

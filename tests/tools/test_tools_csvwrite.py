@@ -1,4 +1,4 @@
-"""The Numba CSV writer (`tools.run.csvwrite`) writes the bytes of `pyarrow.csv.write_csv`.
+"""The Numba CSV writer (`tools.results.csvwrite`) writes the bytes of `pyarrow.csv.write_csv`.
 
 Random tables of every integer width (extremes included), strings (empty, non-ASCII UTF-8,
 lengths around the kernel's 8-byte copies) and nulls, over 0, 1 and many rows and chunks,
@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tools.run import csvwrite
-from tools.run.outputs import QueryOutput
+from tools.results import csvwrite
+from tools.results.appended import QueryOutput
 
 INTEGERS = [pa.int8(), pa.int16(), pa.int32(), pa.int64(),
             pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()]

@@ -20,7 +20,7 @@ from tools.errors import NetflowInputError, NetflowTargetError
 from tools.netflow.exporter import make_encoder
 from tools.netflow.records import from_table
 from tools.netflow.sender import UdpSender, parse_target
-from tools.netflow.sink import NetflowSink
+from tools.results.netflow import NetflowSink
 
 U32 = 2**32 - 1
 T0 = 1_431_969_641_947_000_000  # 2015-05-18: capture time, far from the wall clock

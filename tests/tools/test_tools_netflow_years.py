@@ -161,7 +161,7 @@ def test_run_exports_a_capture_spanning_years(version, years, reference, flows, 
 def test_an_exporter_fault_is_counted_and_the_query_goes_on(flows, caplog):
     """Any exception of the exporter: the batch's records are counted as not exported, the
     fault is named once in the log and in the summary, and later batches still go out."""
-    from tools.netflow.sink import NetflowSink
+    from tools.results.netflow import NetflowSink
 
     sink = NetflowSink("127.0.0.1:9", 9, pace=0)      # discard port: nothing listens
     broken = flows.set_column(flows.schema.get_field_index("srcIP"), "srcIP",

@@ -136,7 +136,7 @@ def test_full_spool(flows, tmp_path):
 # --- the pieces ---------------------------------------------------------------------------------
 
 def _output(path: Path, fmt: str = "csv"):
-    from tools.run.outputs import QueryOutput
+    from tools.results.appended import QueryOutput
 
     outputs = [SimpleNamespace(name="tb", type="uint"), SimpleNamespace(name="n", type="uint")]
     schema = pa.schema([("tb", pa.int64()), ("n", pa.int64())])

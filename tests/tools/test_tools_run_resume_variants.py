@@ -103,9 +103,9 @@ def reference(work, links, query) -> dict:
 
 def _part_rows(ck: Path, query: str) -> int:
     from tools.pipeline.resume import output_parts
-    from tools.run.batchparts import BatchParts
+    from tools.results.parts import PartFiles
 
-    return BatchParts(output_parts(ck, query)).rows()
+    return PartFiles(output_parts(ck, query)).rows()
 
 
 @pytest.fixture(scope="module")

@@ -210,7 +210,7 @@ def run(query_files: tuple[str, ...], links, schema_files, function_files, udf_m
     extra: tuple = ()                  # (query, Sink) pairs (RunConfig.extra_sinks)
     exporter = None
     if netflow is not None:
-        from tools.netflow.sink import NetflowSink
+        from tools.results.netflow import NetflowSink
 
         exporter = NetflowSink(netflow, int(netflow_version), pace=netflow_pace)
         extra = ((netflow_query, exporter),)

@@ -171,15 +171,16 @@ class UdpSender:
 class PcapWriter:
     """Datagrams as Ethernet/IPv4 or IPv6/UDP packets in a classic pcap (µs timestamps)."""
 
-    def __init__(self, path: str, dst: tuple[str, int] = ("127.0.0.1", DEFAULT_PORT),
+    def __init__(self, path, dst: tuple[str, int] = ("127.0.0.1", DEFAULT_PORT),
                  src: tuple[str, int] | None = None):
+        """`path`: a file name, or a binary file object to write into (`tools.results`)."""
         self.dst_ip = ipaddress.ip_address(dst[0])
         self.ipv6 = self.dst_ip.version == 6
         self.src_ip = ipaddress.ip_address(src[0] if src else ("::1" if self.ipv6 else "127.0.0.1"))
         self.dst_port = dst[1]
         self.src_port = src[1] if src else 50000
         self.packets = 0
-        self.fh = open(path, "wb")
+        self.fh = open(path, "wb") if isinstance(path, (str, os.PathLike)) else path
         self.fh.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
 
     @staticmethod

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from common.units import NS_PER_S as NS
 from tools.errors import RunConfigError, RunLinkError
-from tools.run.outputs import output_format as _format_of
+from tools.results.formats import output_format as _format_of
 
 if TYPE_CHECKING:
     from queries.plan import QueryPlan

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping
 from common.errors import OopscopeError
 from tools.errors import RunError
 from tools.pipeline.config import RunConfig, output_format
-from tools.run.outputs import QueryOutput
+from tools.results.appended import QueryOutput
 
 log = logging.getLogger(__name__)
 
@@ -19,17 +19,17 @@ def output_for(config: RunConfig, qp, out: str, several: bool, checkpoint,
                resume) -> QueryOutput:
     """A query's output. In a resumable run, one that can be cut back to its last whole batch
     logs its batches; a Parquet output (no footer until closed) or one written whole at the
-    end keeps its batches as part files under the checkpoint (`tools.run.batchparts`)."""
+    end keeps its batches as part files under the checkpoint (`tools.results.parts`)."""
     from tools.pipeline.resume import output_log, output_parts
-    from tools.run.batchparts import BatchParts
-    from tools.run.outputs import arrow_schema
+    from tools.results.formats import arrow_schema
+    from tools.results.parts import PartFiles
 
     fmt = output_format(config, out)
     buffered = not config.streaming and (fmt == "table" or (several and out == "-"))
     resume_log = parts = None
     if resume is not None:
         if fmt == "parquet" or buffered:
-            parts = BatchParts(output_parts(checkpoint, qp.name))
+            parts = PartFiles(output_parts(checkpoint, qp.name))
         elif out != "-":
             resume_log = output_log(checkpoint, qp.name)
     return QueryOutput(qp.name, qp.high.outputs, fmt, out,

@@ -5,7 +5,7 @@ A run given both `--spool DIR` and `--checkpoint DIR` is resumable: it writes a 
 their capture files' sizes and modification times, the outputs and their formats), writes
 each link's spool so that a file holds only rows of panes its own punctuation closes
 (`tools.pipeline.feeds.OperatorFeed`), and logs after each output batch its id and the output's
-size (`CHECKPOINT/outputs/<query>.json`, `tools.run.outputs.QueryOutput`).
+size (`CHECKPOINT/outputs/<query>.json`, `tools.results.appended.QueryOutput`).
 
 The same command over the same non-empty directories then resumes
 (docs/semantics.md "Restart and exactly-once"):
@@ -19,7 +19,7 @@ The same command over the same non-empty directories then resumes
 - each output is cut back to its last logged batch and appended to; a batch it holds
   already (the checkpoint's replay) is not written again. A Parquet output, or one written
   whole at the end (a table at full speed), keeps its batches as part files under the
-  checkpoint and is written from them when the run ends (`tools.run.batchparts`).
+  checkpoint and is written from them when the run ends (`tools.results.parts`).
 
 Flow records resume like panes: a flow ends by its bucket's end, so its record waits in
 the spool for the punctuation that closes its bucket.
@@ -199,7 +199,7 @@ class Resume:
 
 def output_log(checkpoint: Path, query: str) -> Path:
     """Where a resumable run logs an output's last whole batch (CSV, JSON lines, a paced
-    table: `tools.run.outputs.QueryOutput`)."""
+    table: `tools.results.appended.QueryOutput`)."""
     from urllib.parse import quote
 
     return checkpoint / "outputs" / f"{quote(query, safe='')}.json"
@@ -207,7 +207,7 @@ def output_log(checkpoint: Path, query: str) -> Path:
 
 def output_parts(checkpoint: Path, query: str) -> Path:
     """Where a resumable run keeps the batches of a Parquet output, or of one written whole
-    at the end (`tools.run.batchparts`)."""
+    at the end (`tools.results.parts`)."""
     from urllib.parse import quote
 
     return checkpoint / "outputs" / f"{quote(query, safe='')}.parts"

@@ -210,7 +210,7 @@ class Submission:
         from highlevel.graph import StageGraph
         from tools.errors import UnsupportedQueryError
         from tools.pipeline.feeds import OperatorFeed, SpoolQueue
-        from tools.run.outputs import arrow_schema
+        from tools.results.formats import arrow_schema
 
         spool, checkpoint = self.spool_dir, self.run_dir / "checkpoint"
         spool.mkdir(parents=True, exist_ok=True)

@@ -2,9 +2,10 @@
 
 `StreamOutput` is the `highlevel.sinks.Sink` of one chosen query of a submission. Per
 micro-batch it writes the closed windows' rows to one output file (`part-gNNNN-<batch>.<ext>`
-in the stream's output directory: written under a temporary name and renamed, so a reader
-never sees half a window, and a batch replayed after a crash finds its file and is not
-written twice), then, once the batch is complete, hands the rows to the `Hub`, which passes them to every tail and page
+in the stream's output directory, `tools.results.parts`: written under a temporary name and
+renamed, so a reader never sees half a window, and a batch replayed after a crash finds its
+file and is not written twice; the bytes `run` writes for the same rows), then, once the
+batch is complete, hands the rows to the `Hub`, which passes them to every tail and page
 that subscribed, and remembers the latest rows for a page that opens later.
 
 A subscriber's buffer is bounded: a slow tail never slows the query. When it falls behind by
@@ -20,7 +21,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from highlevel.sinks import CsvSink, JsonLinesSink, ParquetSink, Sink
+from highlevel.sinks import Sink
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +31,6 @@ TAIL_ROWS = 100_000
 RECENT_ROWS = 2000
 #: output latencies remembered per stream (quantiles in `queries`)
 LATENCIES = 1000
-
-_FILE_SINKS = {"csv": CsvSink, "jsonl": JsonLinesSink, "parquet": ParquetSink}
-
 
 class Subscriber:
     """One tail or page: a bounded queue of events, read by an asyncio task."""
@@ -117,10 +115,11 @@ class StreamOutput(Sink):
 
     def __init__(self, stream: str, outputs, schema, directory: Path, fmt: str, prefix: str,
                  hub: Hub, clock, links: list[str]):
-        from tools.run.outputs import display_table
+        from tools.results.formats import display_table
+        from tools.results.parts import part_sink
 
         self.stream, self.outputs, self.schema = stream, outputs, schema
-        self.file = _FILE_SINKS[fmt](directory, prefix=prefix)
+        self.file = part_sink(fmt, directory, prefix)
         self.hub, self.clock, self.links = hub, clock, links
         self._display = display_table
         self.rows = 0

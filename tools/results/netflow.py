@@ -1,4 +1,4 @@
-"""A Spark-stage sink streaming each micro-batch's closed flow records to a NetFlow collector.
+"""A Spark-stage sink streaming each micro-batch's closed flow records to a NetFlow collector over UDP.
 
     NetflowSink("127.0.0.1:2055", 10)   # version 5, 9 or 10 (IPFIX); mtu=, pcap=, pace= ...
 
@@ -9,6 +9,10 @@ that is down never stops the query. Nor does any other fault of the exporter (ro
 read, a record it cannot encode): the batch's records are counted as not exported, the fault
 is logged once per kind and named in the summary, and the query and its other outputs go on.
 `close()` logs the summary line.
+
+Sent datagrams are neither commit model of `tools.results` (a collector keeps what it got);
+the same datagrams go to a file as the `netflow` format (`tools.results.formats.NetflowWriter`:
+a pcap appended with a resume log, or a pcap per batch).
 """
 
 from __future__ import annotations

@@ -1,18 +1,21 @@
-"""Where `oopscope run` writes a query's rows: table, CSV, JSON lines or Parquet, file or stdout.
+"""Commit model A: one output file (or stdout) appended batch by batch, cut back to its last logged batch on resume.
 
 `QueryOutput` is a `highlevel.sinks.Sink`: the Spark stage hands it the rows of each
-micro-batch as windows close. CSV and JSON lines are appended (and flushed) batch by batch, so
-a paced or live run shows each window as soon as it closes (in parts of whole windows, so a
-disk that fills up leaves no torn row: `_BatchFile`, `QueryOutput`); Parquet goes out as one row group
-per batch; the aligned text table is printed per batch in paced and live runs and once, with
-widths fitted to every row, at the end of a replay at full speed (as is everything several
-queries write to stdout then, one query after the other). All rows are also kept (results are
-small: one row per group per window) for the run summary and the library API.
+micro-batch as windows close, and its format writer (`tools.results.formats`) makes the bytes.
+CSV and JSON lines are appended (and flushed) batch by batch, so a paced or live run shows
+each window as soon as it closes (in parts of whole windows, so a disk that fills up leaves
+no torn row: `_BatchFile`, `QueryOutput`); Parquet goes out as one row group per batch; the
+aligned text table is printed per batch in paced and live runs and once, with widths fitted
+to every row, at the end of a replay at full speed (as is everything several queries write
+to stdout then, one query after the other). All rows are also kept (results are small: one
+row per group per window) for the run summary and the library API.
 
-In a run that can resume after a crash (`tools.run.resume`), a CSV, JSON lines or paced table
-file logs each batch (`resume_log`) and is cut back to its last logged batch when resumed; a
-Parquet output, or one written whole at the end, keeps each batch as a part file under the
-checkpoint instead (`tools.run.batchparts`) and is written from the parts when the run ends.
+In a run that can resume after a crash (`tools.pipeline.resume`), a CSV, JSON lines, paced table
+or NetFlow pcap file logs each batch (`resume_log`) and is cut back to its last logged batch
+when resumed; a Parquet output (no footer until closed: it cannot be cut back), or one
+written whole at the end, keeps each batch as a part file under the checkpoint instead
+(commit model B, `tools.results.parts.PartFiles`) and is written from the parts when the
+run ends.
 
 Output conventions: times are integers, `ipv4` columns dotted quads, `ip` columns text (dotted
 quad for IPv4-mapped addresses, RFC 5952 otherwise, as `highlevel.finalize.ip_text_arrow`
@@ -34,107 +37,10 @@ from typing import Any
 from common.errors import os_error_text
 from highlevel.sinks import Sink
 from tools.errors import RunConfigError, RunError
-from tools.run.batchparts import BatchParts
+from tools.results.formats import FormatWriter, display_schema, display_table, make_writer
+from tools.results.parts import PartFiles
 
 log = logging.getLogger(__name__)
-
-FORMATS = ("table", "csv", "jsonl", "parquet")
-_SUFFIX_FORMAT = {".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
-                  ".parquet": "parquet", ".pq": "parquet"}
-
-
-def output_format(given: str | None, out: str) -> str:
-    """The format of one output: the `--format` given, else from the file suffix."""
-    if given is not None:
-        if given not in FORMATS:
-            raise RunConfigError(f"--format {given}: allowed {', '.join(FORMATS)}")
-        return given
-    return "table" if out == "-" else _SUFFIX_FORMAT.get(Path(out).suffix.lower(), "csv")
-
-
-def arrow_schema(query: str, outputs):
-    """The Arrow schema of a query's result rows (as the Spark stages hand them over)."""
-    import pyarrow as pa
-
-    from highlevel.spec import output_type
-
-    types = {"int64": pa.int64(), "uint64": pa.uint64(), "float64": pa.float64(),
-             "string": pa.string(), "bool": pa.bool_(), "ip": pa.string()}
-    return pa.schema([pa.field(o.name, types[output_type(o.type)]) for o in outputs],
-                     metadata={b"oopscope.query": query.encode()})
-
-
-def display_table(table, outputs):
-    """The rows as written: `ipv4` columns (by the query's output types) as dotted quads."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    types = {o.name: o.type.lower() for o in outputs}
-    arrays = []
-    for name in table.column_names:
-        col = table.column(name)
-        if types.get(name) == "ipv4" and pa.types.is_integer(col.type):
-            col = col.combine_chunks()
-            v = np.asarray(col.fill_null(0).cast(pa.uint64())).astype(np.uint64)
-            octets = [pa.array(((v >> np.uint64(s)) & np.uint64(255)).astype(np.int64))
-                      .cast(pa.string()) for s in (24, 16, 8, 0)]
-            text = pc.binary_join_element_wise(*octets, ".")
-            col = pa.array(text.to_numpy(zero_copy_only=False), pa.string(),
-                           mask=np.asarray(col.is_null()))
-        arrays.append(col)
-    return pa.Table.from_arrays(arrays, names=table.column_names)   # chunks as they come
-
-
-def format_table(table, header: bool = True) -> str:
-    names = table.column_names
-    rows = [["" if v is None else str(v) for v in r.values()] for r in table.to_pylist()]
-    widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
-    lines = ["  ".join(n.rjust(w) for n, w in zip(names, widths))] if header else []
-    lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths)) for r in rows]
-    return "\n".join(lines) + "\n" if lines else ""
-
-
-def _write_csv_rows(table, fh, quoting: str) -> None:
-    """The rows as pyarrow writes them (no header; strings quoted as `_csv_quoting` says): by
-    `tools.run.csvwrite` when every column is an integer or a string and none needs
-    quoting (3.4M flow records: 1.5 s -> 0.5 s), else by `pyarrow.csv.write_csv`."""
-    import pyarrow.csv as pacsv
-
-    from tools.run import csvwrite
-
-    if quoting == "none" and csvwrite.writes(table.schema):
-        csvwrite.write_csv_rows(table, fh)
-    else:
-        pacsv.write_csv(table, fh, pacsv.WriteOptions(include_header=False,
-                                                      quoting_style=quoting))
-
-
-def _csv_quoting(table) -> str:
-    """Quote strings only when some value needs it (addresses as text never do)."""
-    import pyarrow as pa
-
-    for col in table.columns:
-        if pa.types.is_string(col.type) and any(_needs_quoting(c) for c in col.chunks):
-            return "needed"
-    return "none"
-
-
-def _needs_quoting(chunk) -> bool:
-    """True when a value of the string array holds `,`, `"`, CR or LF. Without nulls, the
-    values' bytes are searched as one text (a regex per value took 0.35 s per 3.4M addresses);
-    these bytes never occur inside a multi-byte UTF-8 character."""
-    import numpy as np
-    import pyarrow.compute as pc
-
-    if not len(chunk):
-        return False
-    _, offsets, data = chunk.buffers()
-    if chunk.null_count or data is None:   # the bytes under a null are no value's
-        return bool(pc.any(pc.match_substring_regex(chunk, r'[,"\r\n]')).as_py())
-    offsets = np.frombuffer(offsets, np.int32, chunk.offset + len(chunk) + 1)[chunk.offset:]
-    text = data.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_pybytes()
-    return any(c in text for c in (b",", b'"', b"\r", b"\n"))
 
 
 class _BatchFile:
@@ -146,7 +52,7 @@ class _BatchFile:
     never finds a row cut in half, nor a part of a batch that was not written whole.
 
     It is file-like enough for `pyarrow.csv.write_csv`, `pyarrow.parquet.ParquetWriter` and
-    `tools.run.csvwrite` (which reuses the buffers it writes: the bytes are copied)."""
+    `tools.results.csvwrite` (which reuses the buffers it writes: the bytes are copied)."""
 
     SPILL_BYTES = 32 << 20
     closed = False
@@ -216,7 +122,8 @@ class QueryOutput(Sink):
     written as it arrives. `title`: a line written before the rows when several queries
     share stdout. `keep`: the rows written stay in memory too (`table()`); a buffered
     output always keeps them. `window`: the name of the query's window column, by which a
-    failed output says which windows it holds.
+    failed output says which windows it holds. `writer`: the format writer
+    (`tools.results.formats`; default: a fresh one of `fmt`).
 
     Disk faults: `open()` (the runner calls it before any packet is read) creates the file,
     or checks that an existing one can be written, and that its file system has room. A
@@ -229,7 +136,7 @@ class QueryOutput(Sink):
     def __init__(self, query: str, outputs, fmt: str, out: str, schema, *,
                  buffered: bool = False, title: str | None = None, keep: bool = True,
                  window: str | None = None, resume_log: Path | None = None,
-                 parts: BatchParts | None = None):
+                 parts: PartFiles | None = None, writer: FormatWriter | None = None):
         self.query, self.outputs, self.format, self.out = query, outputs, fmt, out
         self.schema = schema
         self.buffered = buffered
@@ -245,11 +152,12 @@ class QueryOutput(Sink):
         self._tables: list = []        # pyarrow Tables (imported when a batch comes)
         self._file: _BatchFile | None = None
         self._created = False          # `open` made the file (removed if no row reaches it)
-        self._parquet: Any = None      # a pyarrow.parquet.ParquetWriter once opened
+        #: the bytes of each batch in the output's format (`tools.results.formats`)
+        self.writer = writer if writer is not None else make_writer(fmt)
         self._started = False
         self._closed = False
         self._lock = threading.Lock()   # stages of several queries share stdout
-        # a resumable run (`tools.run.resume`): after each batch, its id and the file's size
+        # a resumable run (`tools.pipeline.resume`): after each batch, its id and the file's size
         # go to this file, so a run resumed after a crash cuts the file back to its last
         # whole batch and skips the batches it holds when Spark's checkpoint replays them
         self.resume_log = resume_log
@@ -260,6 +168,9 @@ class QueryOutput(Sink):
         # parts at `close`: a file that has no footer yet, or nothing at all, until the end
         # cannot be cut back to its last batch
         self.parts = parts
+        if resume_log is not None and self.writer.footer:
+            raise RunConfigError(f"the output {out}: a {fmt} file cannot be cut back to a "
+                                 f"batch (no footer until closed); resume it from part files")
 
     # --- the Sink protocol -------------------------------------------------------------------
     def write(self, batch_id: int, table) -> bool:
@@ -333,6 +244,8 @@ class QueryOutput(Sink):
         fh.committed = fh._position = size
         self.done_batch, self.resumed_rows = batch, rows
         self._started = size > 0        # no header again, no truncation at the first rows
+        if self._started:
+            self.writer.resumed()
 
     def _resume_parts(self) -> None:
         """A resumed run of an output written from part files: an output written whole at
@@ -419,10 +332,10 @@ class QueryOutput(Sink):
                             read_error = exc
                 elif not self._started and complete:
                     self._emit(self.display_schema().empty_table())   # header / empty file
-            if self.fault is None and self._parquet is not None:
+            if self.fault is None and self.writer.unfinished:
                 try:
-                    self._parquet.close()
-                    assert self._file is not None      # the Parquet writer writes to it
+                    assert self._file is not None      # the writer writes to it
+                    self.writer.finish(self._file)
                     self._file.commit()
                 except OSError as exc:
                     self._failed(exc)
@@ -442,7 +355,7 @@ class QueryOutput(Sink):
         head = f"cannot write the output {self.out}: {os_error_text(self.fault)}"
         if self.out == "-":
             return f"{head}; {self.held:,} rows were written before it"
-        if self.format == "parquet":
+        if self.writer.footer:
             return f"{head}; the Parquet file is removed (unreadable without its footer)"
         if not self.held:
             return f"{head}; no row was written"
@@ -460,13 +373,7 @@ class QueryOutput(Sink):
 
     # --- rows ----------------------------------------------------------------------------------
     def display_schema(self):
-        import pyarrow as pa
-
-        return pa.schema([pa.field(f.name, pa.string()) if f.name in self._ipv4() else f
-                          for f in self.schema])
-
-    def _ipv4(self) -> set[str]:
-        return {o.name for o in self.outputs if o.type.lower() == "ipv4"}
+        return display_schema(self.schema, self.outputs)
 
     def table(self):
         """Every row written so far, in the order written (a kept output)."""
@@ -517,7 +424,7 @@ class QueryOutput(Sink):
         if f is None or f.fd is None:
             return
         os.close(f.fd)
-        if (self._started or self._created) and (not f.committed or self.format == "parquet"):
+        if (self._started or self._created) and (not f.committed or self.writer.footer):
             try:
                 os.unlink(self.out)
             except OSError as exc:
@@ -538,7 +445,7 @@ class QueryOutput(Sink):
         import numpy as np
 
         n = table.num_rows
-        if self.window is None or self.format not in ("csv", "jsonl") or n <= self.PART_ROWS:
+        if self.window is None or not self.writer.splits or n <= self.PART_ROWS:
             return [table]
         col = table.column(self.window)
         if col.null_count:
@@ -563,8 +470,6 @@ class QueryOutput(Sink):
         of whole windows (`_parts`); `count`: its rows count as written (not a buffered
         output's, counted when they came). False when a write failed (the fault is kept;
         the file holds whole parts only, and `rows` counts what it holds)."""
-        import pyarrow.parquet as pq
-
         if self._file is None:
             if self.out == "-":
                 self._file = _BatchFile(None)
@@ -578,30 +483,13 @@ class QueryOutput(Sink):
                 os.ftruncate(fh.fd, 0)      # the run's rows replace an earlier file's
             self._started = True
             if first and self.title:
-                prefix = "" if self.format == "table" else "# "
-                fh.write(f"{prefix}query {self.query}:\n".encode())
-            if self.format == "table":
-                fh.write(format_table(table, header=first).encode())
-            elif self.format == "csv":
-                if first:   # pyarrow quotes every header name; SELECT names are identifiers
-                    fh.write((",".join(table.column_names) + "\n").encode())
-                quoting = _csv_quoting(table) if table.num_rows else "none"
-                for part in self._parts(table):
-                    if part.num_rows:
-                        _write_csv_rows(part, fh, quoting)
-                    self._commit(part, count)
-                return True
-            elif self.format == "parquet":
-                if self._parquet is None:
-                    self._parquet = pq.ParquetWriter(fh, table.schema)
-                self._parquet.write_table(table.cast(self._parquet.schema))
-            else:
-                for part in self._parts(table):
-                    for row in part.to_pylist():
-                        fh.write(json.dumps(row, separators=(",", ":")).encode() + b"\n")
-                    self._commit(part, count)
-                return True
-            self._commit(table, count)
+                fh.write(f"{self.writer.title_prefix}query {self.query}:\n".encode())
+            if first:
+                self.writer.start(fh, table)
+            self.writer.batch(table)
+            for part in self._parts(table):
+                self.writer.rows(fh, part)
+                self._commit(part, count)
         except OSError as exc:
             self._failed(exc)
             return False

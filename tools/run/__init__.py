@@ -1,1 +1,0 @@
-"""The run's outputs: format writers and their commit models (read by tools.pipeline)."""
