@@ -145,7 +145,7 @@ def test_a_part_holds_the_bytes_of_the_appended_file(tmp_path, fmt):
     assert part.read_bytes() == _whole(fmt, tmp_path / f"out.{fmt}", [table])
     if fmt == "csv":
         assert part.read_text().splitlines() == [
-            "tb,label,top,cnt", '2,"a",1,1', '2,"x,y",-0.5,', "3,,2.5,3"]
+            "tb,label,top,cnt", "2,a,1,1", '2,"x,y",-0.5,', "3,,2.5,3"]
 
 
 def test_floats_print_shortest_exact(tmp_path):
@@ -153,6 +153,20 @@ def test_floats_print_shortest_exact(tmp_path):
     _whole("csv", path, _batches()[:1])
     assert path.read_text().splitlines() == [
         "tb,label,top,cnt", "0,a,0.30000000000000004,1", "0,b,3761.423,", "1,c,1e+17,3"]
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_a_rows_csv_bytes_do_not_depend_on_its_batch(tmp_path, split):
+    """A string is quoted only when it needs quotes, so the rows of a batch with a comma and
+    one without write the same bytes as the two in one batch (`run` and `serve` cut their
+    batches differently)."""
+    together = pa.concat_tables(_batches()[:2])
+    apart = [together.slice(0, 3 * split), together.slice(3 * split)]
+    one = _whole("csv", tmp_path / "one.csv", [together])
+    two = _whole("csv", tmp_path / "two.csv", apart)
+    assert one == two
+    lines = one.decode().splitlines()
+    assert '2,"x,y",-0.5,' in lines and "2,a,1,1" in lines and "0,a,0.30000000000000004,1" in lines
 
 
 def test_a_table_is_never_part_files(tmp_path):

@@ -6,8 +6,9 @@ quads) into bytes, whatever the commit model that decides where they go
 per batch). So `run`, `serve` and `collect` write the same bytes for the same rows:
 
 - CSV: the header line unquoted (SELECT names are identifiers), then the rows as pyarrow
-  writes them with quoting style "none" (strings quoted only in a batch where some value
-  holds `,`, `"`, CR or LF, then quoted as pyarrow does), floats shortest-exact
+  writes them with quoting style "none", a string quoted only when it holds `,`, `"`, CR or
+  LF (RFC 4180: inside quotes `"` doubled), so a row's bytes never depend on the batch it
+  falls in (which differs between `run` and `serve`), floats shortest-exact
   (`3761.423`, `0.30000000000000004`), nothing for a null; integer and string columns by
   the Numba writer (`tools.results.csvwrite`);
 - JSON lines: one compact object per row (`json.dumps`: floats shortest-exact, `1.0`);
@@ -101,18 +102,41 @@ def format_table(table, header: bool = True) -> str:
 
 
 def write_csv_rows(table, fh, quoting: str) -> None:
-    """The rows as pyarrow writes them (no header; strings quoted as `csv_quoting` says): by
-    `tools.results.csvwrite` when every column is an integer or a string and none needs
-    quoting (3.4M flow records: 1.5 s -> 0.5 s), else by `pyarrow.csv.write_csv`."""
+    """The rows as pyarrow writes them with quoting style "none" (no header): by
+    `tools.results.csvwrite` when every column is an integer or a string (3.4M flow records:
+    1.5 s -> 0.5 s), else by `pyarrow.csv.write_csv`. With `quoting` "needed" (`csv_quoting`:
+    some string needs quotes) only the strings that need them are quoted, the other columns
+    cast to text as pyarrow's writer casts them, and the Numba writer writes the result."""
     import pyarrow.csv as pacsv
 
     from tools.results import csvwrite
 
-    if quoting == "none" and csvwrite.writes(table.schema):
+    if quoting == "needed":
+        csvwrite.write_csv_rows(_quoted_as_text(table), fh)
+    elif csvwrite.writes(table.schema):
         csvwrite.write_csv_rows(table, fh)
     else:
         pacsv.write_csv(table, fh, pacsv.WriteOptions(include_header=False,
-                                                      quoting_style=quoting))
+                                                      quoting_style="none"))
+
+
+def _quoted_as_text(table):
+    """Every column as text: a string that holds `,`, `"`, CR or LF in quotes with `"`
+    doubled (pyarrow's "needed" style would quote every string of the batch), any other
+    column cast to text as pyarrow's CSV writer casts it (nulls stay null: nothing written)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    columns = []
+    for col in table.columns:
+        if pa.types.is_string(col.type):
+            quoted = pc.binary_join_element_wise("", pc.replace_substring(col, '"', '""'), "",
+                                                 '"')
+            col = pc.if_else(pc.match_substring_regex(col, r'[,"\r\n]'), quoted, col)
+        else:
+            col = pc.cast(col, pa.string())
+        columns.append(col)
+    return pa.table(columns, names=table.column_names)
 
 
 def csv_quoting(table) -> str:
