@@ -156,9 +156,12 @@ class LinkSet:
                 self._links[link].refresh_capture(
                     also=[lp for qp in sub.plan.queries for lp in qp.low if lp.link == link])
 
-    def attach(self, sub: Submission) -> None:
-        """`sub`'s feeds run on its links' packets from the router's next batch on."""
+    def attach(self, sub: Submission, before=None) -> None:
+        """`sub`'s feeds run on its links' packets from the router's next batch on; `before`
+        (if given) runs on the router's thread first, with no batch routed in between."""
         def attach():
+            if before is not None:
+                before()
             for link, feed in sub.feeds.items():
                 self._links[link].feeds[sub.name] = feed
                 self._links[link].refresh_capture()

@@ -178,7 +178,17 @@ class Submissions:
                            f"{max(0.0, (start - time.time_ns()) / 1e9):.1f} s): packets "
                            f"before it are not counted")
             sub.record = record
-            self._launch(sub)
+            chosen_on_attach: list[str] = []
+
+            def start_on_records() -> None:
+                # chosen again on the router's thread as the feeds attach: a record read
+                # between the first choice and the attachment would otherwise be lost
+                chosen_on_attach.append(self._start_on_records(sub))
+                for feed in sub.feeds.values():
+                    feed.start_ns = record.first_window_ns
+
+            self._launch(sub, before_attach=start_on_records if data_clock else None)
+            message = chosen_on_attach[0] if chosen_on_attach else message
             self._records[name] = record
             log.info("query %s submitted: %s", name, message)
             return {"name": name, "streams": list(sub.streams), "links": sub.links,
@@ -214,14 +224,18 @@ class Submissions:
                              f"--output-root to choose another)", status=403)
         return real
 
-    def _launch(self, sub: Submission, built: bool = False) -> None:
-        """Build, persist, attach to the links, and start the stages when Spark is up."""
+    def _launch(self, sub: Submission, built: bool = False, before_attach=None) -> None:
+        """Build, persist, attach to the links (`before_attach` runs on the router's thread
+        just before, and the record is saved again after it), and start the stages when
+        Spark is up."""
         if not built:
             sub.build(self._hub, self._links.punctuated_at)
         sub.record.save(self.state_dir)
         if self._metrics is not None:
             self._metrics.watch(sub)
-        self._links.attach(sub)
+        self._links.attach(sub, before_attach)
+        if before_attach is not None:
+            sub.record.save(self.state_dir)
         self._running[sub.name] = sub
         if sub.remote:
             try:
