@@ -47,7 +47,7 @@ def free_udp_port() -> int:
         return s.getsockname()[1]
 
 
-def _bound(port: int) -> bool:
+def udp_port_bound(port: int) -> bool:
     """Something holds UDP `port` on loopback (our own bind fails)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
@@ -68,7 +68,7 @@ def nfcapd(flowdir: Path):
         proc = subprocess.Popen([exe, "-b", "127.0.0.1", "-p", str(port), "-w", str(flowdir)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 10
-        while proc.poll() is None and not _bound(port) and time.monotonic() < deadline:
+        while proc.poll() is None and not udp_port_bound(port) and time.monotonic() < deadline:
             time.sleep(0.05)                   # ready once it has bound its port
         if proc.poll() is None:
             break
