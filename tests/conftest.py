@@ -47,25 +47,63 @@ def free_udp_port() -> int:
         return s.getsockname()[1]
 
 
+def udp_port_bound(port: int) -> bool:
+    """Something holds UDP `port` on loopback (our own bind fails)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
 @contextmanager
 def nfcapd(flowdir: Path):
-    """A real nfcapd on a free loopback port, stopped (and drained) at the end."""
+    """A real nfcapd on a free loopback port, stopped (and drained) at the end. The port is
+    free when chosen but may be taken before nfcapd binds it (tests run in parallel): an
+    nfcapd that exits at start is started again on another port."""
     exe = require_tool("nfcapd")
-    port = free_udp_port()
-    proc = subprocess.Popen([exe, "-b", "127.0.0.1", "-p", str(port), "-w", str(flowdir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
+    for _attempt in range(5):
+        port = free_udp_port()
+        proc = subprocess.Popen([exe, "-b", "127.0.0.1", "-p", str(port), "-w", str(flowdir)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:     # ready once it has bound its port
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    break
-            time.sleep(0.05)
+        while proc.poll() is None and not udp_port_bound(port) and time.monotonic() < deadline:
+            time.sleep(0.05)                   # ready once it has bound its port
+        if proc.poll() is None:
+            break
+        proc.communicate()
+    try:
         yield port
         time.sleep(0.3)                        # let nfcapd drain its socket
     finally:
         proc.send_signal(signal.SIGTERM)
         log, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, log.decode(errors="replace")
+
+
+#: the longest modules (measured: minutes each), handed out first; the rest follow
+HEAVY = ("highlevel/test_highlevel_graph.py", "tools/test_tools_bench_iop_oop.py",
+         "tools/test_tools_run_closing.py", "tools/test_tools_run.py",
+         "tools/test_tools_run_resume_variants.py", "lowlevel/test_lowlevel_specialize.py",
+         "highlevel/test_highlevel_jvmcache.py", "tools/test_tools_run_udaf.py",
+         "tools/test_tools_run_records.py", "highlevel/test_highlevel_jvm.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Under pytest-xdist, the longest modules first, then those with slow tests: `--dist
+    loadfile` hands out whole modules in collection order, so a long module picked up last
+    would run alone at the end while the other workers sit idle. Within a module the order
+    stays as written; a run without workers keeps the plain collection order."""
+    if not hasattr(config, "workerinput"):
+        return
+    tests = Path(__file__).resolve().parent
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+
+    def rank(item) -> tuple[int, int]:
+        name = item.path.relative_to(tests).as_posix() if item.path.is_relative_to(tests) else ""
+        if name in HEAVY:
+            return 0, HEAVY.index(name)
+        return (1 if item.path in slow else 2), 0
+
+    items.sort(key=rank)    # stable: each module stays whole and in order

@@ -44,7 +44,7 @@ from lowlevel.partials import combine_partials
 from lowlevel.testing import finalize
 from queries.parser import parse
 from queries.planner import plan_file
-from tests.conftest import free_udp_port, require_tool, shared_pcaps
+from tests.conftest import free_udp_port, require_tool, shared_pcaps, udp_port_bound
 from tests.oracles.reference import evaluate_file
 
 NETFLOW = Path(__file__).resolve().parents[2] / "queries" / "library" / "netflow.gsql"
@@ -105,7 +105,9 @@ def run_softflowd(pcap: Path, tmp: Path, port: int) -> pd.DataFrame:
     nfcapd = subprocess.Popen(["nfcapd", "-b", "127.0.0.1", "-p", str(port), "-w", str(d)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        time.sleep(0.3)
+        deadline = time.monotonic() + 10
+        while nfcapd.poll() is None and not udp_port_bound(port) and time.monotonic() < deadline:
+            time.sleep(0.02)          # until nfcapd has bound its port
         # no -c/-p: with a control socket path of its own softflowd -r stays up after EOF
         sf = subprocess.Popen(["softflowd", "-r", str(pcap), "-n", f"127.0.0.1:{port}", "-v",
                                "9", "-a", "-d"],
