@@ -47,6 +47,8 @@ def _modules() -> dict[str, Path]:
     out = {}
     for package in PACKAGES:
         for path in sorted((REPO / package).rglob("*.py")):
+            if "__pycache__" in path.parts:   # kernels generated at run time, not the package
+                continue
             parts = path.relative_to(REPO).with_suffix("").parts
             if parts[-1] == "__init__":
                 parts = parts[:-1]
