@@ -144,7 +144,7 @@ class Compiler:
         return state is not None and state.kind == "count"
 
     def _compare(self, node, op: str, left: Column, right: Column) -> Column:
-        """`left op right` as the vectorised evaluator compares (`lowlevel.evaluate.compare`):
+        """`left op right` as the vectorised evaluator compares (`lowlevel.values.compare`):
         a 64-bit unsigned value is compared as unsigned, though Spark holds it in a long."""
         unsigned = [_unsigned64(self._type(x)) for x in (node.left, node.right)]
         if unsigned == [True, True]:

@@ -50,7 +50,7 @@ class Agents:
         self.work: dict[str, dict] = {}         # host -> its heartbeat's work reports
         self.liveness = Liveness(timeout_s or MIN_TIMEOUT_S)   # the rule is `_live`
         #: hosts known to have died whatever their last beat says (the server's own fanout
-        #: members that exited: `Appliance._check_members`)
+        #: members that exited: `ServedFanout.check`)
         self.gone: set[str] = set()
         self._lock = threading.Lock()
 
