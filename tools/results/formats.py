@@ -103,8 +103,8 @@ def format_table(table, header: bool = True) -> str:
 
 def write_csv_rows(table, fh, quoting: str) -> None:
     """The rows as pyarrow writes them with quoting style "none" (no header): by
-    `tools.results.csvwrite` when every column is an integer or a string (3.4M flow records:
-    1.5 s -> 0.5 s), else by `pyarrow.csv.write_csv`. With `quoting` "needed" (`csv_quoting`:
+    `tools.results.csvwrite` when every column is an integer or a string (three times
+    pyarrow's speed: docs/performance.md), else by `pyarrow.csv.write_csv`. With `quoting` "needed" (`csv_quoting`:
     some string needs quotes) only the strings that need them are quoted, the other columns
     cast to text as pyarrow's writer casts them, and the Numba writer writes the result."""
     import pyarrow.csv as pacsv
