@@ -7,6 +7,7 @@ the token's tests have a server of their own (`tokened`, no query)."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -25,6 +26,7 @@ from tests.tools.conftest import PER_SECOND
 from tests.tools.serving import Server, wait_for
 from tools.serve.bodies import MAX_ROWS, SUBMISSION_FIELDS
 from tools.serve.guard import COOKIE, Hosts
+from tools.serve.tail import Hub, Subscriber
 
 pytestmark = pytest.mark.slow
 
@@ -419,6 +421,27 @@ def test_every_page_and_tail_gets_its_own_events(guarded):
         for r in readers:
             r.close()
         guarded.client.cancel("second")
+
+
+def test_subscribers_get_their_own_events_in_bounded_buffers():
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        hub = Hub()
+        page, other = (hub.subscribe(Subscriber(loop, None)) for _ in range(2))
+        small = hub.subscribe(Subscriber(loop, {"q"}, max_bytes=2000))
+        hub.publish("queries", None, {})
+        page.take()[0][0].pop("event")        # what the page's stream did to its event
+        assert other.take()[0] == [{"event": "queries"}]
+        for batch in range(5):
+            hub.rows("q", ["tb", "s"], [[batch, "x" * 100] for _ in range(5)], batch)
+        events, missed = small.take()
+        assert [e["batch"] for e in events] == [2, 3, 4] and missed == 10
+        assert all(e["event"] == "rows" for e in events)
+        assert small in hub
+        hub.unsubscribe(small)
+        assert small not in hub
+
+    asyncio.run(scenario())
 
 
 def test_event_streams_and_tails_are_capped(guarded):

@@ -18,6 +18,7 @@ first, while a request that was complete is answered. Past that, uvicorn's
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import h11
@@ -37,6 +38,8 @@ class DeadlineH11Protocol(H11Protocol):
     """One connection (module docstring); `limits` is set by `protocol_for`."""
 
     limits = HttpLimits()
+    _deadline: asyncio.TimerHandle | None = None
+    _since = 0.0
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -66,9 +69,8 @@ class DeadlineH11Protocol(H11Protocol):
         self._deadline = self.loop.call_later(self.limits.request_timeout, self._expired)
 
     def _disarm(self) -> None:
-        handle = getattr(self, "_deadline", None)
-        if handle is not None:
-            handle.cancel()
+        if self._deadline is not None:
+            self._deadline.cancel()
             self._deadline = None
 
     def _waiting(self) -> bool:
