@@ -1,5 +1,6 @@
 """`oopscope serve`'s live page in headless Chromium (Selenium): the tables fill, the chart draws,
-a closed window arrives by server-sent event, and the console stays clean.
+a closed window arrives by server-sent event, and the console stays clean; with a token, the
+page logs in (a form, or `#token=` taken out of the address) and its URLs never hold it.
 
 The server is the real one, started by the `served_page` fixture (tests/tools/conftest.py): its
 `.url` is the page, its `.query` a running query whose windows close about every second.
@@ -7,6 +8,7 @@ The server is the real one, started by the `served_page` fixture (tests/tools/co
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,8 @@ from selenium.common.exceptions import NoSuchElementException, StaleElementRefer
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from tests.tools.serving import Server
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -136,3 +140,60 @@ def test_live_page(served_page, browser, tmp_path):
                 and (e.get("source") in ("console-api", "javascript") or "/static/" in e["message"])]
     assert not errors, errors
     assert not warnings, warnings
+
+
+TOKEN = "page-test-token-0123456789abcdef"
+# the links table filled from api/status and the status events, and the stream said live
+LIVE_JS = """
+return document.querySelectorAll('#links tbody tr td.num').length > 0
+    && document.getElementById('conn').textContent === 'live';
+"""
+
+
+def test_live_page_with_a_token(ten_seconds_pcap, browser, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    os.chmod(token_file, 0o600)
+    server = Server(["--link", f"main={ten_seconds_pcap}", "--loop", "--token-file",
+                     str(token_file)], tmp_path / "state", tmp_path / "serve.log",
+                    token=TOKEN).start()
+    try:
+        url = f"http://127.0.0.1:{server.port}/"
+        wait = WebDriverWait(browser, TIMEOUT, poll_frequency=0.5,
+                             ignored_exceptions=(NoSuchElementException,
+                                                 StaleElementReferenceException))
+        # no token yet: the page asks for it; a wrong one is refused
+        browser.get(url)
+        form = wait.until(lambda d: d.find_element(By.ID, "login").is_displayed() and
+                          d.find_element(By.ID, "login"), "the page did not ask for the token")
+        field = browser.find_element(By.ID, "login-token")
+        field.send_keys(TOKEN + "x")
+        form.find_element(By.CSS_SELECTOR, "button").click()
+        wait.until(lambda d: "wrong token" in d.find_element(By.ID, "login-error").text,
+                   "a wrong token was not refused")
+        assert not browser.get_cookies()
+        field.clear()
+        field.send_keys(TOKEN)
+        form.find_element(By.CSS_SELECTOR, "button").click()
+        wait.until(lambda d: d.execute_script(LIVE_JS), "the page did not go live")
+        assert not browser.find_element(By.ID, "login").is_displayed()
+        cookies = browser.get_cookies()
+        assert len(cookies) == 1 and cookies[0]["httpOnly"] and \
+            cookies[0]["sameSite"] == "Strict" and TOKEN not in cookies[0]["value"]
+        assert browser.execute_script("return document.cookie") == ""   # out of scripts' reach
+
+        # `#token=T`: logged in, and the token gone from the address before anything else
+        browser.delete_all_cookies()
+        browser.get("about:blank")
+        browser.get(f"{url}#token={TOKEN}")
+        wait.until(lambda d: d.execute_script(LIVE_JS), "the page did not go live")
+        assert browser.current_url == url
+        assert TOKEN not in browser.execute_script("return location.href + history.state")
+
+        # the console: only the 401s of the first load, before the token was given
+        logs = browser.get_log("browser")
+        errors = [e for e in logs if e["level"] == "SEVERE" and "401" not in e["message"]]
+        assert not errors, errors
+        assert not any(TOKEN in e["message"] for e in logs)
+    finally:
+        server.stop()

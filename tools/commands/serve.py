@@ -40,7 +40,24 @@ from tools.commands.params import Duration
               help="Where the control API and the page listen. A non-loopback address "
                    "needs --token-file.")
 @click.option("--token-file", default=None, type=click.Path(dir_okay=False),
-              help="A file holding the token every request must carry.")
+              help="A file holding the token every request must carry (mode 0600: one "
+                   "others may read is refused).")
+@click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME[:PORT]",
+              help="A Host name requests may carry besides the server's own address and "
+                   "loopback names (repeatable): a reverse proxy's public name. Others get "
+                   "421 (DNS rebinding).")
+@click.option("--max-body", "max_body", type=click.IntRange(1024, 1 << 30), default=1 << 20,
+              show_default=True, metavar="BYTES", help="The largest request body (413).")
+@click.option("--request-timeout", "request_timeout", type=Duration(), default="10s",
+              show_default=True, help="A client has this long to send a whole request; "
+                                      "its connection is then closed.")
+@click.option("--max-connections", "max_connections", type=click.IntRange(8, 100_000),
+              default=200, show_default=True,
+              help="Open HTTP connections; past it the oldest one still sending its "
+                   "request is closed.")
+@click.option("--max-streams", "max_streams", type=click.IntRange(1, 10_000), default=32,
+              show_default=True, help="Event streams (pages) and tails open at once; "
+                                      "past it, 503.")
 @click.option("--master", default=None, metavar="URL", help="Spark master (default local[*]).")
 @click.option("--spool", default=None, type=click.Path(file_okay=False),
               help="A directory shared with capture agents (`oopscope agent --spool DIR` "
@@ -73,7 +90,8 @@ from tools.commands.params import Duration
 @click.option("--ready-file", default=None, hidden=True,
               help="Write the server's URL here once it listens (for scripts and tests).")
 def serve(interfaces, links, records, schema_files, csv_separator, speed, loop, state,
-          output_root, listen, token_file, master, spool, agent_timeout, fanout, punctuate_every, lull_slack, promiscuous, snaplen,
+          output_root, listen, token_file, allow_hosts, max_body, request_timeout,
+          max_connections, max_streams, master, spool, agent_timeout, fanout, punctuate_every, lull_slack, promiscuous, snaplen,
           ring_blocks, ring_block_size, direction, ready_file) -> None:
     """Run the appliance: capture on the links, run the queries submitted to it.
 
@@ -95,6 +113,7 @@ def serve(interfaces, links, records, schema_files, csv_separator, speed, loop, 
 
     from tools.commands.run import _interfaces, _links, _separator
     from tools.serve.appliance import ServeConfig
+    from tools.serve.guard import HttpLimits, split_host
     from tools.serve.server import parse_listen, read_token
     from tools.serve.server import serve as run_server
 
@@ -117,8 +136,21 @@ def serve(interfaces, links, records, schema_files, csv_separator, speed, loop, 
                          fanout=fanout, schema_files=tuple(schema_files),
                          records=_record_links(records),
                          csv_separator=_separator(csv_separator))
-    run_server(config, parse_listen(listen, Path(state).resolve()), read_token(token_file),
-               ready_file)
+    for name in allow_hosts:
+        try:
+            ok = bool(split_host(name)[0])
+        except ValueError:
+            ok = False
+        if not ok:
+            raise click.BadParameter(f"{name!r} is not NAME or NAME:PORT",
+                                     param_hint="--allow-host")
+    if request_timeout < 10**8:
+        raise click.BadParameter("give at least 0.1s", param_hint="--request-timeout")
+    limits = HttpLimits(allow_hosts=tuple(allow_hosts), max_body=max_body,
+                        request_timeout=request_timeout / 1e9,
+                        max_connections=max_connections, max_streams=max_streams)
+    run_server(config, parse_listen(listen, Path(state).resolve()),
+               read_token(token_file, private=True), ready_file, limits)
 
 
 def _record_links(values: tuple[str, ...]) -> tuple[tuple[str, str, str], ...]:

@@ -10,12 +10,16 @@
 | `GET /api/queries/NAME/tail` | JSON lines: `{"event": "rows", ...}` as windows close, `{"event": "missed", "rows": N}` when the reader fell behind, `{"event": "end"}` |
 | `GET /api/events` | server-sent events for the page: `rows`, `status`, `queries` |
 | `POST /api/shutdown` | as SIGTERM |
+| `POST /api/login` | the page: `{"token": T}` -> its session cookie (with `--token-file`) |
 | `GET /metrics` | Prometheus text format |
 | `GET /` | the live page (`static/`) |
 
-With a token (`--token-file`), every request but the page and its static files must carry
-it: `Authorization: Bearer TOKEN`, or `?token=TOKEN` (the page's event stream cannot set
-headers); others get 401.
+Every request first passes `tools.serve.guard.Guard` (Host, Content-Type and Origin checks,
+the token, the body cap); the bodies and query strings are checked by `tools.serve.bodies`.
+With a token (`--token-file`), every request but the page, its static files and the login
+must carry it: `Authorization: Bearer TOKEN`, or the cookie the page got from `/api/login`
+(an EventSource cannot set headers; a token in the URL would stay in the browser's history).
+Event streams and tails are at most `max_streams` at once: past it, 503.
 """
 
 from __future__ import annotations
@@ -34,8 +38,10 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from tools.serve import bodies
 from tools.serve.appliance import Appliance
 from tools.serve.config import ServeError
+from tools.serve.guard import COOKIE, Guard, Hosts, HttpLimits, session_value
 from tools.serve.tail import Subscriber
 
 log = logging.getLogger(__name__)
@@ -45,46 +51,35 @@ STATIC = Path(__file__).resolve().parent / "static"
 STATUS_EVERY = 1.0
 
 
-class TokenGuard:
-    """ASGI middleware: 401 for a request without the token (when there is one)."""
+class StreamSlots:
+    """How many event streams and tails are open; a new one past `limit` is refused."""
 
-    def __init__(self, app, token: str | None):
-        self.app, self.token = app, token
+    def __init__(self, limit: int):
+        self.limit, self.open = limit, 0
+
+    def take(self) -> None:
+        if self.open >= self.limit:
+            raise ServeError(f"too many event streams and tails open ({self.limit}, serve "
+                             f"--max-streams): close one and try again", status=503)
+        self.open += 1
+
+    def give_back(self) -> None:
+        self.open -= 1
+
+
+class _Stream(StreamingResponse):
+    """A streaming reply that gives its slot back and unsubscribes however it ends (a client
+    gone before the first byte included: its generator then never runs)."""
+
+    def __init__(self, content, media_type: str, done: Callable[[], None], **kw):
+        super().__init__(content, media_type=media_type, **kw)
+        self._done = done
 
     async def __call__(self, scope, receive, send):
-        if self.token is None or scope["type"] != "http" or _public(scope.get("path", "")):
-            return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
-        given = ""
-        auth = headers.get(b"authorization", b"").decode("latin-1")
-        if auth.lower().startswith("bearer "):
-            given = auth[7:].strip()
-        else:
-            from urllib.parse import parse_qs
-
-            given = parse_qs(scope.get("query_string", b"").decode()).get("token", [""])[0]
-        if not hmac.compare_digest(given.encode(), self.token.encode()):
-            response = JSONResponse({"error": "a token is required (Authorization: Bearer "
-                                              "TOKEN)"}, status_code=401)
-            return await response(scope, receive, send)
-        return await self.app(scope, receive, send)
-
-
-def _public(path: str) -> bool:
-    """The page and its static files need no token: they hold no data, and a browser cannot
-    add one to the page's script and style requests (the page adds it to its API calls)."""
-    return path == "/" or path.startswith("/static/")
-
-
-def _schemas(value) -> list:
-    """The `schemas` of a submission: [[path, text], ...] (anything else is refused)."""
-    if value is None:
-        return []
-    if not isinstance(value, list) or not all(
-            isinstance(f, list) and len(f) == 2 and all(isinstance(x, str) for x in f)
-            for f in value):
-        raise ServeError("`schemas` must be a list of [path, text] pairs of schema files")
-    return value
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._done()
 
 
 def _error(exc: ServeError) -> JSONResponse:
@@ -92,8 +87,13 @@ def _error(exc: ServeError) -> JSONResponse:
 
 
 def make_app(appliance: Appliance, metrics, request_stop: Callable[[], None],
-             token: str | None = None):
-    """The ASGI application over `appliance`; `request_stop()` begins a shutdown."""
+             token: str | None = None, hosts: Hosts | None = None,
+             limits: HttpLimits | None = None):
+    """The ASGI application over `appliance`; `request_stop()` begins a shutdown; `hosts`:
+    the Host values naming this server (default: loopback, any port)."""
+    limits = limits or HttpLimits()
+    hosts = hosts or Hosts(None, None, unix=True)
+    slots = StreamSlots(limits.max_streams)
 
     async def status(request: Request):
         return JSONResponse(await run_in_threadpool(appliance.status))
@@ -103,20 +103,8 @@ def make_app(appliance: Appliance, metrics, request_stop: Callable[[], None],
 
     async def submit(request: Request):
         try:
-            body = await request.json()
-        except ValueError:
-            return JSONResponse({"error": "the body is not JSON"}, status_code=400)
-        if not isinstance(body, dict) or not isinstance(body.get("text"), str):
-            return JSONResponse({"error": "give the query file's text as `text`"},
-                                status_code=400)
-        try:
-            reply = await run_in_threadpool(
-                lambda: appliance.submit(text=body["text"], file=str(body.get("file") or
-                                                                     "query.gsql"),
-                                         name=body.get("name"), params=body.get("params"),
-                                         sets=body.get("sets"), outputs=body.get("outputs"),
-                                         fmt=body.get("format"),
-                                         schemas=_schemas(body.get("schemas"))))
+            args = bodies.submission(await request.body())
+            reply = await run_in_threadpool(lambda: appliance.submit(**args))
         except ServeError as exc:
             return _error(exc)
         appliance.hub.publish("queries", None, {})
@@ -124,26 +112,38 @@ def make_app(appliance: Appliance, metrics, request_stop: Callable[[], None],
 
     async def cancel(request: Request):
         try:
-            reply = await run_in_threadpool(appliance.cancel, request.path_params["name"])
+            bodies.nothing(await request.body())
+            name = bodies.path_name(request.path_params["name"])
+            reply = await run_in_threadpool(appliance.cancel, name)
         except ServeError as exc:
             return _error(exc)
         return JSONResponse(reply)
 
     async def rows(request: Request):
         try:
-            limit = int(request.query_params.get("limit", "100"))
-            return JSONResponse(appliance.rows(request.path_params["name"], limit))
-        except ValueError:
-            return JSONResponse({"error": "limit must be an integer"}, status_code=400)
+            limit = bodies.limit(request.query_params.get("limit"))
+            name = bodies.path_name(request.path_params["name"])
+            return JSONResponse(appliance.rows(name, limit))
         except ServeError as exc:
             return _error(exc)
 
+    def open_stream(streams: set[str] | None) -> tuple[Subscriber, Callable[[], None]]:
+        slots.take()
+        sub = appliance.hub.subscribe(Subscriber(asyncio.get_running_loop(), streams))
+
+        def done() -> None:
+            if sub in appliance.hub:
+                appliance.hub.unsubscribe(sub)
+                slots.give_back()
+
+        return sub, done
+
     async def tail(request: Request):
         try:
-            stream = appliance.stream_of(request.path_params["name"])
+            stream = appliance.stream_of(bodies.path_name(request.path_params["name"]))
+            sub, done = open_stream({stream})
         except ServeError as exc:
             return _error(exc)
-        sub = appliance.hub.subscribe(Subscriber(asyncio.get_running_loop(), {stream}))
 
         async def lines():
             try:
@@ -163,12 +163,15 @@ def make_app(appliance: Appliance, metrics, request_stop: Callable[[], None],
                         if e["event"] == "end":
                             return
             finally:
-                appliance.hub.unsubscribe(sub)
+                done()
 
-        return StreamingResponse(lines(), media_type="application/x-ndjson")
+        return _Stream(lines(), "application/x-ndjson", done)
 
     async def events(request: Request):
-        sub = appliance.hub.subscribe(Subscriber(asyncio.get_running_loop(), None))
+        try:
+            sub, done = open_stream(None)
+        except ServeError as exc:
+            return _error(exc)
 
         async def stream():
             try:
@@ -181,20 +184,42 @@ def make_app(appliance: Appliance, metrics, request_stop: Callable[[], None],
                         continue
                     events, _ = sub.take()
                     for e in events:
-                        kind = e.pop("event")
+                        # every subscriber reads the same event: read it, never change it
+                        kind = e["event"]
+                        data = {k: v for k, v in e.items() if k != "event"}
                         if kind == "queries":
-                            e = {"queries": await run_in_threadpool(appliance.queries)}
-                        yield f"event: {kind}\ndata: {json.dumps(e, default=str)}\n\n"
+                            data = {"queries": await run_in_threadpool(appliance.queries)}
+                        yield f"event: {kind}\ndata: {json.dumps(data, default=str)}\n\n"
             finally:
-                appliance.hub.unsubscribe(sub)
+                done()
 
-        return StreamingResponse(stream(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return _Stream(stream(), "text/event-stream", done,
+                       headers={"Cache-Control": "no-cache"})
 
     async def shutdown(request: Request):
+        try:
+            bodies.nothing(await request.body())
+        except ServeError as exc:
+            return _error(exc)
         request_stop()
         return JSONResponse({"message": "stopping: every window is being closed and written"},
                             status_code=202)
+
+    async def login(request: Request):
+        """The page's token, once, for an HttpOnly cookie its requests then carry."""
+        try:
+            given = bodies.login(await request.body())
+        except ServeError as exc:
+            return _error(exc)
+        if token is None:
+            return JSONResponse({"message": "this server needs no token"})
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            return JSONResponse({"error": "wrong token"}, status_code=401)
+        reply = JSONResponse({"message": "logged in"})
+        secure = request.headers.get("origin", "").lower().startswith("https://")
+        reply.set_cookie(COOKIE, session_value(token), httponly=True, samesite="strict",
+                         path="/", secure=secure)
+        return reply
 
     async def metrics_text(request: Request):
         body = await run_in_threadpool(metrics.text)
@@ -213,7 +238,8 @@ def make_app(appliance: Appliance, metrics, request_stop: Callable[[], None],
         Route("/api/queries/{name}/tail", tail),
         Route("/api/events", events),
         Route("/api/shutdown", shutdown, methods=["POST"]),
+        Route("/api/login", login, methods=["POST"]),
         Route("/metrics", metrics_text),
         Mount("/static", StaticFiles(directory=STATIC, check_dir=False), name="static"),
     ]
-    return TokenGuard(Starlette(routes=routes), token)
+    return Guard(Starlette(routes=routes), hosts, limits, token)

@@ -58,6 +58,9 @@ class Client:
         data = None
         if body is not None:
             data = json.dumps(body).encode()
+        if body is not None or method in ("POST", "PUT", "PATCH", "DELETE"):
+            # the server takes a state-changing request only as JSON (no HTML form can
+            # send that type across sites)
             headers["Content-Type"] = "application/json"
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"

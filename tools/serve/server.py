@@ -62,7 +62,9 @@ def parse_listen(text: str, state_dir: Path) -> Listen:
     return Listen(host=host, port=int(port))
 
 
-def read_token(path: str | None) -> str | None:
+def read_token(path: str | None, private: bool = False) -> str | None:
+    """The token in `path`; with `private` (the server's) a file others may read is refused,
+    else (a client's) it is only warned about."""
     if path is None:
         return None
     try:
@@ -73,6 +75,8 @@ def read_token(path: str | None) -> str | None:
         raise RunConfigError(f"--token-file {path}: the token is shorter than 16 characters")
     mode = Path(path).stat().st_mode
     if mode & (stat.S_IRGRP | stat.S_IROTH):
+        if private:
+            raise RunConfigError(f"--token-file {path}: readable by others (chmod 600 it)")
         log.warning("--token-file %s: readable by others (chmod 600 it)", path)
     return token
 
@@ -105,13 +109,19 @@ def bind(listen: Listen) -> socket.socket:
     return sock
 
 
-def serve(config, listen: Listen, token: str | None, ready_file: str | None = None) -> int:
-    """Run the appliance until a stop; 0 when every window was written."""
+def serve(config, listen: Listen, token: str | None, ready_file: str | None = None,
+          limits=None) -> int:
+    """Run the appliance until a stop; 0 when every window was written. `limits`: the HTTP
+    face's (`tools.serve.guard.HttpLimits`)."""
     import uvicorn
 
     from tools.serve.api import make_app
     from tools.serve.appliance import Appliance
+    from tools.serve.connections import uvicorn_options
+    from tools.serve.guard import Hosts, HttpLimits
     from tools.serve.metrics import Metrics
+
+    limits = limits or HttpLimits()
 
     if not listen.loopback and token is None:
         raise RunConfigError(f"--listen {listen.host}:{listen.port} is not a loopback "
@@ -138,9 +148,12 @@ def serve(config, listen: Listen, token: str | None, ready_file: str | None = No
     try:
         metrics = Metrics(appliance)
         appliance.watch_with(metrics)
-        app = make_app(appliance, metrics, stop.set, token)
+        port = None if listen.path is not None else sock.getsockname()[1]
+        hosts = Hosts(listen.host, port, listen.path is not None, limits.allow_hosts)
+        app = make_app(appliance, metrics, stop.set, token, hosts, limits)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
-                                               access_log=False, timeout_graceful_shutdown=2))
+                                               access_log=False, timeout_graceful_shutdown=2,
+                                               **uvicorn_options(limits)))
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
                                   name="oopscope-http", daemon=True)
         thread.start()

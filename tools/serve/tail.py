@@ -9,12 +9,16 @@ batch is complete, hands the rows to the `Hub`, which passes them to every tail 
 that subscribed, and remembers the latest rows for a page that opens later.
 
 A subscriber's buffer is bounded: a slow tail never slows the query. When it falls behind by
-more than `TAIL_ROWS` rows, its oldest rows are dropped and it is told how many it missed.
+more than `TAIL_ROWS` rows or `TAIL_BYTES` bytes (of the events as JSON), its oldest rows
+are dropped and it is told how many it missed. Every subscriber is handed its own copy of
+an event (the rows themselves are shared, and read only): a page that reshapes its event
+for the browser cannot break another page's or a tail's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -26,7 +30,9 @@ from highlevel.sinks import Sink
 log = logging.getLogger(__name__)
 
 #: rows a subscriber may have waiting before its oldest are dropped
-TAIL_ROWS = 100_000
+TAIL_ROWS = 10_000
+#: bytes (of its events as JSON) a subscriber may have waiting before its oldest are dropped
+TAIL_BYTES = 4 << 20
 #: rows remembered per stream for pages that open later
 RECENT_ROWS = 2000
 #: output latencies remembered per stream (quantiles in `queries`)
@@ -36,10 +42,11 @@ class Subscriber:
     """One tail or page: a bounded queue of events, read by an asyncio task."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, streams: set[str] | None,
-                 limit: int = TAIL_ROWS):
-        self.loop, self.streams, self.limit = loop, streams, limit
+                 limit: int = TAIL_ROWS, max_bytes: int = TAIL_BYTES):
+        self.loop, self.streams, self.limit, self.max_bytes = loop, streams, limit, max_bytes
         self.events: deque = deque()
         self.rows = 0
+        self.bytes = 0
         self.missed = 0
         self.ended: set[str] = set()
         self.wakeup = asyncio.Event()
@@ -48,22 +55,28 @@ class Subscriber:
     def wants(self, stream: str) -> bool:
         return self.streams is None or stream in self.streams
 
-    def put(self, event: dict, rows: int) -> None:
+    def put(self, event: dict, rows: int, size: int = 0) -> None:
         with self._lock:
-            self.events.append((event, rows))
+            self.events.append((event, rows, size))
             self.rows += rows
-            while self.rows > self.limit and len(self.events) > 1:
-                _, n = self.events.popleft()
+            self.bytes += size
+            while (self.rows > self.limit or self.bytes > self.max_bytes) \
+                    and len(self.events) > 1:
+                _, n, b = self.events.popleft()
                 self.rows -= n
+                self.bytes -= b
                 self.missed += n
-        self.loop.call_soon_threadsafe(self.wakeup.set)
+        try:
+            self.loop.call_soon_threadsafe(self.wakeup.set)
+        except RuntimeError:
+            pass                  # its loop has closed (the server is stopping)
 
     def take(self) -> tuple[list[dict], int]:
         """The waiting events and the rows missed since the last take."""
         with self._lock:
-            events = [e for e, _ in self.events]
+            events = [e for e, _, _ in self.events]
             self.events.clear()
-            self.rows = 0
+            self.rows = self.bytes = 0
             missed, self.missed = self.missed, 0
         self.wakeup.clear()
         return events, missed
@@ -88,12 +101,18 @@ class Hub:
             if sub in self._subs:
                 self._subs.remove(sub)
 
+    def __contains__(self, sub: Subscriber) -> bool:
+        with self._lock:
+            return sub in self._subs
+
     def publish(self, kind: str, stream: str | None, data: dict, rows: int = 0) -> None:
-        event = {"event": kind, **data}
         with self._lock:
             subs = [s for s in self._subs if stream is None or s.wants(stream)]
+        if not subs:
+            return
+        size = len(json.dumps(data, default=str)) if rows else 0
         for s in subs:
-            s.put(event, rows)
+            s.put({"event": kind, **data}, rows, size)
 
     def rows(self, stream: str, columns: list[str], rows: list[list], batch: int,
              closed_ns: int | None = None) -> None:

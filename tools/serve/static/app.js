@@ -2,6 +2,10 @@
 // numeric column per window and a table of its latest closed windows. Plain JS, no build step.
 // Data: api/status, api/queries, api/queries/NAME/rows (JSON) and api/events (server-sent
 // events: rows, status, queries). Paths are relative so the page works behind a path prefix.
+// A server with a token answers 401 until the page logs in: the token, typed into the form or
+// given as `#token=T` (a fragment never reaches the server, and is removed from the address
+// and the history at once), is posted once to api/login, which sets an HttpOnly cookie that
+// every later request, the event stream's included, carries. The token is never in a URL.
 "use strict";
 
 (() => {
@@ -10,7 +14,6 @@
   const KEEP_ROWS = 1000;    // raw rows kept (the chart keeps per-window sums instead)
   const MAX_POINTS = 1000;   // windows kept and drawn
   const CHART_HEIGHT = 240;
-  const token = new URLSearchParams(location.search).get("token");
 
   const state = {
     queries: [],      // api/queries
@@ -39,14 +42,15 @@
   const $ = (id) => document.getElementById(id);
 
   function api(path, params = {}) {
-    const q = new URLSearchParams(params);
-    if (token !== null) q.set("token", token);
-    const s = q.toString();
+    const s = new URLSearchParams(params).toString();
     return s ? `${path}?${s}` : path;
   }
 
+  class Unauthorised extends Error {}
+
   async function getJSON(path, params) {
     const r = await fetch(api(path, params), { cache: "no-store" });
+    if (r.status === 401) throw new Unauthorised(`${path}: the server wants its token`);
     if (!r.ok) throw new Error(`${path}: HTTP ${r.status}`);
     return r.json();
   }
@@ -399,13 +403,17 @@
     if (state.chart) state.chart.setSize({ width: $("chart").clientWidth, height: CHART_HEIGHT });
   }).observe($("chart"));
 
+  let events = null;
+
   function connect() {
-    const es = new EventSource(api("api/events"));
+    if (events) events.close();
+    const es = events = new EventSource(api("api/events"));
     es.addEventListener("open", () => setConn(true));
     es.addEventListener("error", () => {
       setConn(false);
-      // the browser reconnects by itself unless the server refused the stream
-      if (es.readyState === EventSource.CLOSED) setTimeout(connect, 5000);
+      // the browser reconnects by itself unless the server refused the stream (a 401 after
+      // a restart with another token, or too many streams): then ask again, later
+      if (es.readyState === EventSource.CLOSED && es === events) setTimeout(start, 5000);
     });
     es.addEventListener("status", (e) => { setConn(true); renderStatus(JSON.parse(e.data)); });
     es.addEventListener("queries", (e) => setQueries(JSON.parse(e.data)));
@@ -413,12 +421,78 @@
   }
 
   async function refresh(path, apply) {
-    try { apply(await getJSON(path)); } catch (e) { setConn(false, "server unreachable"); }
+    try {
+      apply(await getJSON(path));
+    } catch (e) {
+      if (e instanceof Unauthorised) askToken();
+      else setConn(false, "server unreachable");
+    }
   }
 
-  refresh("api/status", renderStatus);
-  refresh("api/queries", setQueries);
-  connect();
-  // late packets, evictions and latency change between batches too
-  setInterval(() => refresh("api/queries", setQueries), 3000);
+  // ---- the token (a server started with --token-file) ----------------------------------------
+
+  async function login(token) {
+    const r = await fetch("api/login", {
+      method: "POST", cache: "no-store", headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ token }),
+    });
+    if (!r.ok) {
+      let why = `HTTP ${r.status}`;
+      try { why = (await r.json()).error || why; } catch (e) { /* not JSON: the status says it */ }
+      throw new Error(why);
+    }
+  }
+
+  function askToken(why) {
+    if (events) { events.close(); events = null; }
+    setConn(false, "token needed");
+    $("login").hidden = false;
+    $("login-error").textContent = why || "";
+    $("login-token").focus();
+  }
+
+  $("login").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const input = $("login-token");
+    try {
+      await login(input.value);
+    } catch (err) {
+      askToken(`not logged in: ${err.message}`);
+      return;
+    }
+    input.value = "";
+    $("login").hidden = true;
+    start();
+  });
+
+  // A token given as #token=T: taken out of the address (and so of the history) first.
+  async function fragmentLogin() {
+    const given = new URLSearchParams(location.hash.slice(1)).get("token");
+    if (given === null) return null;
+    history.replaceState(null, "", location.pathname + location.search);
+    try { await login(given); return null; } catch (err) { return `not logged in: ${err.message}`; }
+  }
+
+  let polling = null;
+
+  async function start() {
+    try {
+      renderStatus(await getJSON("api/status"));
+    } catch (e) {
+      if (e instanceof Unauthorised) askToken();
+      else { setConn(false, "server unreachable"); setTimeout(start, 5000); }
+      return;
+    }
+    $("login").hidden = true;
+    refresh("api/queries", setQueries);
+    connect();
+    // late packets, evictions and latency change between batches too
+    if (polling === null) polling = setInterval(() => refresh("api/queries", setQueries), 3000);
+  }
+
+  const begin = () => fragmentLogin().then((why) => (why ? askToken(why) : start()));
+  window.addEventListener("hashchange", () => {
+    if (new URLSearchParams(location.hash.slice(1)).has("token")) begin();
+  });
+  begin();
 })();
