@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from capture.schema import Field, RecordFormat
+from common.datafiles import DataFiles
 from queries import expressions as E
 from queries import types as T
 from queries.errors import QueryError
@@ -26,6 +27,10 @@ class QueryAnalyser(Protocol):
     @property
     def functions(self) -> FunctionLibrary | None:
         """User-defined functions: declarations and their Python module (`queries.udf`)."""
+
+    @property
+    def files(self) -> DataFiles:
+        """Which files the query may read (prefix and regular expression files)."""
 
     @property
     def flow_mode(self) -> bool:

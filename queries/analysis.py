@@ -17,6 +17,7 @@ import re
 from collections.abc import Set as AbstractSet
 
 from capture.schema import BUILTIN, Schema
+from common.datafiles import ANY_FILE, DataFiles
 from common.errors import ConfigError
 from queries import expressions as E
 from queries import types as T
@@ -78,11 +79,13 @@ class Analyser:
     def __init__(self, tree: E.QueryFile, links: list[str] | None = None,
                  params: dict[str, str] | None = None, overrides: dict[str, str] | None = None,
                  source: str | None = None, schema: Schema = BUILTIN,
-                 functions: FunctionLibrary | None = None):
+                 functions: FunctionLibrary | None = None, files: DataFiles = ANY_FILE):
         self.tree = tree
         self.schema = schema
         #: user-defined functions: declarations and their Python module (`queries.udf`)
         self.functions = functions
+        #: which files the queries may read (`common.datafiles`: the appliance's --data-dir)
+        self.files = files
         self.links = list(links) if links else None
         self.params = dict(params or {})
         self.overrides = dict(overrides or {})
@@ -938,8 +941,10 @@ def _window_example(base: E.Field, name: str) -> str:
 def analyse_file(tree: E.QueryFile, links: list[str] | None = None,
                  params: dict[str, str] | None = None, overrides: dict[str, str] | None = None,
                  source: str | None = None, schema: Schema = BUILTIN,
-                 functions: FunctionLibrary | None = None) -> list[AnalysedQuery]:
+                 functions: FunctionLibrary | None = None,
+                 files: DataFiles = ANY_FILE) -> list[AnalysedQuery]:
     """Analyse every query of a parsed file against `schema` (the built-in packet protocols
     and those of schema files, `queries.schemafile`; see the module docstring), with the
-    user-defined functions of `functions` (`queries.udf`)."""
-    return Analyser(tree, links, params, overrides, source, schema, functions).run()
+    user-defined functions of `functions` (`queries.udf`), reading the files its queries
+    name as `files` allows (`common.datafiles`)."""
+    return Analyser(tree, links, params, overrides, source, schema, functions, files).run()

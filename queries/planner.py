@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import cast
 
 from capture.schema import BUILTIN, Schema
+from common.datafiles import ANY_FILE, DataFiles
 from common.errors import ConfigError, LinkError
 from queries import expressions as E
 from queries import types as T
@@ -61,28 +62,31 @@ _SUB_OF = {"COUNT": "count", "SUM": "sum", "MIN": "min", "MAX": "max", "AND_AGGR
 
 def plan_text(text: str, links: list[str], params: dict[str, str] | None = None,
               overrides: dict[str, str] | None = None, path: str | None = None,
-              schema: Schema = BUILTIN, functions: FunctionLibrary | None = None) -> FilePlan:
+              schema: Schema = BUILTIN, functions: FunctionLibrary | None = None,
+              files: DataFiles = ANY_FILE) -> FilePlan:
     """Parse and plan query text (errors show the offending source line)."""
     from queries.parser import parse
 
     return plan_file(parse(text, path=path), links, params, overrides, source=text,
-                     schema=schema, functions=functions)
+                     schema=schema, functions=functions, files=files)
 
 
 def plan_file(tree: E.QueryFile, links: list[str], params: dict[str, str] | None = None,
               overrides: dict[str, str] | None = None, source: str | None = None,
-              schema: Schema = BUILTIN, functions: FunctionLibrary | None = None) -> FilePlan:
+              schema: Schema = BUILTIN, functions: FunctionLibrary | None = None,
+              files: DataFiles = ANY_FILE) -> FilePlan:
     """Plan every query of a parsed file for a run over `links` (QueryError / ConfigError),
     its protocols resolved against `schema` (`queries.schemafile.schema_for` adds those of
-    schema files to the built-in packet protocols) and its user-defined functions against
-    `functions` (`queries.udf`)."""
+    schema files to the built-in packet protocols), its user-defined functions against
+    `functions` (`queries.udf`), the files it names read as `files` allows
+    (`common.datafiles`: any file for `run`, the --data-dir directories for the appliance)."""
     links = list(links)
     if not links:
         raise ConfigError("a run needs at least one link (e.g. --link main=trace.pcap)")
     twice = sorted({name for name in links if links.count(name) > 1})
     if twice:
         raise LinkError(f"link {', '.join(twice)} given twice")
-    analysed = analyse_file(tree, links, params, overrides, source, schema, functions)
+    analysed = analyse_file(tree, links, params, overrides, source, schema, functions, files)
     readers: dict[str, list[str]] = {}
     for aq in analysed:
         for s in aq.sources:

@@ -13,20 +13,24 @@ skipped; bits of the address beyond the length are ignored (the manual's `1.2.3.
 
 The table is the sorted disjoint intervals of the 128-bit address space (IPv4 as IPv4-mapped
 addresses, `::ffff:a.b.c.d`, the form of the `ip` type), each with the id of the longest
-prefix covering it. Tables are cached per (path, modification time, size): the analyser
-reads a query's file once (an error at the call), the evaluators find it loaded, and a
-changed file is read again by the next query that asks.
+prefix covering it. The file is read as the run's `common.datafiles.DataFiles` allows (the
+appliance: only below its --data-dir directories; always a regular file up to a size cap).
+Tables are kept per version of the file (path, inode, modification time, size): the analyser
+reads a query's file (an error at the call), the evaluators find its table made, and a
+changed file is parsed again by the next query that asks.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
-import os
-from functools import lru_cache
+import threading
+from collections import OrderedDict
 from typing import NamedTuple
 
 import numpy as np
+
+from common.datafiles import ANY_FILE, DataFileError, DataFiles
 
 log = logging.getLogger(__name__)
 
@@ -70,44 +74,41 @@ class PrefixTable(NamedTuple):
 
 
 def parse_prefix_line(text: str, path: str, line: int) -> Prefix | None:
-    """A prefix of one line of a prefix file (None for a blank line or a comment)."""
+    """A prefix of one line of a prefix file (None for a blank line or a comment). An error
+    names the line and what is wrong, never its text: the file may not be a prefix file at
+    all, and whoever named it may not be allowed to read it."""
     body = text.strip()
     if not body or body.startswith("#") or body.startswith("//"):
         return None
     example = "write address/length|id, e.g. 10.0.0.0/8|1"
     if body.count("|") != 1:
-        raise PrefixFileError(path, f"{body!r} is not a prefix line ({example})", line)
+        raise PrefixFileError(path, f"the line is not a prefix line ({example})", line)
     prefix, ident_text = (part.strip() for part in body.split("|"))
     if "/" not in prefix:
-        raise PrefixFileError(path, f"{prefix!r} has no prefix length ({example})", line)
+        raise PrefixFileError(path, f"the address has no prefix length ({example})", line)
     try:
         net = ipaddress.ip_network(prefix, strict=False)
     except ValueError:
-        raise PrefixFileError(path, f"{prefix!r} is not an IPv4 or IPv6 prefix ({example})",
+        raise PrefixFileError(path, f"the address is not an IPv4 or IPv6 prefix ({example})",
                               line) from None
     if not ident_text.isdigit() or int(ident_text) > UINT_MAX:
-        raise PrefixFileError(path, f"the id {ident_text!r} is not a uint (0 to {UINT_MAX})",
-                              line)
+        raise PrefixFileError(path, f"the id is not a uint (0 to {UINT_MAX})", line)
     if net.version == 4:
         return Prefix(MAPPED | int(net.network_address), 96 + net.prefixlen,
                       int(ident_text), line)
     return Prefix(int(net.network_address), net.prefixlen, int(ident_text), line)
 
 
-def parse_prefix_file(path: str) -> list[Prefix]:
-    """Every prefix of a file (PrefixFileError naming the file and line of a bad one, or of a
-    prefix given twice with different ids)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        raise PrefixFileError(path, f"not found (relative paths are read from the working "
-                              f"directory, {os.getcwd()})") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PrefixFileError(path, f"cannot be read: {exc}") from None
+def parse_prefix_text(data: bytes, path: str) -> list[Prefix]:
+    """Every prefix of a prefix file's bytes (PrefixFileError naming the file and line of a
+    bad one, or of a prefix given twice with different ids)."""
     seen: dict[tuple[int, int], Prefix] = {}
     out = []
-    for number, text in enumerate(lines, start=1):
+    for number, raw in enumerate(data.splitlines(), start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise PrefixFileError(path, "not UTF-8 text", number) from None
         p = parse_prefix_line(text, path, number)
         if p is None:
             continue
@@ -120,6 +121,14 @@ def parse_prefix_file(path: str) -> list[Prefix]:
         seen[(p.start, p.length)] = p
         out.append(p)
     return out
+
+
+def parse_prefix_file(path: str, files: DataFiles = ANY_FILE) -> list[Prefix]:
+    """Every prefix of the file `path` names, read as `files` allows (PrefixFileError)."""
+    try:
+        return parse_prefix_text(files.read(path), path)
+    except DataFileError as exc:
+        raise PrefixFileError(path, exc.rule) from None
 
 
 def build_table(prefixes: list[Prefix]) -> PrefixTable:
@@ -154,21 +163,32 @@ def build_table(prefixes: list[Prefix]) -> PrefixTable:
                        np.array([ids[k] for k in keep], np.int64), len(prefixes))
 
 
-@lru_cache(maxsize=32)
-def _load(path: str, mtime_ns: int, size: int) -> PrefixTable:  # noqa: ARG001 (cache key)
-    table = build_table(parse_prefix_file(path))
-    log.info("prefix file %s: %d prefixes, %d intervals", path, table.prefixes,
-             len(table.ids))
-    return table
+#: tables of the prefix files read lately, by the version of the file (`OpenDataFile.version`)
+_TABLES: OrderedDict[tuple, PrefixTable] = OrderedDict()
+_TABLES_LOCK = threading.Lock()
+_KEPT = 32
 
 
-def load_table(path: str) -> PrefixTable:
-    """The table of a prefix file, read once per version of the file (PrefixFileError)."""
+def load_table(path: str, files: DataFiles = ANY_FILE) -> PrefixTable:
+    """The table of the prefix file `path` names, read as `files` allows (its directories, a
+    regular file, its size cap) and parsed once per version of the file (PrefixFileError).
+    The evaluators call it per batch: an unchanged file is opened and its status read, not
+    its bytes."""
     try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise PrefixFileError(path, f"not found (relative paths are read from the working "
-                              f"directory, {os.getcwd()})") from None
-    except OSError as exc:
-        raise PrefixFileError(path, f"cannot be read: {exc}") from None
-    return _load(path, st.st_mtime_ns, st.st_size)
+        with files.open(path) as f:
+            with _TABLES_LOCK:
+                table = _TABLES.get(f.version)
+                if table is not None:
+                    _TABLES.move_to_end(f.version)
+                    return table
+            data = f.read()
+    except DataFileError as exc:
+        raise PrefixFileError(path, exc.rule) from None
+    table = build_table(parse_prefix_text(data, path))
+    log.info("prefix file %s: %d prefixes, %d intervals", f.path, table.prefixes,
+             len(table.ids))
+    with _TABLES_LOCK:
+        _TABLES[f.version] = table
+        while len(_TABLES) > _KEPT:
+            _TABLES.popitem(last=False)
+    return table

@@ -8,7 +8,6 @@ aggregation, where a column must be a group item or sit inside an aggregate.
 from __future__ import annotations
 
 import difflib
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -206,7 +205,7 @@ class Scope:
         if T.function_type(name, types) is None:
             raise self.error(node, f"{name} does not take ({', '.join(types)}): {doc}")
         if name in STRING_FUNCTIONS:
-            args = check_call(name, node.args["args"], args, self.error)
+            args = check_call(name, node.args["args"], args, self.error, self.a.files)
         if name in HANDLE_ARGUMENTS:
             args = self._prefix_file(node, args, HANDLE_ARGUMENTS[name])
         if name == "prefix":
@@ -219,8 +218,10 @@ class Scope:
         return node.replace(name=name, args=args)
 
     def _prefix_file(self, node: E.Func, args: list[E.Expr], index: int) -> list[E.Expr]:
-        """The prefix file of getlpmid, read now (a missing or broken file is an error at the
-        call, naming the file's line) and named by its absolute path for every evaluator."""
+        """The prefix file of getlpmid, read now as the run's `DataFiles` allows (a missing,
+        refused or broken file is an error at the call, naming the file's line) and named by
+        its resolved path for every evaluator."""
+        from common.datafiles import DataFileError
         from queries.prefixfile import PrefixFileError, load_table
 
         written = node.args["args"][index]
@@ -228,11 +229,12 @@ class Scope:
         if not (isinstance(arg, E.Literal) and isinstance(arg.value, str)):
             raise self.error(written, f"the prefix file of {node.name} must be a string "
                              f"literal (a GS-lite HANDLE: the file is read once per query)")
-        path = os.path.abspath(arg.value)
+        files = self.a.files
         try:
-            load_table(path)
-        except PrefixFileError as exc:
-            raise self.error(written, str(exc).replace(path, arg.value, 1)) from None
+            load_table(arg.value, files)
+            path = files.resolve(arg.value)
+        except (PrefixFileError, DataFileError) as exc:
+            raise self.error(written, str(exc)) from None
         return [*args[:index], arg.replace(value=path), *args[index + 1:]]
 
     def super_aggregate(self, node: E.SuperAggregate) -> E.SuperAggregate:

@@ -22,10 +22,10 @@ level, in `highlevel.strings`; `check_call` checks a call's constant arguments a
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from common.datafiles import ANY_FILE, DataFileError, DataFiles
 from queries import expressions as E
 from queries.errors import QueryError
 
@@ -139,13 +139,13 @@ ErrorAt = Callable[[E.Node, str], QueryError]
 
 
 def check_call(name: str, written: list[E.Expr], args: list[E.Expr],
-               error: ErrorAt) -> list[E.Expr]:
+               error: ErrorAt, files: DataFiles = ANY_FILE) -> list[E.Expr]:
     """The resolved arguments `args` of a call of string function `name`, its constant
     arguments checked (a QueryError made by `error(node, message)` at the argument as
     `written`): a regular expression and a HANDLE string must be string literals, a length
-    an integer literal; the file of `str_file_regex_match` is read now (missing, unreadable
-    or not one regular expression: an error at the file name) and named by its absolute path
-    for every evaluator, as getlpmid's prefix file."""
+    an integer literal; the file of `str_file_regex_match` is read now, as `files` allows
+    (missing, unreadable, not allowed or not one regular expression: an error at the file
+    name) and named by its resolved path for every evaluator, as getlpmid's prefix file."""
     out = list(args)
     for i, want in enumerate(STRING_FUNCTIONS[name].params):
         arg = args[i]
@@ -165,11 +165,11 @@ def check_call(name: str, written: list[E.Expr], args: list[E.Expr],
                             f"string literal (a GS-lite HANDLE: the file is read once per "
                             f"query)")
             assert isinstance(arg, E.Literal)
-            path = os.path.abspath(arg.value)
             try:
-                regex_from_file(path, reread=True)
-            except RegexFileError as exc:
-                raise error(written[i], str(exc).replace(path, arg.value, 1)) from None
+                regex_from_file(arg.value, reread=True, files=files)
+                path = files.resolve(arg.value)
+            except (RegexFileError, DataFileError) as exc:
+                raise error(written[i], str(exc)) from None
             out[i] = arg.replace(value=path)
     return out
 
@@ -183,30 +183,30 @@ class RegexFileError(ValueError):
         self.path = path
 
 
-#: absolute path -> the regular expression read from it (by the last query planned)
+#: resolved path -> the regular expression read from it (by the last query planned)
 _REGEX_FILES: dict[str, str] = {}
 
 
-def regex_from_file(path: str, reread: bool = False) -> str:
-    """The regular expression in file `path` (relative to the working directory): the file's
-    text without the line end closing it, one line. Read once: when a query is planned
+def regex_from_file(path: str, reread: bool = False, files: DataFiles = ANY_FILE) -> str:
+    """The regular expression in the file `path` names, read as `files` allows (relative:
+    to the working directory, or to the appliance's first --data-dir): the file's text
+    without the line end closing it, one line. Read once: when a query is planned
     (`reread`, `check_call`), else by the first evaluator that asks; evaluators then use what
     was read, so a file changed while a query runs is not read again by it (GS-lite's reload
-    timeout is not implemented). RegexFileError when it cannot be read or is not one valid
-    regular expression (checked by RE2, the low level's engine)."""
-    path = os.path.abspath(path)
-    if not reread and path in _REGEX_FILES:
-        return _REGEX_FILES[path]
+    timeout is not implemented). RegexFileError when it may not or cannot be read or is not
+    one valid regular expression (checked by RE2, the low level's engine); the error never
+    shows what the file holds."""
     try:
-        with open(path, encoding="utf-8", newline="") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise RegexFileError(path, f"not found (relative paths are read from the working "
-                             f"directory, {os.getcwd()})") from None
+        real = files.resolve(path)
+        if not reread and real in _REGEX_FILES:
+            return _REGEX_FILES[real]
+        data = files.read(path)
+    except DataFileError as exc:
+        raise RegexFileError(path, exc.rule) from None
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise RegexFileError(path, "is not UTF-8 text") from None
-    except OSError as exc:
-        raise RegexFileError(path, f"cannot be read: {exc.strerror or exc}") from None
     pattern = text[:-1] if text.endswith("\n") else text
     pattern = pattern[:-1] if pattern.endswith("\r") else pattern
     if not pattern:
@@ -215,7 +215,7 @@ def regex_from_file(path: str, reread: bool = False) -> str:
         raise RegexFileError(path, "holds more than one line: it must hold one regular "
                              "expression (write alternatives as a|b)")
     _check_regex(path, pattern)
-    _REGEX_FILES[path] = pattern
+    _REGEX_FILES[real] = pattern
     return pattern
 
 
@@ -226,6 +226,8 @@ def _check_regex(path: str, pattern: str) -> None:
     try:
         pc.match_substring_regex(pa.array([""], pa.string()), "(?m)" + pattern)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        why = str(exc).split(":", 1)[-1].strip() or str(exc)
-        raise RegexFileError(path, f"{pattern!r} is not a regular expression ({why})") \
-            from None
+        # Arrow's text is "Invalid regular expression: <RE2's kind>: <the part of the
+        # pattern>": only the kind is said, the pattern is the file's contents
+        parts = str(exc).split(": ")
+        why = f" ({parts[1].strip()})" if len(parts) > 2 else ""
+        raise RegexFileError(path, f"is not a regular expression{why}") from None

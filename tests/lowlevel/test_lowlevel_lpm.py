@@ -118,6 +118,9 @@ def test_malformed_lines_name_file_and_line(tmp_path, text, line, what):
         prefixfile.load_table(str(path))
     assert f"{path}:{line}:" in str(info.value)
     assert what in str(info.value)
+    # the line is named, never shown: the file may hold what its reader must not see
+    bad = text.splitlines()[line - 1]
+    assert bad not in str(info.value)
 
 
 def test_missing_file_and_reload(tmp_path):

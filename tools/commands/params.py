@@ -1,6 +1,7 @@
-"""Click parameter types shared by the oopscope commands: durations (`10s`, `1min`, `2h`) and counts (`5M`).
+"""Click parameter types shared by the oopscope commands: durations (`10s`, `1min`, `2h`), counts
+(`5M`) and memory sizes (`512MiB`, `4GiB`).
 
-Both parse with plain functions (`parse_duration`, `parse_count`) that library code and tests can
+They parse with plain functions (`parse_duration`, `parse_count`) that library code and tests can
 call directly; the click types only turn their `ValueError` into a usage error naming the option.
 """
 
@@ -30,6 +31,11 @@ DURATION_UNITS: dict[str, int] = {
 COUNT_SUFFIXES: dict[str, int] = {"": 1, "k": 1_000, "m": 1_000_000, "g": 1_000_000_000}
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zµ]*)\s*$", re.IGNORECASE)
+#: memory size suffixes (binary, as memory is counted: 4G is 4 GiB)
+SIZE_SUFFIXES: dict[str, int] = {"": 1, "b": 1, **{f"{p}{s}": 1 << (10 * (i + 1))
+                                                 for i, p in enumerate("kmgt")
+                                                 for s in ("", "b", "ib")}}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
 _COUNT_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmg]?)\s*$", re.IGNORECASE)
 
 
@@ -74,6 +80,23 @@ def parse_count(text: str | int) -> int:
     return int(value)
 
 
+def parse_size(text: str | int) -> int:
+    """A positive number of bytes from `512MiB`, `4GiB`, `4G`, `1.5GiB` or a bare number of
+    bytes (binary suffixes: K, M, G, T, with or without B or iB)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        m = _SIZE_RE.match(str(text))
+        scale = SIZE_SUFFIXES.get(m.group(2).lower()) if m else None
+        if m is None or scale is None:
+            raise ValueError(f"not a size: {text!r} (write a number and a unit: 512MiB, "
+                             f"4GiB, 2G)")
+        value = int(float(m.group(1)) * scale) if "." in m.group(1) else int(m.group(1)) * scale
+    if value <= 0:
+        raise ValueError(f"a size must be positive: {text!r}")
+    return value
+
+
 def format_duration(ns: int) -> str:
     """The shortest exact spelling of a duration (for messages and manifests)."""
     for unit, scale in (("h", 3600 * _NS), ("min", 60 * _NS), ("s", _NS), ("ms", 1_000_000), ("us", 1_000)):
@@ -106,6 +129,18 @@ class Count(click.ParamType):
             return value
         try:
             return parse_count(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class Size(click.ParamType):
+    """A click option value like `512MiB`, `4GiB`: converted to a number of bytes."""
+
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        try:
+            return parse_size(value)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
 

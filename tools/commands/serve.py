@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tools.commands.params import Duration
+from tools.commands.params import Duration, Size
 
 
 @click.command()
@@ -87,12 +87,23 @@ from tools.commands.params import Duration
 @click.option("--direction", type=click.Choice(["in", "out", "inout"]), default="inout",
               show_default=True, help="Live capture: packets received, sent, or both (as "
                                       "tcpdump -Q; on loopback each packet counts once).")
+@click.option("--data-dir", "data_dirs", multiple=True, metavar="DIR",
+              type=click.Path(exists=True, file_okay=False),
+              help="A directory whose files submitted queries may name (repeatable): prefix "
+                   "files of getlpmid, regular expression files of str_file_regex_match; a "
+                   "relative name is read from the first. Without it a query naming a file "
+                   "is refused.")
+@click.option("--memory-budget", "memory_budget", type=Size(), default=None, metavar="SIZE",
+              help="Memory the running queries' low-level tables may take together (512MiB, "
+                   "4GiB); a submission that would exceed it is refused. Default: a quarter "
+                   "of the machine's memory, at most 4 GiB.")
 @click.option("--ready-file", default=None, hidden=True,
               help="Write the server's URL here once it listens (for scripts and tests).")
 def serve(interfaces, links, records, schema_files, csv_separator, speed, loop, state,
           output_root, listen, token_file, allow_hosts, max_body, request_timeout,
-          max_connections, max_streams, master, spool, agent_timeout, fanout, punctuate_every, lull_slack, promiscuous, snaplen,
-          ring_blocks, ring_block_size, direction, ready_file) -> None:
+          max_connections, max_streams, master, spool, agent_timeout, fanout, punctuate_every,
+          lull_slack, promiscuous, snaplen, ring_blocks, ring_block_size, direction, data_dirs,
+          memory_budget, ready_file) -> None:
     """Run the appliance: capture on the links, run the queries submitted to it.
 
     Queries are submitted (`oopscope submit`), listed (`queries`), tailed (`tail`) and
@@ -135,7 +146,8 @@ def serve(interfaces, links, records, schema_files, csv_separator, speed, loop, 
                          agent_timeout_s=None if agent_timeout is None else agent_timeout / 1e9,
                          fanout=fanout, schema_files=tuple(schema_files),
                          records=_record_links(records),
-                         csv_separator=_separator(csv_separator))
+                         csv_separator=_separator(csv_separator),
+                         data_dirs=tuple(data_dirs), memory_budget=memory_budget)
     for name in allow_hosts:
         try:
             ok = bool(split_host(name)[0])

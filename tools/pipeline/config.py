@@ -254,21 +254,22 @@ def _label(paths) -> str:
 
 
 def plan_text(text: str, path: str, links: list[str], params: dict, overrides: dict, *,
-              option: dict | None = None, subset: bool = False, schema=None):
+              option: dict | None = None, subset: bool = False, schema=None, files=None):
     """Parse and plan query text over `links` (`plan_tree`)."""
     from queries.parser import parse
 
     return plan_tree(parse(text, path=path), text, path, links, params, overrides,
-                     option=option, subset=subset, schema=schema)
+                     option=option, subset=subset, schema=schema, files=files)
 
 
 def plan_tree(tree, text: str | None, path: str, links: list[str], params: dict,
               overrides: dict, *, option: dict | None = None, subset: bool = False,
-              schema=None, functions=None):
+              schema=None, functions=None, files=None):
     """Plan a parsed query set over `links`. The links the FROM clauses name must
     be among them; with `subset` (a server's links, of which a query reads some) the set is
     planned over the links it names only, else every given link must be one of the set's.
-    `option`: the command-line option that gave each link (for the message)."""
+    `option`: the command-line option that gave each link (for the message); `files`: which
+    files the queries may read (`common.datafiles.DataFiles`; None: any its user names)."""
     from queries.explain import mentioned_links
     from queries.planner import plan_file
 
@@ -288,10 +289,12 @@ def plan_tree(tree, text: str | None, path: str, links: list[str], params: dict,
                            f"{wanted[0]}=IFACE)")
     if subset and wanted:
         links = [n for n in links if n in wanted]
+    extra = {} if files is None else {"files": files}
     if schema is None:
-        return plan_file(tree, links, params, overrides, source=text, functions=functions)
+        return plan_file(tree, links, params, overrides, source=text, functions=functions,
+                         **extra)
     return plan_file(tree, links, params, overrides, source=text, schema=schema,
-                     functions=functions)
+                     functions=functions, **extra)
 
 
 def choose_queries(plan, config: RunConfig) -> list[tuple[QueryPlan, str]]:

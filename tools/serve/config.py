@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.datafiles import DataFiles
 from common.units import NS_PER_S
 from tools.errors import RunError
 
@@ -40,6 +41,16 @@ class ServeConfig:
     #: (name, protocol, path) of the record links (`--records NAME=PROTOCOL:PATH`)
     records: tuple[tuple[str, str, str], ...] = ()
     csv_separator: str | None = None
+    #: the directories whose files a submitted query may name (`--data-dir`; none: no file)
+    data_dirs: tuple[str, ...] = ()
+    #: bytes the running queries' tables may take together (`--memory-budget`; None: the
+    #: machine's default, `tools.serve.budget.default_budget`)
+    memory_budget: int | None = None
+
+    @property
+    def data_files(self) -> DataFiles:
+        """Which files a submitted query may read (`common.datafiles`)."""
+        return DataFiles.under(self.data_dirs)
 
     @property
     def link_names(self) -> list[str]:

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.datafiles import NO_FILES, DataFiles
 from tools.errors import RunConfigError
 from tools.pipeline.feeds import AttachedFeed
 from tools.serve.tail import StreamOutput
@@ -106,7 +107,7 @@ class Submission:
 
     def __init__(self, record: Record, state_dir: Path, link_names: list[str],
                  remote: dict[str, str] | None = None, fanout: dict[str, int] | None = None,
-                 server_schemas: list | tuple = ()):
+                 server_schemas: list | tuple = (), files: DataFiles = NO_FILES):
         from tools.pipeline.config import QuerySummary, plan_text
 
         self.record = record
@@ -124,7 +125,7 @@ class Submission:
 
             schema = layered_schema(self.schema_layers)
         self.plan = plan_text(record.text, record.file, list(link_names), dict(record.params),
-                              dict(record.sets), subset=True, schema=schema)
+                              dict(record.sets), subset=True, schema=schema, files=files)
         names = list(record.outputs) or [qp.name for qp in self.plan.queries
                                           if not qp.read_by]
         for q in names:

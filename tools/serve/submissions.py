@@ -13,6 +13,7 @@ from common.errors import OopscopeError
 from common.units import INT64_MAX, NS_PER_S
 from tools.errors import RunConfigError
 from tools.pipeline.windows import first_open_window, first_window_start, when
+from tools.serve.budget import MemoryBudget
 from tools.serve.config import ServeError
 from tools.serve.submission import FORMATS, NAME_RE, Record, Submission, remove_generation
 
@@ -53,6 +54,9 @@ class Submissions:
         self._starter: SessionStarter | None = None
         self._metrics: Metrics | None = None
         self._lock = threading.RLock()
+        #: the files a submission may name (`--data-dir`) and the memory its tables may take
+        self.files = config.data_files
+        self.budget = MemoryBudget(config.memory_budget)
 
     def __len__(self) -> int:
         return len(self._running)
@@ -124,12 +128,13 @@ class Submissions:
             names, remote = self._remote.available(self.config.link_names)
             try:
                 sub = Submission(probe, self.state_dir, names, remote, self._remote.fanned,
-                                 self.schema_files)
+                                 self.schema_files, files=self.files)
                 sub.check_fanout()
                 self._links.check_kinds(sub)
                 data_clock = self._links.data_clock(sub)
             except OopscopeError as exc:     # the planner's message, with line and column
                 raise ServeError(self._remote.no_link_hint(str(exc))) from None
+            self.budget.check(sub, self._running.values())     # before anything is allocated
             if name is None:
                 name = sub.chosen[0].name if len(sub.chosen) == 1 else stem
             if not NAME_RE.match(name):
@@ -157,7 +162,7 @@ class Submissions:
             if out_dirs:
                 record.outputs = out_dirs
                 sub = Submission(record, self.state_dir, names, remote,
-                                 server_schemas=self.schema_files)
+                                 server_schemas=self.schema_files, files=self.files)
             else:
                 sub.record = record
             for qp in sub.chosen:
@@ -282,7 +287,7 @@ class Submissions:
             record.stopped_cleanly = False
         if self._remote.fanned or record.fanout:
             links = Submission(record, self.state_dir, self._plan_names(record), {}, {},
-                               self.schema_files).links
+                               self.schema_files, files=self.files).links
             self._remote.refan(record, links, cleanly)
         remote = dict(record.agents)
         shared = self._remote.shared
@@ -293,7 +298,7 @@ class Submissions:
             log.warning("query %s: its spool stays in %s (the server's --spool is now %s)",
                         record.name, record.spool_root, shared)
         sub = Submission(record, self.state_dir, self._plan_names(record), remote,
-                         server_schemas=self.schema_files)
+                         server_schemas=self.schema_files, files=self.files)
         self._links.check_kinds(sub)
         sub.build(self._hub, self._links.punctuated_at)     # to find its spools
         gap_from = sub.last_punctuation()
