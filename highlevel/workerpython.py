@@ -35,8 +35,8 @@ log = logging.getLogger(__name__)
 #: numpy, pyarrow and Numba; half a second
 MODULES = ("highlevel.udfcolumns", "highlevel.strings", "highlevel.join", "highlevel.select")
 #: where the error sends the operator
-ADVICE = ("install oopscope on every worker host at the same path, or ship the environment "
-          "(spark.archives with a packed venv and spark.pyspark.python; docs/deployment.md)")
+ADVICE = ("install oopscope on the workers or ship its environment (spark.archives, "
+          "spark.pyspark.python: docs/deployment.md)")
 
 
 def default_interpreter() -> None:
@@ -128,7 +128,7 @@ def check_executors(session, master: str, timeout_s: float | None = None) -> Non
         host, executable, missing, _, _ = bad[0]
         raise WorkerPythonError(
             f"the executors of {master} cannot import oopscope: Python {executable} on "
-            f"{host} says {missing}; {ADVICE}")
+            f"{host}: {missing}; {ADVICE}")
     mine = _release()
     hosts = sorted({r[0] for r in rows})
     for host, _, _, _, release in rows:
