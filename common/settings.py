@@ -10,6 +10,7 @@ case); an unusable value is logged once and its default used.
 | OOPSCOPE_SPARK_CDS | on | the driver JVM maps a class-data sharing archive of Spark's classes |
 | OOPSCOPE_SPARK_QUICK_JVM | on | a full-speed replay's local driver JVM runs C1 only, serial GC |
 | OOPSCOPE_SPARK_LAUNCH_CACHE | on | the driver JVM is launched with the remembered java command |
+| OOPSCOPE_EXECUTOR_CHECK_TIMEOUT | 120 | seconds a cluster's executors have to import oopscope at start (0: no check) |
 | OOPSCOPE_JVM_NICE | 0 | niceness of the driver JVM in a full-speed replay (0-19) |
 | OOPSCOPE_BACKGROUND_NICE | 10 | niceness of the stages' batch thread while the low level reads |
 | OOPSCOPE_SPECIALIZE | on | per-query flow-table kernels with their updates written out |
@@ -66,6 +67,21 @@ def spark_quick_jvm() -> bool:
 
 def spark_launch_cache() -> bool:
     return _flag("OOPSCOPE_SPARK_LAUNCH_CACHE")
+
+
+def executor_check_timeout() -> float:
+    """Seconds a cluster's executors have to answer the start check (0: none is made)."""
+    text = os.environ.get("OOPSCOPE_EXECUTOR_CHECK_TIMEOUT", "").strip()
+    if not text:
+        return 120.0
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        if "OOPSCOPE_EXECUTOR_CHECK_TIMEOUT" not in _warned:
+            _warned.add("OOPSCOPE_EXECUTOR_CHECK_TIMEOUT")
+            log.warning("OOPSCOPE_EXECUTOR_CHECK_TIMEOUT=%r is not a number of seconds; 120 "
+                        "is used", text)
+        return 120.0
 
 
 def jvm_nice() -> int:

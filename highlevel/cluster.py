@@ -4,6 +4,7 @@ The pip package ships no `sbin/start-master.sh`, but it ships `bin/spark-class`,
 the standalone daemons directly. `LocalCluster` starts one master and one worker as child
 processes in their own process groups, waits until the worker is registered (the master's
 JSON status page), and stops both by process-group id, always, even when the body fails.
+Its executors' Python workers import the oopscope of the process that started them.
 """
 
 from __future__ import annotations
@@ -64,8 +65,12 @@ class LocalCluster:
         return f"spark://127.0.0.1:{self.port}"
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        # the executors' Python workers import the oopscope this process runs, as they would
+        # on a cluster it is installed on (from a source tree: not installed at all)
+        source = str(Path(__file__).resolve().parents[1])
+        python_path = os.pathsep.join(p for p in (source, os.environ.get("PYTHONPATH")) if p)
         env = dict(os.environ, SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP="127.0.0.1",
-                   SPARK_NO_DAEMONIZE="1",
+                   SPARK_NO_DAEMONIZE="1", PYTHONPATH=python_path,
                    SPARK_DAEMON_JAVA_OPTS=f"-Dlog4j2.configurationFile=file:{log4j2_config()}")
         out = open(self.workdir / f"{name}.log", "wb")
         cmd = [str(spark_home() / "bin" / "spark-class"), *args]

@@ -19,3 +19,8 @@ class SinkError(HighLevelError):
 
 class CacheError(HighLevelError):
     """The cache directory of the JVM's start-up cannot be used (names it and says why)."""
+
+
+class WorkerPythonError(HighLevelError):
+    """A cluster's executors cannot run oopscope's Python (names the interpreter, the host and
+    what to do)."""

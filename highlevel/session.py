@@ -1,4 +1,5 @@
-"""The one SparkSession of a process: local[*] by default, quiet logs, no UI, Arrow on."""
+"""The one SparkSession of a process: local[*] by default, quiet logs, no UI, Arrow on, Python
+workers on this interpreter."""
 
 from __future__ import annotations
 
@@ -159,6 +160,9 @@ def _launch(settings: dict[str, str], nice: int):
     has exited (`highlevel.jvmcache`)."""
     from highlevel import jvmcache
     from highlevel.jvm import Launch
+    from highlevel.workerpython import default_interpreter
+
+    default_interpreter()           # the JVM reads PYSPARK_* at launch
 
     launch = Launch(list(settings.items()), nice, keep_fds=jvmcache.dump_fds())
     jvmcache.dump_launched(launch)
@@ -197,6 +201,9 @@ def get_session(master: str | None = None, *, app_name: str = "oopscope",
     False keeps the JVM's tiered compilation (paced and live runs, which last).
     `nice`: a new local driver JVM runs at this niceness (`tools.pipeline.runner`: bounded replays,
     where the low level's threads come first while both run).
+    Spark's Python workers run this interpreter unless `spark.pyspark.python` or
+    `PYSPARK_PYTHON` name another (`highlevel.workerpython`); on a cluster, the executors
+    are checked to import oopscope first (WorkerPythonError, one line, if not).
     """
     global _SESSION, _MASTER, _PENDING
     from highlevel.jvm import gateway_running
@@ -224,6 +231,10 @@ def get_session(master: str | None = None, *, app_name: str = "oopscope",
         from pyspark import SparkConf, SparkContext
         from pyspark.sql import SparkSession
 
+        from highlevel.workerpython import apply_conf, check_executors, default_interpreter
+
+        default_interpreter()       # pyspark's context reads PYSPARK_PYTHON when made
+
         builder = SparkSession.builder
         for key, value in settings.items():
             builder = builder.config(key, value)
@@ -232,7 +243,14 @@ def get_session(master: str | None = None, *, app_name: str = "oopscope",
         with _no_extension_providers(context, settings):
             session = builder.getOrCreate()
         session.sparkContext.setLogLevel("WARN")
+        apply_conf(session.sparkContext)
         log.info("Spark %s session on %s", session.version, master)
+        if not master.startswith("local"):
+            try:
+                check_executors(session, master)
+            except BaseException:
+                session.stop()        # gives the cluster's cores back
+                raise
         _SESSION, _MASTER = session, master
         return session
 
