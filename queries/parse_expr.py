@@ -300,8 +300,9 @@ class ExpressionParser(TokenCursor):
             nxt = self.peek()
             if self._typed_literal_follows(t, LITERAL_KEYWORDS | TOKEN_NAMES.keys()):
                 return self._parse_gslite_literal()
-            if self._typed_literal_follows(t, frozenset({"IPV4_VAL"})):
-                return self._parse_ip_literal()
+            if t.upper == "IPV4_VAL" and (nxt.kind is Kind.STRING or
+                                          (nxt.kind is Kind.OP and nxt.value == ":")):
+                return self._parse_ip_literal()   # the manual's spelling of IP_VAL
             if nxt.kind is Kind.OP and nxt.value == "(":
                 return self._parse_call()
             if nxt.kind is Kind.OP and nxt.value == "$" and self.peek(2).kind is Kind.OP \
