@@ -130,7 +130,7 @@ _TYPES = {"bool": ("BOOL", 4), "ushort": ("USHORT", 4), "uint": ("UINT", 4),
           "float": ("FLOAT", 8), "string": ("V_STR", 12), "v_str": ("V_STR", 12),
           "timeval": ("TIMEVAL", 16), "ip": ("IP", 4), "ipv6": ("IPV6", 16)}
 #: the file field type each `get_gdat_<type>` access function requires
-_READS = {"uint": "UINT", "ullong": "ULLONG", "ip": "IP", "ipv6": "IPV6", "string": "V_STR",
+_READS = {"uint": "UINT", "ushort": "USHORT", "ullong": "ULLONG", "ip": "IP", "ipv6": "IPV6", "string": "V_STR",
           "bool": "BOOL", "int": "INT", "llong": "LLONG", "float": "FLOAT"}
 _MAPPED = np.uint64(0x0000_FFFF_0000_0000)
 _STREAM_BLOCK = re.compile(r"\bSTREAM\s+([A-Za-z_][\w/]*)\s*(?:\([^)]*\))?\s*\{([^}]*)\}",

@@ -72,7 +72,7 @@ SEPARATOR_NAMES = {"comma": ",", "pipe": "|", "tab": "\t", "\\t": "\t", "semicol
 WRONG_FIELD_COUNT = "wrong field count"
 
 #: GS-lite access types -> the parse kind, the value range of integers
-_INT_RANGE = {"uint": (0, 2**32 - 1), "ullong": (0, 2**64 - 1), "int": (-2**31, 2**31 - 1),
+_INT_RANGE = {"ushort": (0, 2**16 - 1), "uint": (0, 2**32 - 1), "ullong": (0, 2**64 - 1), "int": (-2**31, 2**31 - 1),
               "llong": (-2**63, 2**63 - 1)}
 _FILE_CHUNK = 8 << 20
 #: what `strtod` (`%lf`) reads, for the rows Arrow's own cast refuses

@@ -28,9 +28,10 @@ log = logging.getLogger(__name__)
 #: malformed record examples kept per reason (line numbers and text, for the summary)
 EXAMPLES_PER_REASON = 3
 #: the access types of GS-lite's CSV and GDAT access functions
-_KINDS = ("uint", "ullong", "int", "llong", "float", "bool", "ip", "ipv6", "string")
+_KINDS = ("uint", "ushort", "ullong", "int", "llong", "float", "bool", "ip", "ipv6", "string")
 #: which field types each access type may fill (the value is converted as C would)
 _FILLS = {"uint": ("uint", "ullong", "int", "llong", "float", "bool"),
+          "ushort": ("uint", "ullong", "int", "llong", "float", "bool"),
           "ullong": ("uint", "ullong", "int", "llong", "float"),
           "int": ("uint", "ullong", "int", "llong", "float"),
           "llong": ("uint", "ullong", "int", "llong", "float"),

@@ -139,6 +139,9 @@ class Protocol:
     #: its ancestors (GS-lite's `base`: only `get_system_time` / `get_schemaId`): a parent
     #: of record protocols, which no query can read directly (`record` is then None)
     queryable: bool = True
+    #: why oopscope cannot read this schema-file protocol (an access function or a type it
+    #: does not know), or None: an error for a query that reads it, not for the schema file
+    unreadable: str | None = None
 
     @property
     def all_parents(self) -> tuple[str, ...]:
@@ -260,9 +263,11 @@ SCHEMA_ID = "get_schemaId"
 #: access functions every record protocol may use, whatever its format
 SYSTEM_ACCESSORS = frozenset({SYSTEM_TIME, SCHEMA_ID})
 #: the data types of GS-lite's built-in record access functions and our type of each
-RECORD_ACCESSOR_TYPES = {"uint": "uint", "ullong": "ullong", "ip": "ipv4", "ipv6": "ip",
-                         "string": "string", "bool": "bool", "int": "int", "llong": "llong",
-                         "float": "float"}
+#: (GS-lite's runtime has no ushort accessor, but its schema grammar has the type and Tigon's
+#: own schema files read `get_csv_ushort_posN`: a 16-bit unsigned value, held as a uint)
+RECORD_ACCESSOR_TYPES = {"uint": "uint", "ushort": "uint", "ullong": "ullong", "ip": "ipv4",
+                         "ipv6": "ip", "string": "string", "bool": "bool", "int": "int",
+                         "llong": "llong", "float": "float"}
 _RECORD_ACCESSOR = re.compile(r"get_(csv|gdat)_([a-z0-9]+)_pos([0-9]+)")
 
 

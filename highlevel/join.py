@@ -208,7 +208,9 @@ class JoinStage(RowStage):
     def _output_function(self, mode: str):
         """Outputs over joined rows (mode "LR"), or over one side's unmatched rows ("L"/"R")."""
         sides = [s for t, s in zip("LR", self.sides) if t in mode]
-        columns, exprs, schema = self.columns, self.out_exprs, self.out_schema
+        columns, schema = self.columns, self.out_schema
+        exprs = [(name, self._from_present_side(expr, mode), gsql)
+                 for name, expr, gsql in self.out_exprs]
         residual = self.join.residual if mode == "LR" else None
         counting, acc = self.zeros.on, self.zeros.acc
 
@@ -240,6 +242,21 @@ class JoinStage(RowStage):
                 yield R.batch_table(b, schema, out)
 
         return fn
+
+    def _from_present_side(self, expr: E.Expr, mode: str) -> E.Expr:
+        """`expr` for an unmatched row of one side (mode "L" or "R"): as GS-lite fills an
+        outer join's output, an expression of the absent side that one of the join's
+        equalities (a key or the temporal pair) equates with an expression of the present
+        side takes that expression's value: `B.k` of a left-only row of `A.k = B.k` is
+        `A.k`. Whatever else reads the absent side stays null."""
+        if mode == "LR":
+            return expr
+        pairs = list(self.join.keys)
+        if not self.band and self.join.temporal is not None:
+            pairs.append(self.join.temporal)
+        present = 0 if mode == "L" else 1
+        partner = {pair[1 - present]: pair[present] for pair in pairs}
+        return expr.transform(lambda n: partner.get(n, n))
 
     # --- one micro-batch ---------------------------------------------------------------------
     def _condition(self, lf, rf):

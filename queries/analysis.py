@@ -364,7 +364,8 @@ class Analyser:
         return self._packet_source(s, s.links, self.schema.canonical(s.protocol or ""))
 
     def _known_protocols(self) -> str:
-        names = [p for p in self.schema if self.schema.protocol(p).queryable]
+        names = [p for p in self.schema if self.schema.protocol(p).queryable
+                 and self.schema.protocol(p).unreadable is None]
         files = f", from {', '.join(self.schema.files)}" if self.schema.files else \
             "; a schema file (--schema, or packet_schema.txt beside the query) adds more"
         return ", ".join(names) + files
@@ -402,6 +403,9 @@ class Analyser:
             if len(set(links)) != len(links):
                 raise self.error(s, "a link appears twice in the union")
         p = self.schema.protocol(proto)
+        if p.unreadable is not None:
+            raise self.error(s, f"protocol {p.name} ({p.where}) cannot be read by oopscope: "
+                             f"{p.unreadable}")
         if not p.queryable:
             children = [c for c in self.schema if p.name in self.schema.protocol(c).all_parents]
             raise self.error(s, f"protocol {p.name} ({p.where}) reads nothing from the records "

@@ -298,9 +298,11 @@ class ExpressionParser(TokenCursor):
             if t.upper in RESERVED:
                 raise self.error(f"expected an expression, found keyword {t.upper}", t)
             nxt = self.peek()
-            if nxt.kind is Kind.STRING and (t.upper in LITERAL_KEYWORDS or
-                                            t.upper in TOKEN_NAMES):
+            if self._typed_literal_follows(t, LITERAL_KEYWORDS | TOKEN_NAMES.keys()):
                 return self._parse_gslite_literal()
+            if t.upper == "IPV4_VAL" and (nxt.kind is Kind.STRING or
+                                          (nxt.kind is Kind.OP and nxt.value == ":")):
+                return self._parse_ip_literal()   # the manual's spelling of IP_VAL
             if nxt.kind is Kind.OP and nxt.value == "(":
                 return self._parse_call()
             if nxt.kind is Kind.OP and nxt.value == "$" and self.peek(2).kind is Kind.OP \
@@ -317,9 +319,26 @@ class ExpressionParser(TokenCursor):
         raise self.unexpected("an expression")
 
     # --- GS-lite's primaries ------------------------------------------------------------------
+    def _typed_literal_follows(self, t: Token, keywords: frozenset[str] | set[str]) -> bool:
+        """Whether `t` starts a typed literal `KEYWORD'text'` or, as the Tigon SQL manual
+        prints them, `KEYWORD:'text'` (`IPV4_VAL:'1.2.3.4'`)."""
+        if t.upper not in keywords:
+            return False
+        nxt = self.peek()
+        if nxt.kind is Kind.OP and nxt.value == ":":
+            nxt = self.peek(2)
+        return nxt.kind is Kind.STRING
+
+    def _skip_literal_colon(self) -> None:
+        """The `:` between a literal's keyword and its string (`IP_VAL:'10.0.0.1'`)."""
+        if self.at_op(":") and self.peek().kind is Kind.STRING:
+            self.advance()
+
     def _parse_gslite_literal(self) -> Expr:
-        """`HEX'7fff'`, `LHEX'7abcdef012'`, `TIMEVAL '1.5'`: folded to an integer Literal."""
+        """`HEX'7fff'`, `LHEX'7abcdef012'`, `TIMEVAL '1.5'` (or `HEX:'7fff'`): folded to an
+        integer Literal."""
         kw = self.advance()
+        self._skip_literal_colon()
         text = self.advance().value
         try:
             value, declared = gslite_literal(kw.upper, text)
@@ -458,6 +477,7 @@ class ExpressionParser(TokenCursor):
     def _parse_ip_literal(self) -> Expr:
         kw = self.advance()
         version = 6 if kw.upper == "IPV6_VAL" else 4
+        self._skip_literal_colon()
         text = self.tok
         if text.kind is not Kind.STRING:
             example = "'2001:db8::1'" if version == 6 else "'10.1.2.3'"

@@ -56,8 +56,10 @@ TYPES: dict[str, str] = {
     "IP": "ipv4",
     **dict.fromkeys(("IPV6", "IPv6"), "ip"),
 }
-#: GS-lite types with no oopscope counterpart yet
-_UNSUPPORTED_TYPE = re.compile(r"(timeval|Timeval|TIMEVAL|[fF]string[0-9]+|FSTRING[0-9]+)")
+#: GS-lite's fixed-length strings (fstringN): strings here (a value is at most N bytes there)
+_FSTRING_TYPE = re.compile(r"(fstring|Fstring|FSTRING)[0-9]+")
+#: GS-lite types with no oopscope counterpart yet: a protocol declaring one is unreadable
+_UNSUPPORTED_TYPE = re.compile(r"(timeval|Timeval|TIMEVAL)")
 
 #: field attributes (manual table 5): name -> whether it takes a value
 PROPERTIES: dict[str, bool] = {"increasing": False, "decreasing": False, "required": False,
@@ -286,18 +288,26 @@ class _Checked:
         return self.decl.file.place(self.decl.name)
 
 
+class _Unreadable(Exception):
+    """A declaration oopscope cannot read (an access function or a type it does not know):
+    the protocol is kept, and reading it is an error (`Protocol.unreadable`)."""
+
+
 def _field_type(d: _FieldDecl) -> str:
     t = d.type.value
     if t in TYPES:
         return TYPES[t]
+    if _FSTRING_TYPE.fullmatch(t):
+        return "string"
     f = d.file
     if _UNSUPPORTED_TYPE.fullmatch(t):
-        raise f.error_at(d.type, f"type {t} is not supported yet (field {d.name.value})")
+        raise _Unreadable(f"field {d.name.value} is a {t}, a type oopscope does not read yet "
+                          f"({f.place(d.type)})")
     close = [k for k in TYPES if k.lower() == t.lower()]
     hint = f"; did you mean {close[0]}?" if close else ""
     raise f.error_at(d.type, f"unknown type {t!r} for field {d.name.value}{hint} (types: bool, "
-                     f"ushort, uint, int, ullong, llong, float, string or v_str, IP for IPv4, "
-                     f"IPV6)")
+                     f"ushort, uint, int, ullong, llong, float, string or v_str, fstringN, IP "
+                     f"for IPv4, IPV6)")
 
 
 def _properties(d: _FieldDecl) -> frozenset[str]:
@@ -384,6 +394,8 @@ class _Builder:
         self.base = base
         self.decls: dict[str, _ProtocolDecl] = {}
         self.checked: dict[str, list[_Checked]] = {}
+        #: protocol -> why oopscope cannot read it (its first unreadable declaration)
+        self.unreadable: dict[str, str] = {}
         self.all_fields: dict[str, dict[str, _Checked]] = {}
         for d in decls:
             key = d.name.value.upper()
@@ -405,6 +417,11 @@ class _Builder:
     def build(self) -> list[Protocol]:
         for key in self.decls:
             self._resolve(key, [])
+        for key, why in self.unreadable.items():
+            d = self.decls[key]
+            # one warning per protocol: the file stays usable for every other protocol
+            log.warning("%s: protocol %s cannot be read by oopscope: %s; a query reading it "
+                        "is refused", d.file.place(d.name), d.name.value, why)
         return [self._protocol(key) for key in self.decls]
 
     def _parents(self, d: _ProtocolDecl) -> list[str]:
@@ -454,15 +471,24 @@ class _Builder:
                 self._resolve(p, stack + [key])
         own = []
         for fd in d.fields:
-            c = _check_field(fd, d)
+            try:
+                c = _check_field(fd, d)
+            except _Unreadable as e:
+                self._note_unreadable(key, str(e))
+                continue
             if c is None:
                 assert fd.accessor is not None   # _check_field refuses a missing accessor
-                raise d.file.error_at(fd.accessor, f"protocol {d.name.value}: field "
-                                      f"{fd.name.value} is read by {fd.accessor.value}, which "
-                                      f"is not a record access function ({_UNREADABLE_HINT}); "
-                                      f"only the built-in packet protocols (PACKET IP IPV4 "
-                                      f"IPV6 TCP UDP ICMP) read packets")
+                self._note_unreadable(key, f"field {fd.name.value} is read by "
+                                      f"{fd.accessor.value}, which is not a record access "
+                                      f"function ({_UNREADABLE_HINT}; only the built-in packet "
+                                      f"protocols PACKET IP IPV4 IPV6 TCP UDP ICMP read "
+                                      f"packets) ({d.file.place(fd.accessor)})")
+                continue
             own.append(c)
+        for p in parents:
+            if p in self.unreadable:
+                self._note_unreadable(key, f"it inherits from {self.decls[p].name.value}, "
+                                      f"which oopscope cannot read")
         fields: dict[str, _Checked] = {}
         for p in parents:
             for c in self._inherited(p).values():
@@ -471,6 +497,10 @@ class _Builder:
             self._add(d, fields, c, own=True)
         self.checked[key] = own
         self.all_fields[key] = fields
+
+    def _note_unreadable(self, key: str, why: str) -> None:
+        if key not in self.unreadable:
+            self.unreadable[key] = why
 
     def _add(self, d: _ProtocolDecl, fields: dict[str, _Checked], c: _Checked, own: bool) -> None:
         name = c.field.name
@@ -491,6 +521,13 @@ class _Builder:
 
     def _protocol(self, key: str) -> Protocol:
         d = self.decls[key]
+        if key in self.unreadable:
+            names = [self.decls[p].name.value if p in self.decls else self.base.canonical(p)
+                     for p in self._parents(d)]
+            return Protocol(d.name.value, names[0] if names else None, 0,
+                            tuple(c.field for c in self.checked[key]), parents=tuple(names[1:]),
+                            where=f"{d.file.path}:{d.name.line}",
+                            unreadable=self.unreadable[key])
         fields = list(self.all_fields[key].values())
         kinds = [c for c in fields if c.kind is not None]
         if kinds:

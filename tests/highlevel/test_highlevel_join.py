@@ -59,7 +59,8 @@ def _nested_loop(up, down):
                 matched_b.add(j)
     out += [(a.tb, a.srcIP, a.destIP, a.Cnt, None) for i, a in enumerate(up.itertuples())
             if i not in matched_a]
-    out += [(None, None, None, None, b.Cnt) for j, b in enumerate(down.itertuples())
+    # GS-lite fills the absent side's columns its equalities equate with the present side's
+    out += [(b.tb, b.destIP, b.srcIP, None, b.Cnt) for j, b in enumerate(down.itertuples())
             if j not in matched_b]
     return pd.DataFrame(out, columns=["tb", "srcIP", "destIP", "Cnt", "back"])
 

@@ -125,7 +125,6 @@ def test_a_builtin_protocol_is_skipped_with_a_warning(caplog):
 ERRORS = [
     ("PROTOCOL P { uint8 x get_csv_uint_pos1; }", 1, 14, "unknown type 'uint8'"),
     ("PROTOCOL P { ip x get_csv_ip_pos1; }", 1, 14, "did you mean IP?"),
-    ("PROTOCOL P { timeval x get_csv_uint_pos1; }", 1, 14, "type timeval is not supported yet"),
     ("PROTOCOL P {\n  uint a get_csv_uint_pos1;\n  uint b get_gdat_uint_pos2;\n}", 3, 10,
      "mixes record formats: b is read by get_gdat_uint_pos2 (at s.txt:3:8) but a by "
      "get_csv_uint_pos1 (at s.txt:2:8)"),
@@ -135,8 +134,6 @@ ERRORS = [
      "declared uint but get_csv_ullong_pos2 reads a ullong"),
     ("PROTOCOL P { IPV6 x get_csv_ip_pos2; }", 1, 21, "read it with get_csv_ipv6_pos2"),
     ("PROTOCOL P { uint x get_csv_uint_pos0; }", 1, 21, "record positions start at 1"),
-    ("PROTOCOL P { uint x get_ipv4_ttl; }", 1, 21,
-     "field x is read by get_ipv4_ttl, which is not a record access function"),
     ("PROTOCOL P { uint x get_csv_uint_pos1;\n  uint x get_csv_uint_pos2; }", 2, 8,
      "field x is declared twice in protocol P: here and at s.txt:1:19"),
     ("PROTOCOL A { uint x get_csv_uint_pos1; }\nPROTOCOL B { uint x get_csv_uint_pos2; }\n"
@@ -165,6 +162,24 @@ ERRORS = [
     ("PROTOCOL A { uint a get_csv_uint_pos1;", 1, 39, "expected '}' to close protocol A, "
      "found the end of the file"),
 ]
+
+
+#: declarations oopscope cannot read: the file loads, the protocol is refused when read
+UNREADABLE = [
+    ("PROTOCOL P { timeval x get_csv_uint_pos1; }", "field x is a timeval", "s.txt:1:14"),
+    ("PROTOCOL P { uint x get_ipv4_ttl; }",
+     "field x is read by get_ipv4_ttl, which is not a record access function", "s.txt:1:21"),
+]
+
+
+@pytest.mark.parametrize("text,fragment,place", UNREADABLE, ids=[u[1][:30] for u in UNREADABLE])
+def test_unreadable_protocols_load_and_are_refused_when_read(text, fragment, place, caplog):
+    schema = schema_from_text(text, "s.txt")
+    assert fragment in schema.protocol("P").unreadable
+    assert any(fragment in r.getMessage() and place in r.getMessage() for r in caplog.records)
+    with pytest.raises(QueryError) as info:
+        plan_text("SELECT x FROM [csv].P", ["csv"], schema=schema)
+    assert "protocol P" in str(info.value) and fragment in str(info.value)
 
 
 @pytest.mark.parametrize("text,line,col,fragment", ERRORS, ids=[e[3][:40] for e in ERRORS])
