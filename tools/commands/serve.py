@@ -70,11 +70,15 @@ from tools.commands.params import Duration
 @click.option("--direction", type=click.Choice(["in", "out", "inout"]), default="inout",
               show_default=True, help="Live capture: packets received, sent, or both (as "
                                       "tcpdump -Q; on loopback each packet counts once).")
+@click.option("--umask", "umask", default="077", show_default=True, metavar="OCTAL",
+              callback=lambda ctx, param, value: _umask(value),
+              help="The server's umask: what it writes (state, outputs) is its user's alone "
+                   "by default; 027 lets the owning group read the results.")
 @click.option("--ready-file", default=None, hidden=True,
               help="Write the server's URL here once it listens (for scripts and tests).")
 def serve(interfaces, links, records, schema_files, csv_separator, speed, loop, state,
           output_root, listen, token_file, master, spool, agent_timeout, fanout, punctuate_every, lull_slack, promiscuous, snaplen,
-          ring_blocks, ring_block_size, direction, ready_file) -> None:
+          ring_blocks, ring_block_size, direction, umask, ready_file) -> None:
     """Run the appliance: capture on the links, run the queries submitted to it.
 
     Queries are submitted (`oopscope submit`), listed (`queries`), tailed (`tail`) and
@@ -116,7 +120,7 @@ def serve(interfaces, links, records, schema_files, csv_separator, speed, loop, 
                          agent_timeout_s=None if agent_timeout is None else agent_timeout / 1e9,
                          fanout=fanout, schema_files=tuple(schema_files),
                          records=_record_links(records),
-                         csv_separator=_separator(csv_separator))
+                         csv_separator=_separator(csv_separator), umask=umask)
     run_server(config, parse_listen(listen, Path(state).resolve()), read_token(token_file),
                ready_file)
 
@@ -130,3 +134,19 @@ def _record_links(values: tuple[str, ...]) -> tuple[tuple[str, str, str], ...]:
             raise click.BadParameter(f"{item!r} is not NAME=PROTOCOL:PATH", param_hint="--records")
         out.append((name.strip(), protocol.strip(), path.strip()))
     return tuple(out)
+
+
+def _umask(value: str) -> int:
+    try:
+        mask = int(value, 8)
+    except ValueError:
+        mask = -1
+    if not 0 <= mask <= 0o777:
+        raise click.BadParameter(f"{value!r} is not an octal umask (e.g. 077, 027)",
+                                 param_hint="--umask")
+    if mask & 0o022 != 0o022:
+        # a state directory others can write to is refused at the next start
+        raise click.BadParameter(f"{value}: would let others than the owner write the "
+                                 f"state and the outputs; keep 022 in it (e.g. 027)",
+                                 param_hint="--umask")
+    return mask

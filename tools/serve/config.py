@@ -40,6 +40,8 @@ class ServeConfig:
     #: (name, protocol, path) of the record links (`--records NAME=PROTOCOL:PATH`)
     records: tuple[tuple[str, str, str], ...] = ()
     csv_separator: str | None = None
+    #: the process's umask (`serve --umask`): state files and outputs 0600, directories 0700
+    umask: int = 0o077
 
     @property
     def link_names(self) -> list[str]:
