@@ -69,6 +69,9 @@ def test_planted_records_are_skipped_and_outputs_stay_out_of_the_state(ten_secon
     _plant(state, "ab", _record("a/b", text="SELECT nonsense"))
     _plant(state, "typed", _record("typed", generation="1"))
     _plant(state, "spool", _record("spool", spool_root=str(tmp_path)))
+    # a heartbeat and gaps of the wrong shapes: each crashed the start with a traceback
+    (state / "server.json").write_text(json.dumps({"heartbeat_ns": "soon", "clean": True}))
+    (state / "gaps.json").write_text("{}")
     # and a sound one, which resumes
     _plant(state, "good", _record("good", outputs={"persec": str(state / "good")}))
     log = tmp_path / "serve.log"
@@ -88,6 +91,8 @@ def test_planted_records_are_skipped_and_outputs_stay_out_of_the_state(ten_secon
             lines = [line for line in text.splitlines() if f"queries/{stem}.json" in line]
             assert len(lines) == 1 and why in lines[0] and "skipped" in lines[0], lines
         assert "keep me" not in text and "nonsense" not in text     # no contents echoed
+        assert "server.json: not a heartbeat" in text and "gaps.json: not a list" in text
+        assert server.client.status()["gaps"] == []
 
         # outputs into the state directory's own entries, or holding it: refused, and
         # nothing is created or recorded

@@ -147,8 +147,9 @@ class Record:
             if why is not None:
                 raise RecordError(f"an output directory: {why}")
         if value.get("spool_root", "") not in spool_roots:
-            raise RecordError("its spool_root is not the server's --spool (start it with "
-                              "the --spool it was submitted with)")
+            raise RecordError("its spool_root is not the server's shared directory (its "
+                              "--spool, or STATE/shared with --fanout): start the server "
+                              "as when it was submitted")
         return cls(**value)
 
 
@@ -174,6 +175,10 @@ def _scalar(v) -> bool:
     return v is None or isinstance(v, (str, int, float, bool))
 
 
+#: the counters of a record's `final` that the listing and the metrics add up
+_COUNTERS = ("rows_out", "partial_rows", "evictions", "flushes", "late_packets",
+             "zero_divisor_packets", "zero_divisor_rows", "generation")
+
 #: field -> (whether a JSON value fits it, what it should be): a record loaded from the state
 #: directory is checked against these before anything acts on it
 _FIELD_SHAPES: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -195,7 +200,9 @@ _FIELD_SHAPES: dict[str, tuple[Callable[[Any], bool], str]] = {
               "running, cancelled or failed"),
     "error": (lambda v: v is None or isinstance(v, str), "a string or null"),
     "stopped_cleanly": (lambda v: isinstance(v, bool), "true or false"),
-    "final": (lambda v: isinstance(v, dict), "an object"),
+    "final": (lambda v: isinstance(v, dict) and all(
+        v.get(k) is None or (isinstance(v[k], (int, float)) and not isinstance(v[k], bool))
+        for k in _COUNTERS), "an object of counters"),
     "agents": (lambda v: _str_dict(v, lambda x: isinstance(x, str)), "an object of hosts"),
     "spool_root": (lambda v: isinstance(v, str), "a string"),
     "fanout": (lambda v: _str_dict(v, lambda x: _is_int(x) and 1 <= x <= 1024),

@@ -367,8 +367,8 @@ class Submissions:
             sub.close_outputs()
             sub.record.save(self.state_dir)
             self._running.pop(sub.name, None)
-            remove_generation(self.state_dir, sub.name, sub.record.generation,
-                              sub.record.spool_root)
+            # its spool on a shared directory stays: its agents, withdrawn, may still write
+            remove_generation(self.state_dir, sub.name, sub.record.generation)
             self._hub.publish("queries", None, {})
         give_back_memory()
 
