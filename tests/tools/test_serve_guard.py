@@ -227,7 +227,7 @@ def test_a_token_file_others_may_read_is_refused(tmp_path, ten_seconds_pcap):
                           "--token-file", str(token_file)], cwd=REPO, capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 1
-    assert "readable by others (chmod 600 it)" in res.stderr and TOKEN not in res.stderr
+    assert "readable by others than its owner" in res.stderr and TOKEN not in res.stderr
     assert "Traceback" not in res.stderr and not (tmp_path / "s").exists()
 
 

@@ -97,13 +97,17 @@ from tools.commands.params import Duration, Size
               help="Memory the running queries' low-level tables may take together (512MiB, "
                    "4GiB); a submission that would exceed it is refused. Default: a quarter "
                    "of the machine's memory, at most 4 GiB.")
+@click.option("--umask", "umask", default="077", show_default=True, metavar="OCTAL",
+              callback=lambda ctx, param, value: _umask(value),
+              help="The server's umask: what it writes (state, outputs) is its user's alone "
+                   "by default; 027 lets the owning group read the results.")
 @click.option("--ready-file", default=None, hidden=True,
               help="Write the server's URL here once it listens (for scripts and tests).")
 def serve(interfaces, links, records, schema_files, csv_separator, speed, loop, state,
           output_root, listen, token_file, allow_hosts, max_body, request_timeout,
           max_connections, max_streams, master, spool, agent_timeout, fanout, punctuate_every,
           lull_slack, promiscuous, snaplen, ring_blocks, ring_block_size, direction, data_dirs,
-          memory_budget, ready_file) -> None:
+          memory_budget, umask, ready_file) -> None:
     """Run the appliance: capture on the links, run the queries submitted to it.
 
     Queries are submitted (`oopscope submit`), listed (`queries`), tailed (`tail`) and
@@ -147,7 +151,8 @@ def serve(interfaces, links, records, schema_files, csv_separator, speed, loop, 
                          fanout=fanout, schema_files=tuple(schema_files),
                          records=_record_links(records),
                          csv_separator=_separator(csv_separator),
-                         data_dirs=tuple(data_dirs), memory_budget=memory_budget)
+                         data_dirs=tuple(data_dirs), memory_budget=memory_budget,
+                         umask=umask)
     for name in allow_hosts:
         try:
             ok = bool(split_host(name)[0])
@@ -174,3 +179,19 @@ def _record_links(values: tuple[str, ...]) -> tuple[tuple[str, str, str], ...]:
             raise click.BadParameter(f"{item!r} is not NAME=PROTOCOL:PATH", param_hint="--records")
         out.append((name.strip(), protocol.strip(), path.strip()))
     return tuple(out)
+
+
+def _umask(value: str) -> int:
+    try:
+        mask = int(value, 8)
+    except ValueError:
+        mask = -1
+    if not 0 <= mask <= 0o777:
+        raise click.BadParameter(f"{value!r} is not an octal umask (e.g. 077, 027)",
+                                 param_hint="--umask")
+    if mask & 0o022 != 0o022:
+        # a state directory others can write to is refused at the next start
+        raise click.BadParameter(f"{value}: would let others than the owner write the "
+                                 f"state and the outputs; keep 022 in it (e.g. 027)",
+                                 param_hint="--umask")
+    return mask

@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tools.errors import RunConfigError
 from tools.serve.config import ServeConfig
 from tools.serve.downtime import Downtime
 from tools.serve.linkset import LinkSet
 from tools.serve.remote import RemoteLinks
+from tools.serve.statedir import StateDir
 from tools.serve.submissions import Submissions
 from tools.serve.tail import Hub
 
@@ -45,8 +45,13 @@ class Appliance:
         self._downtime = Downtime(self.state_dir, self._stopping)
         self._links = LinkSet(config)
         self._remote = RemoteLinks(config, self.state_dir, self._stopping)
-        self._submissions = Submissions(config, self.state_dir, self.output_root, self.hub,
-                                       self._links, self._remote)
+        self.state = StateDir(self.state_dir, self.output_root)
+        self._submissions = Submissions(config, self.state, self.hub, self._links,
+                                       self._remote)
+
+    def claim(self) -> None:
+        """Its state directory and output root made, checked and locked (`StateDir`)."""
+        self.state.claim()
 
     def start(self) -> None:
         from queries.schemafile import read_schema_file, schema_from_files
@@ -55,11 +60,7 @@ class Appliance:
                         for f in self.config.schema_files]
         schema = schema_from_files(schema_files)
         self._links.check(schema)
-        for d in (self.state_dir, self.output_root):
-            try:
-                d.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise RunConfigError(f"{d}: cannot create it: {exc}") from None
+        self.state.claim()
         self._downtime.note()
         self._remote.start()
         self._links.open(schema, bool(self._remote.fanned), self._submissions.feed_failed)

@@ -46,6 +46,8 @@ class ServeConfig:
     #: bytes the running queries' tables may take together (`--memory-budget`; None: the
     #: machine's default, `tools.serve.budget.default_budget`)
     memory_budget: int | None = None
+    #: the process's umask (`serve --umask`): state files and outputs 0600, directories 0700
+    umask: int = 0o077
 
     @property
     def data_files(self) -> DataFiles:

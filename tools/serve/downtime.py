@@ -35,14 +35,20 @@ class Downtime:
         gaps = self.state_dir / "gaps.json"
         try:
             self.gaps = json.loads(gaps.read_text()) if gaps.exists() else []
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
+            self.gaps = []
+        if not (isinstance(self.gaps, list) and all(map(_is_gap, self.gaps))):
+            log.error("%s: not a list of gaps; the earlier gaps are forgotten", gaps)
             self.gaps = []
         try:
             last = json.loads(beat.read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return
-        reason = "server stopped" if last.get("clean") else "server crashed"
-        gap: dict[str, Any] = {"from_ns": int(last["heartbeat_ns"]), "to_ns": self.started_ns,
+        if not (isinstance(last, dict) and _is_int(last.get("heartbeat_ns"))):
+            log.error("%s: not a heartbeat; the time the server was down is unknown", beat)
+            return
+        reason = "server stopped" if last.get("clean") is True else "server crashed"
+        gap: dict[str, Any] = {"from_ns": last["heartbeat_ns"], "to_ns": self.started_ns,
                                "reason": reason}
         self.gaps.append(gap)
         _write_json(gaps, self.gaps)
@@ -72,6 +78,15 @@ class Downtime:
                          "heartbeat_ns": time.time_ns(), "clean": clean})
         except OSError as exc:
             log.error("state %s: cannot write the heartbeat: %s", self.state_dir, exc)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_gap(g) -> bool:
+    return isinstance(g, dict) and _is_int(g.get("from_ns")) and _is_int(g.get("to_ns")) \
+        and isinstance(g.get("reason"), str)
 
 
 def _write_json(path: Path, value) -> None:

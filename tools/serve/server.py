@@ -68,24 +68,26 @@ def read_token(path: str | None, private: bool = False) -> str | None:
     if path is None:
         return None
     try:
+        mode = Path(path).stat().st_mode
         token = Path(path).read_text().strip()
     except OSError as exc:
         raise RunConfigError(f"--token-file {path}: {exc.strerror or exc}") from None
+    if mode & (stat.S_IRGRP | stat.S_IROTH):
+        # another user who read it would hold the server's every right
+        if private:
+            raise RunConfigError(f"--token-file {path}: readable by others than its owner "
+                                 f"(mode {stat.S_IMODE(mode):04o}): chmod 600 it")
+        log.warning("--token-file %s: readable by others than its owner (mode %04o): "
+                    "chmod 600 it", path, stat.S_IMODE(mode))
     if len(token) < 16:
         raise RunConfigError(f"--token-file {path}: the token is shorter than 16 characters")
-    mode = Path(path).stat().st_mode
-    if mode & (stat.S_IRGRP | stat.S_IROTH):
-        if private:
-            raise RunConfigError(f"--token-file {path}: readable by others (chmod 600 it)")
-        log.warning("--token-file %s: readable by others (chmod 600 it)", path)
     return token
 
 
 def bind(listen: Listen) -> socket.socket:
     if listen.path is not None:
         path = Path(listen.path)
-        if path.is_socket():
-            path.unlink()         # a killed server's socket; a live one holds no file lock
+        _remove_stale_socket(path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)
         try:
@@ -109,6 +111,39 @@ def bind(listen: Listen) -> socket.socket:
     return sock
 
 
+def _remove_stale_socket(path: Path) -> None:
+    """A socket file left by a server that is gone is removed; RunConfigError (one line)
+    when a server answers on it, or it is not a socket, or it cannot be removed."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise RunConfigError(f"--listen unix:{path}: {exc.strerror}") from None
+    if not stat.S_ISSOCK(st.st_mode):
+        raise RunConfigError(f"--listen unix:{path}: exists and is not a socket (remove it "
+                             f"or choose another path)")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2.0)
+    try:
+        probe.connect(str(path))
+    except ConnectionRefusedError:
+        pass                         # nothing listens: a killed server's socket
+    except OSError as exc:           # a full backlog times out: someone listens
+        raise RunConfigError(f"--listen unix:{path}: cannot tell whether a server listens "
+                             f"on it ({exc.strerror or 'no answer'}); remove it if none "
+                             f"does") from None
+    else:
+        raise RunConfigError(f"--listen unix:{path}: another server listens on it")
+    finally:
+        probe.close()
+    try:
+        path.unlink()
+    except OSError as exc:
+        raise RunConfigError(f"--listen unix:{path}: cannot remove the stale socket of a "
+                             f"server that is gone: {exc.strerror}") from None
+
+
 def serve(config, listen: Listen, token: str | None, ready_file: str | None = None,
           limits=None) -> int:
     """Run the appliance until a stop; 0 when every window was written. `limits`: the HTTP
@@ -126,6 +161,10 @@ def serve(config, listen: Listen, token: str | None, ready_file: str | None = No
     if not listen.loopback and token is None:
         raise RunConfigError(f"--listen {listen.host}:{listen.port} is not a loopback "
                              f"address: give --token-file (clients then send the token)")
+    # what it writes is its user's alone unless the operator says otherwise (`--umask`)
+    os.umask(config.umask)
+    appliance = Appliance(config)
+    appliance.claim()                # the state directory locked before the socket is taken
     sock = bind(listen)
     stop = threading.Event()
     signals: list[int] = []
@@ -137,7 +176,6 @@ def serve(config, listen: Listen, token: str | None, ready_file: str | None = No
         stop.set()
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    appliance = Appliance(config)
     try:
         appliance.start()
     except BaseException:

@@ -28,11 +28,13 @@ batch id, written atomically, and a replayed batch finds its file).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,14 +94,125 @@ class Record:
         os.replace(tmp, d / f"{self.name}.json")
 
     @classmethod
-    def load_all(cls, state_dir: Path) -> list[Record]:
+    def load_all(cls, state_dir: Path,
+                 output_problem: Callable[[Path], str | None] = lambda p: None,
+                 spool_roots: tuple[str, ...] = ("",)) -> list[Record]:
+        """Every record of the state directory that is sound: of the right shape, named
+        as its file, its outputs allowed (`output_problem` of each: None) and its spool
+        on one of `spool_roots`. Another is skipped with one line saying what is wrong
+        (not what it holds), and nothing it names is touched."""
         out = []
         for path in sorted((state_dir / "queries").glob("*.json")):
             try:
-                out.append(cls(**json.loads(path.read_text())))
-            except (OSError, ValueError, TypeError) as exc:
-                log.error("%s: not a query record (%s); skipped", path, exc)
+                record = cls.parse(path.stem, path.read_bytes(), output_problem,
+                                   spool_roots)
+            except OSError as exc:
+                log.error("%s: cannot read this query record (%s); skipped", path,
+                          exc.strerror)
+            except RecordError as exc:
+                log.error("%s: not a sound query record (%s); skipped", path, exc)
+            else:
+                out.append(record)
         return out
+
+    @classmethod
+    def parse(cls, stem: str, data: bytes,
+              output_problem: Callable[[Path], str | None] = lambda p: None,
+              spool_roots: tuple[str, ...] = ("",)) -> Record:
+        """The record of file `queries/STEM.json` holding `data` (RecordError: why not)."""
+        try:
+            value = json.loads(data)
+        except (ValueError, RecursionError):
+            raise RecordError("not JSON") from None
+        if not isinstance(value, dict):
+            raise RecordError("not a JSON object")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(k for k in value if k not in fields)
+        if unknown:
+            raise RecordError(f"{len(unknown)} unknown field(s)")
+        for key in ("name", "file", "text"):
+            if key not in value:
+                raise RecordError(f"no {key}")
+        for key, v in value.items():
+            if not _SHAPES[key](v):
+                raise RecordError(f"{key}: not {_SHAPE_NAMES[key]}")
+        name = value["name"]
+        if not NAME_RE.match(name):
+            raise RecordError("its name is not a query name (letters, digits, _ . : -)")
+        if name != stem:
+            raise RecordError("its name is not its file's name")
+        for d in value.get("outputs", {}).values():
+            p = Path(d)
+            why = "not an absolute path" if not p.is_absolute() else \
+                output_problem(Path(os.path.normpath(p)).resolve())
+            if why is not None:
+                raise RecordError(f"an output directory: {why}")
+        if value.get("spool_root", "") not in spool_roots:
+            raise RecordError("its spool_root is not the server's shared directory (its "
+                              "--spool, or STATE/shared with --fanout): start the server "
+                              "as when it was submitted")
+        return cls(**value)
+
+
+class RecordError(ValueError):
+    """A query record of the state directory that the server must not act on (why)."""
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _str_dict(v, value_ok) -> bool:
+    return isinstance(v, dict) and all(isinstance(k, str) and value_ok(x)
+                                       for k, x in v.items())
+
+
+def _pairs(v, item_ok) -> bool:
+    return isinstance(v, list) and all(isinstance(x, list) and len(x) == 2
+                                       and all(item_ok(y) for y in x) for x in v)
+
+
+def _scalar(v) -> bool:
+    return v is None or isinstance(v, (str, int, float, bool))
+
+
+#: the counters of a record's `final` that the listing and the metrics add up
+_COUNTERS = ("rows_out", "partial_rows", "evictions", "flushes", "late_packets",
+             "zero_divisor_packets", "zero_divisor_rows", "generation")
+
+#: field -> (whether a JSON value fits it, what it should be): a record loaded from the state
+#: directory is checked against these before anything acts on it
+_FIELD_SHAPES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "name": (lambda v: isinstance(v, str), "a string"),
+    "file": (lambda v: isinstance(v, str), "a string"),
+    "text": (lambda v: isinstance(v, str), "a string"),
+    "params": (lambda v: _str_dict(v, _scalar), "an object of scalars"),
+    "sets": (lambda v: _str_dict(v, _scalar), "an object of scalars"),
+    "outputs": (lambda v: _str_dict(v, lambda x: isinstance(x, str)), "an object of paths"),
+    "format": (lambda v: v in FORMATS, f"one of {', '.join(FORMATS)}"),
+    "submitted_ns": (_is_int, "an integer"),
+    "first_window_ns": (_is_int, "an integer"),
+    "generation": (lambda v: _is_int(v) and 1 <= v < 1 << 31, "a positive integer"),
+    "suppress": (lambda v: _pairs(v, _is_int), "a list of [from, to] integers"),
+    "gaps": (lambda v: isinstance(v, list) and all(
+        _str_dict(g, lambda x: x is None or _is_int(x) or isinstance(x, str)) for g in v),
+             "a list of objects"),
+    "state": (lambda v: v in ("running", "cancelled", "failed"),
+              "running, cancelled or failed"),
+    "error": (lambda v: v is None or isinstance(v, str), "a string or null"),
+    "stopped_cleanly": (lambda v: isinstance(v, bool), "true or false"),
+    "final": (lambda v: isinstance(v, dict) and all(
+        v.get(k) is None or (isinstance(v[k], (int, float)) and not isinstance(v[k], bool))
+        for k in _COUNTERS), "an object of counters"),
+    "agents": (lambda v: _str_dict(v, lambda x: isinstance(x, str)), "an object of hosts"),
+    "spool_root": (lambda v: isinstance(v, str), "a string"),
+    "fanout": (lambda v: _str_dict(v, lambda x: _is_int(x) and 1 <= x <= 1024),
+               "an object of counts"),
+    "schemas": (lambda v: _pairs(v, lambda x: isinstance(x, str)),
+                "a list of [path, text]"),
+}
+_SHAPES = {k: f for k, (f, _) in _FIELD_SHAPES.items()}
+_SHAPE_NAMES = {k: n for k, (_, n) in _FIELD_SHAPES.items()}
 
 
 class Submission:
@@ -218,8 +331,12 @@ class Submission:
         checkpoint.mkdir(parents=True, exist_ok=True)
         # a shared spool's temporaries may be an agent's file being written: left alone
         mine = () if self.record.spool_root else (spool,)
-        for d in (*mine, checkpoint, *map(Path, self.record.outputs.values())):
+        for d in (*mine, checkpoint):
             _remove_temporaries(d)
+        # in an output directory (below the output root, `StateDir.output_dir`) only the
+        # part files a killed writer left: the directory may hold others' files too
+        for out in self.record.outputs.values():
+            _remove_temporaries(Path(out), ".part-*.tmp", recursive=False)
         sinks: dict[str, list] = {}
         for qp in self.chosen:
             stream = self.stream_name(qp.name)
@@ -313,6 +430,17 @@ class Submission:
         for out in self.outputs.values():
             out.close()
 
+    def release(self) -> None:
+        """Let go of what runs it once it ended (cancelled, failed, or not launched): the
+        spool queue's thread ends and the operators' tables and the stage graph are dropped,
+        so that a failed query leaks nothing (its counters are in its record by then)."""
+        if self.spool_queue is not None:
+            self.spool_queue.close()      # at most its depth of files written first
+            self.spool_queue = None
+        self.feeds = {}
+        self.graph = None
+        self.stages_started = False
+
     # --- reporting -----------------------------------------------------------------------------
     def info(self) -> dict:
         rec = self.record
@@ -348,11 +476,11 @@ class Submission:
                 "format": rec.format}
 
 
-def _remove_temporaries(d: Path) -> None:
+def _remove_temporaries(d: Path, pattern: str = ".*.tmp", recursive: bool = True) -> None:
     """Temporaries a killed writer left (`.NAME.PID.tmp`, never read by anyone)."""
     if not d.is_dir():
         return
-    for path in d.rglob(".*.tmp"):
+    for path in (d.rglob(pattern) if recursive else d.glob(pattern)):
         try:
             path.unlink()
         except OSError:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from tools.serve.linkset import LinkSet
     from tools.serve.metrics import Metrics
     from tools.serve.remote import RemoteLinks
+    from tools.serve.statedir import StateDir
     from tools.serve.tail import Hub
 
 log = logging.getLogger(__name__)
@@ -39,11 +41,12 @@ class Submissions:
     clean stop; after a crash its spool goes on, the time the server was down a gap). One
     lock orders submit, cancel, failure, the listing and the stop."""
 
-    def __init__(self, config: ServeConfig, state_dir: Path, output_root: Path, hub: Hub,
-                 links: LinkSet, remote: RemoteLinks):
+    def __init__(self, config: ServeConfig, state: StateDir, hub: Hub, links: LinkSet,
+                 remote: RemoteLinks):
         self.config = config
-        self.state_dir = state_dir
-        self.output_root = output_root
+        self._state = state
+        self.state_dir = state.path
+        self.output_root = state.output_root
         self._hub = hub
         self._links = links
         self._remote = remote
@@ -218,23 +221,18 @@ class Submissions:
                 f"before it were read before the submission and are not counted)")
 
     def _output_path(self, path: str) -> Path:
-        p = Path(path)
-        if not p.is_absolute():
-            p = self.output_root / p
-        p = Path(os.path.normpath(p))
-        real = p.resolve()
-        if not (real == self.output_root or self.output_root in real.parents):
-            raise ServeError(f"output {path}: outside the output root {self.output_root} "
-                             f"(the server writes only below it; start it with "
-                             f"--output-root to choose another)", status=403)
-        return real
+        return self._state.output_dir(path)
 
     def _launch(self, sub: Submission, built: bool = False, before_attach=None) -> None:
         """Build, persist, attach to the links (`before_attach` runs on the router's thread
         just before, and the record is saved again after it), and start the stages when
         Spark is up."""
         if not built:
-            sub.build(self._hub, self._links.punctuated_at)
+            try:
+                sub.build(self._hub, self._links.punctuated_at)
+            except BaseException:
+                sub.release()             # the spool thread it may have started
+                raise
         sub.record.save(self.state_dir)
         if self._metrics is not None:
             self._metrics.watch(sub)
@@ -259,15 +257,24 @@ class Submissions:
         was running (`down_since`: when the server last went down); one that cannot resume
         is failed, the others go on."""
         self.schema_files = schema_files
-        for record in Record.load_all(self.state_dir):
+        shared = self._remote.shared
+        # a record names directories the server writes to and removes: one that is not
+        # sound, or that points elsewhere than the server's own, is skipped
+        spool_roots = ("",) if shared is None else ("", str(shared))
+        for record in Record.load_all(self.state_dir, self._state.output_problem,
+                                      spool_roots):
             self._records[record.name] = record
             if record.state == "running":
                 try:
                     self._resume(record, down_since)
                 except Exception as exc:  # noqa: BLE001 - the other queries go on
                     record.state, record.error = "failed", str(exc)
-                    record.save(self.state_dir)
                     log.error("query %s: cannot resume: %s", record.name, exc)
+                    try:
+                        record.save(self.state_dir)
+                    except OSError as err:
+                        log.error("query %s: cannot save its record: %s", record.name,
+                                  err.strerror)
 
     def skip_before(self, link: str) -> int | None:
         """Where record link `link` reads from: past the windows every resumed query on it
@@ -300,6 +307,14 @@ class Submissions:
         sub = Submission(record, self.state_dir, self._plan_names(record), remote,
                          server_schemas=self.schema_files, files=self.files)
         self._links.check_kinds(sub)
+        try:
+            self._resume_built(sub, down_since)
+        except BaseException:
+            sub.release()                 # the spool thread `build` may have started
+            raise
+
+    def _resume_built(self, sub: Submission, down_since: int | None) -> None:
+        record = sub.record
         sub.build(self._hub, self._links.punctuated_at)     # to find its spools
         gap_from = sub.last_punctuation()
         if self._links.data_clock(sub):
@@ -352,9 +367,15 @@ class Submissions:
             sub.error = why
             sub.record.state, sub.record.error = "failed", why
             sub.record.final = {**sub.info(), "state": "failed", "error": why}
+            # as a cancel does: its spool thread, tables and spool go, its tails end
+            sub.release()
+            sub.close_outputs()
             sub.record.save(self.state_dir)
             self._running.pop(sub.name, None)
+            # its spool on a shared directory stays: its agents, withdrawn, may still write
+            remove_generation(self.state_dir, sub.name, sub.record.generation)
             self._hub.publish("queries", None, {})
+        give_back_memory()
 
     def cancel(self, name: str) -> dict:
         with self._lock:
@@ -372,9 +393,11 @@ class Submissions:
             sub.record.final = {**info, "state": "cancelled"}
             sub.record.save(self.state_dir)
             self._running.pop(name)
+            sub.release()
             remove_generation(self.state_dir, name, sub.record.generation,
                               sub.record.spool_root)
         self._hub.publish("queries", None, {})
+        give_back_memory()
         return {"name": name, "rows_out": info["rows_out"], "outputs": info["outputs"],
                 "message": f"query {name} cancelled: its open windows were closed and "
                            f"written ({info['rows_out']} rows in all); outputs kept"}
@@ -449,3 +472,15 @@ class Submissions:
         stream = self.stream_of(name)
         recent = list(self._hub.recent.get(stream, ()))[-max(0, limit):]
         return {"name": stream, "columns": self._hub.columns.get(stream, []), "rows": recent}
+
+
+def give_back_memory() -> None:
+    """After a query ended: its operators' tables freed now and their pages given back to
+    the system. A failed low level's traceback holds its operator in a reference cycle
+    (frames and the exception), freed only by a full collection; and tables freed inside
+    the C heap stay in the process's resident set until trimmed."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):     # not glibc: its allocator decides
+        pass
