@@ -151,9 +151,9 @@ def analyse(a: QueryAnalyser, aq: AnalysedQuery, stmt: E.Select, grouped: Groupe
             if agg.name in ("MIN", "MAX") and agg.arg is not None and \
                     a.type_of(agg.arg) in ("ip", "string"):
                 # the sequential kernel keeps aggregates as numbers (float64 words)
-                raise a.error(agg, f"{agg.name} over a {a.type_of(agg.arg)} value in a "
-                              f"sampling query is not supported yet (its aggregates are "
-                              f"numbers)")
+                what = "an address" if a.type_of(agg.arg) == "ip" else "a string"
+                raise a.error(agg, f"{agg.name} over {what} in a sampling query is not "
+                              f"supported yet (its aggregates are numbers)")
     aq.sampling = SamplingInfo(tuple(supergroup), tuple(stateful_where), when, by)
 
 

@@ -164,3 +164,14 @@ def test_min_max_over_packet_addresses(v6_packets, slots):
     want = {g: (len(vs), min(vs), max(vs)) for g, vs in groups.items()}
     assert got == want
     assert any(v[2] >> 127 for v in want.values())      # a high half >= 2^63 was the max
+
+
+def test_sampling_query_refuses_min_over_an_address():
+    """The sampling kernel keeps aggregates as float64 words: one located line, no plan."""
+    from queries.errors import QueryError
+
+    text = ("SELECT tb, srcPort, count(*) AS n, min(destIP) AS m, count$(*) AS sn FROM main.IP "
+            "GROUP BY time/60 AS tb, srcPort CLEANING_WHEN count_distinct$(*) >= 2 "
+            "CLEANING_BY sum(len) > 100")
+    with pytest.raises(QueryError, match=r":1:36: MIN over an address in a sampling query"):
+        plan_text(text, ["main"])
