@@ -9,7 +9,8 @@ same columns as the partial rows, so the stage's open state and new partials com
 `groupBy`.
 
 uint64 values travel as int64 with the same bits (Spark has no unsigned type): sums and bit
-operations are bit-exact; min/max flip the sign bit to compare as unsigned.
+operations are bit-exact; min/max flip the sign bit to compare as unsigned. Min/max over an
+`ip` value compare its halves (`name__hi`, `name__lo`) as one struct, hi first.
 """
 
 from __future__ import annotations
@@ -21,11 +22,26 @@ from common.spool import register_column
 from highlevel.errors import StageConfigError
 from highlevel.udfcolumns import udaf_collect, udaf_fold_column
 from lowlevel.hll import hll_alpha
-from queries.plan import udaf_words
+from queries.plan import ip_words, udaf_words
 
 
 def _sign() -> Column:
     return F.lit(-(1 << 63))
+
+
+def ip_order_struct(name: str) -> Column:
+    """The halves of an `ip` MIN/MAX state as a struct whose (signed) order is the address's
+    unsigned 128-bit one: each half with its sign bit flipped."""
+    hi, lo = ip_words(name)
+    return F.struct(F.col(hi).bitwiseXOR(_sign()).alias("h"),
+                    F.col(lo).bitwiseXOR(_sign()).alias("l"))
+
+
+def ip_order_words(best: Column, name: str) -> list[Column]:
+    """The state columns `name__hi`, `name__lo` back from an `ip_order_struct` value."""
+    hi, lo = ip_words(name)
+    return [best.getField("h").bitwiseXOR(_sign()).alias(hi),
+            best.getField("l").bitwiseXOR(_sign()).alias(lo)]
 
 
 def hll_estimate_col(name: str, m: int) -> Column:
@@ -53,6 +69,12 @@ def _agg_exprs(states, m: int) -> tuple[list[Column], list[Column], dict[str, Co
             aggs.append(udaf_collect(words).alias(f"__{s.name}"))
             folds[f"__{s.name}"] = udaf_fold_column(s.udaf, F.col(f"__{s.name}"))
             post += [F.col(f"__{s.name}")[j].alias(w) for j, w in enumerate(words)]
+            continue
+        if s.dtype == "ip":
+            # MIN/MAX over an address: the smallest / largest (hi, lo), each half unsigned
+            fn = F.min if s.kind == "min" else F.max
+            aggs.append(fn(ip_order_struct(s.name)).alias(f"__{s.name}"))
+            post += ip_order_words(F.col(f"__{s.name}"), s.name)
             continue
         if s.kind in ("count", "sum"):
             aggs.append(F.sum(c).alias(s.name))

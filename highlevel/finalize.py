@@ -27,6 +27,7 @@ from queries import expressions as E
 from queries.constants import fold
 from queries.function_library import MIN_MAX, PREFIX_MATCH
 from queries.inference import type_of
+from queries.plan import ip_words
 from queries.string_functions import STRING_FUNCTIONS
 
 
@@ -56,6 +57,8 @@ class Compiler:
             if key.type == "ip":
                 return IpValue(F.col(f"{name}__hi"), F.col(f"{name}__lo"))
             return F.col(name)
+        if name in self.states and self.states[name].dtype == "ip":
+            return IpValue(*(F.col(w) for w in ip_words(name)))
         if name in self.states or name in self.state_columns:
             return F.col(name)
         if name in self.finals:

@@ -35,6 +35,7 @@ from common.spool import LINK, PUNCT, SEQ, register_column
 from common.units import INT64_MAX
 from highlevel.aggregate import AggregateStage
 from highlevel.batchfiles import SpoolFileMarker
+from highlevel.combine import ip_order_struct, ip_order_words
 from highlevel.errors import StageConfigError
 from highlevel.state import StageState
 from highlevel.udfcolumns import udaf_fold_column
@@ -58,6 +59,9 @@ def running_states(states, registers: int, spec) -> list[Column]:
             words = udaf_words(s.name, s.udaf.size)
             collected = F.flatten(F.collect_list(F.array(*[F.col(w) for w in words])).over(spec))
             out.append(udaf_fold_column(s.udaf, collected).alias(f"__{s.name}"))
+        elif s.dtype == "ip":
+            fn = F.min if s.kind == "min" else F.max
+            out += ip_order_words(fn(ip_order_struct(s.name)).over(spec), s.name)
         elif s.kind in ("count", "sum"):
             out.append(F.sum(c).over(spec).alias(s.name))
         elif s.kind in ("min", "max"):

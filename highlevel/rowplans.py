@@ -26,6 +26,8 @@ def state_arrays(sub, v, n: int, registers: int) -> dict[str, pa.Array]:
         regs = registers_of(v, np.arange(n, dtype=np.int64), n, registers)
         return {register_column(sub.name, i): pa.array(regs[:, i].astype(np.int32))
                 for i in range(registers)}
+    if sub.dtype == "ip":       # MIN/MAX over an address: its halves, as a key's
+        return dict(R.from_value(v, "ip", n, sub.name))
     a = np.broadcast_to(np.asarray(v), (n,))
     if sub.kind == "udaf":
         from lowlevel.udafs import single_states

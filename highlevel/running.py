@@ -40,7 +40,7 @@ from common.spool import register_column
 from highlevel.aggregate import AggregateStage
 from highlevel.errors import StageConfigError
 from queries import expressions as E
-from queries.plan import udaf_words
+from queries.plan import ip_words, udaf_words
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +232,9 @@ class ClosingCondition:
             if s.kind == "distinct":
                 cols[s.name] = np.stack([_np(step, register_column(s.name, i)).astype(np.uint8)
                                          for i in range(spec.distinct_registers)], axis=1)
+                continue
+            if s.dtype == "ip":         # MIN/MAX over an address: (hi, lo) as a key is
+                cols[s.name] = tuple(_np(step, w).view(np.uint64) for w in ip_words(s.name))
                 continue
             for c in [c for c, _ in spec.state_columns() if c == s.name or
                       c.startswith(f"{s.name}__")]:

@@ -10,6 +10,7 @@ combined on the driver with numpy, with exactly the super-aggregates of `highlev
 |---|---|
 | count, sum | sum (int64 wraps as Spark's long sum does without ANSI mode) |
 | min, max | min, max (uint64 states compare unsigned, as the Spark path's sign flip does) |
+| min, max over `ip` | the smallest / largest (hi, lo) pair, each half unsigned |
 | and, or, xor | bitwise over the group |
 | first, last | the value at the smallest / largest (time, value) pair |
 | distinct | the HyperLogLog registers' maximum |
@@ -36,6 +37,7 @@ import pyarrow.parquet as pq
 from common.spool import register_column
 from highlevel.batchcontext import Batch, StageContext
 from highlevel.flowrecords import FlowRecords
+from queries.plan import ip_words
 
 if TYPE_CHECKING:
     from highlevel.batchfiles import SpoolFileMarker
@@ -125,6 +127,17 @@ def combine(table: pa.Table, group_columns: list[str], states, registers: int) -
                 acc = np.zeros(g, v.dtype)
                 np.maximum.at(acc, inverse, v)
                 out[name] = pa.array(acc, table[name].type)
+            continue
+        if s.dtype == "ip":     # MIN/MAX over an address: the smallest / largest (hi, lo)
+            hi_name, lo_name = ip_words(s.name)
+            hi, lo = (np.asarray(table[w].combine_chunks()).view(np.uint64)
+                      for w in (hi_name, lo_name))
+            order = np.lexsort((lo, hi, inverse))      # by group, then hi, then lo
+            bounds = np.flatnonzero(np.diff(inverse[order])) + 1
+            pick = order[np.r_[0, bounds]] if s.kind == "min" \
+                else order[np.r_[bounds - 1, len(order) - 1]]
+            for w, v in ((hi_name, hi), (lo_name, lo)):
+                out[w] = pa.array(v[pick].view(np.int64), table[w].type)
             continue
         col = table[s.name]
         v = np.asarray(col.combine_chunks())

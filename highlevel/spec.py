@@ -16,12 +16,20 @@ from pyspark.sql import types as T
 
 from common.spool import JOINT_MARKERS, LINK, PUNCT, SEQ, register_column
 from highlevel.errors import StageConfigError
-from queries.plan import SUBAGG_KINDS, LowLevelPlan, SubAggregate, WindowPlan, udaf_words
+from queries.plan import (
+    SUBAGG_KINDS,
+    LowLevelPlan,
+    SubAggregate,
+    WindowPlan,
+    ip_words,
+    udaf_words,
+)
 
 KEY_TYPES = ("ip", "int64", "uint64", "float64", "string", "bool")
 OUTPUT_TYPES = ("int64", "uint64", "float64", "string", "bool", "ip")
 #: "string": MIN/MAX over strings, combined as Spark strings (byte-wise order)
-STATE_DTYPES = ("int64", "uint64", "float64", "string")
+#: "ip": MIN/MAX over an address, two long columns `name__hi`, `name__lo` (`ip_words`)
+STATE_DTYPES = ("int64", "uint64", "float64", "string", "ip")
 
 
 @dataclass(frozen=True)
@@ -118,6 +126,9 @@ class StageSpec:
             if s.kind == "distinct":
                 out += [(register_column(s.name, i), "int")
                         for i in range(self.distinct_registers)]
+                continue
+            if s.dtype == "ip":         # MIN/MAX over an address: its two halves
+                out += [(w, "long") for w in ip_words(s.name)]
                 continue
             spark = {"float64": "double", "string": "string"}.get(s.dtype, "long")
             if s.kind == "udaf":        # its state words, one column each, of one dtype

@@ -12,6 +12,10 @@ and `h` (uint8 HyperLogLog registers). The steps:
   does with several partial rows of one (window, group);
 - finalize: `finalize_state` (HLL estimate, FIRST/LAST value) and `average` for AVG.
 
+MIN/MAX over an `ip` value keep its two uint64 halves in state columns `<name>__hi`,
+`<name>__lo` (`ip_words`), one after the other in the u bank, and take their argument from two
+u bank columns: the order is the 128-bit unsigned one.
+
 First/last keep the time (ns) of their value in an int64 column `<name>__t`: first is the value
 with the smallest time (ties: the smaller value), last the largest (ties: the larger value), so
 the result does not depend on arrival order or on how rows were split. Distinct keeps HLL
@@ -29,6 +33,7 @@ import numpy as np
 
 from common.jit import ngjit_inline
 from lowlevel.hll import estimate, hash64, index_and_rank
+from queries.plan import ip_words
 
 if TYPE_CHECKING:
     from queries.udf import ExternalAggregate
@@ -47,9 +52,12 @@ OP_COUNT_U = 23
 #: a user-defined aggregate (aux: its index in `StateLayout.udafs`): only the specialized
 #: kernels run it (`lowlevel.specialize` writes a call of its jitted `update`)
 OP_UDAF = 24
+#: MIN/MAX over an `ip` value (128 bits): two uint64 state words (hi, lo) and two argument
+#: words, compared hi first, then lo, unsigned (GS-lite orders IPV6 values as numbers)
+OP_MIN_IP, OP_MAX_IP = 25, 26
 
 #: a "string" state (MIN/MAX over strings) is a uint64 rank (`lowlevel.strings.StringOrder`)
-_BANK = {"int64": "i", "uint64": "u", "float64": "f", "string": "u"}
+_BANK = {"int64": "i", "uint64": "u", "float64": "f", "string": "u", "ip": "u"}
 _BANK_DTYPE = {"i": np.dtype(np.int64), "u": np.dtype(np.uint64), "f": np.dtype(np.float64),
                "h": np.dtype(np.uint8)}
 _OPS = {  # (kind, bank) -> op code
@@ -63,7 +71,7 @@ _OPS = {  # (kind, bank) -> op code
     ("first", "i"): OP_FIRST_I, ("first", "u"): OP_FIRST_U, ("first", "f"): OP_FIRST_F,
     ("last", "i"): OP_LAST_I, ("last", "u"): OP_LAST_U, ("last", "f"): OP_LAST_F,
 }
-_OP_BANK = {op: bank for (kind, bank), op in _OPS.items()}
+_OP_BANK = {op: bank for (kind, bank), op in _OPS.items()} | {OP_MIN_IP: "u", OP_MAX_IP: "u"}
 _I64_MIN = np.iinfo(np.int64).min
 _I64_MAX = np.iinfo(np.int64).max
 _U64_MAX = np.iinfo(np.uint64).max
@@ -166,6 +174,19 @@ class StateLayout:
                 ops.append((OP_DISTINCT, a, col, int(math.log2(r))))
                 self.columns[s.name] = ("h", col, r)
                 self.arg_columns[s.name] = ("d", a)
+                continue
+            if s.dtype == "ip":
+                if s.kind not in ("min", "max"):
+                    raise ValueError(f"sub-aggregate {s.name!r}: {s.kind} over an ip value "
+                                     "is not supported")
+                col, a = width["u"], args["u"]
+                width["u"] += 2
+                args["u"] += 2
+                ident["u"].extend([_identity(s.kind, "u")] * 2)
+                for j, w in enumerate(ip_words(s.name)):
+                    self.columns[w] = ("u", col + j, 1)
+                self.arg_columns[s.name] = ("u", a)
+                ops.append((OP_MIN_IP if s.kind == "min" else OP_MAX_IP, a, col, 0))
                 continue
             if s.kind != "count" and s.dtype not in _BANK:
                 raise ValueError(f"sub-aggregate {s.name!r}: dtype {s.dtype!r} is not one of "
@@ -359,6 +380,13 @@ def update_slot(ti, tu, tf, th, s, i, ops, ts, ai, au, af, ad):
                     continue
                 tf[s, dst] = vf
             ti[s, aux] = t
+        elif op == OP_MIN_IP or op == OP_MAX_IP:
+            h, lo = au[i, src], au[i, src + 1]
+            sh, sl = tu[s, dst], tu[s, dst + 1]
+            if (h < sh or h == sh and lo < sl) if op == OP_MIN_IP else \
+                    (h > sh or h == sh and lo > sl):
+                tu[s, dst] = h
+                tu[s, dst + 1] = lo
         else:  # OP_DISTINCT: the argument bank holds lowlevel.hll.hash64 of the values
             reg, rank = hll_position(ad[i, src], ops[a, 3])
             if rank > th[s, dst + reg]:
@@ -431,6 +459,13 @@ def update_op(ti, tu, tf, th, s, i, op, src, dst, aux, ts, ai, au, af, ad):
                 return
             tf[s, dst] = vf
         ti[s, aux] = t
+    elif op == OP_MIN_IP or op == OP_MAX_IP:
+        h, lo = au[i, src], au[i, src + 1]
+        sh, sl = tu[s, dst], tu[s, dst + 1]
+        if (h < sh or h == sh and lo < sl) if op == OP_MIN_IP else \
+                (h > sh or h == sh and lo > sl):
+            tu[s, dst] = h
+            tu[s, dst + 1] = lo
     else:  # OP_DISTINCT: the argument bank holds lowlevel.hll.hash64 of the values
         reg, rank = hll_position(ad[i, src], aux)
         if rank > th[s, dst + reg]:
@@ -474,6 +509,9 @@ def combine_states(layout: StateLayout, keys: list[np.ndarray],
 
             out.update(combine_udaf_states(s.name, s.udaf, states, order, starts))
             continue
+        if s.dtype == "ip":
+            out.update(_combine_ip(s, states, order, starts))
+            continue
         col = states[s.name][order]
         if s.kind in ("first", "last"):
             t = states[s.name + "__t"][order]
@@ -490,6 +528,20 @@ def combine_states(layout: StateLayout, keys: list[np.ndarray],
         else:
             out[s.name] = _REDUCE[s.kind].reduceat(col, starts, axis=0)
     return out_keys, out
+
+
+def _combine_ip(spec: AggSpec, states: dict[str, np.ndarray], order: np.ndarray,
+                starts: np.ndarray) -> dict[str, np.ndarray]:
+    """MIN/MAX over `ip` states: per group the smallest / largest (hi, lo) pair, unsigned."""
+    hi_name, lo_name = ip_words(spec.name)
+    hi = np.asarray(states[hi_name], np.uint64)[order]
+    lo = np.asarray(states[lo_name], np.uint64)[order]
+    n = len(hi)
+    grp = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
+    sel = np.lexsort((lo, hi, grp))
+    ends = np.append(starts[1:], n)[: len(starts)] - 1
+    pick = sel[starts] if spec.kind == "min" else sel[ends]
+    return {hi_name: hi[pick], lo_name: lo[pick]}
 
 
 def hll_estimate(registers: np.ndarray) -> np.ndarray:

@@ -46,7 +46,7 @@ from lowlevel.errors import LowLevelError
 from lowlevel.flowtable import FlowAggregator
 from lowlevel.partials import KeySpec, PartialSchema, encode_key, key_width
 from lowlevel.strings import StringOrder, move_ranks
-from lowlevel.values import StringCodes
+from lowlevel.values import StringCodes, promote_ip
 from queries.plan import FLUSH_POLICIES, LowLevelPlan
 
 log = logging.getLogger(__name__)
@@ -337,6 +337,11 @@ class LowLevelOperator:
                                     "string is not supported; group by it instead")
             if bank == "d":
                 v = distinct_hashes(v)
+            elif s.dtype == "ip":        # MIN/MAX over an address: its (hi, lo) words
+                hi, lo = promote_ip(v)
+                banks[1][:, col] = hi
+                banks[1][:, col + 1] = lo
+                continue
             else:
                 if isinstance(v, tuple):
                     raise LowLevelError(f"query {self.plan.query!r}: {s.kind}({s.name}) over "

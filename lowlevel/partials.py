@@ -9,6 +9,7 @@ Layout of a partial-row RecordBatch (one row per (window, group) piece that left
 | `<key>__hi`, `<key>__lo` | uint64, uint64 | an `ip` key: the two halves |
 | `<agg>` | int64 / uint64 / float64 | a sub-aggregate state (`SubAggregate.name`) |
 | `<agg>__t` | int64 | first/last: time (ns) of the value |
+| `<agg>__hi`, `<agg>__lo` | uint64, uint64 | min/max over an `ip` value: its two halves |
 | `<agg>` | fixed_size_binary(R) | distinct: R HyperLogLog registers (one byte each) |
 
 Schema metadata: `oopscope.query`, `oopscope.link`, `oopscope.pane_ns`, `oopscope.offset_ns`,
@@ -33,7 +34,7 @@ import pyarrow as pa
 
 from lowlevel.aggregates import StateLayout, combine_states
 from lowlevel.engine import Partials
-from queries.plan import udaf_words
+from queries.plan import ip_words, udaf_words
 
 if TYPE_CHECKING:
     from capture.strings import StringTable
@@ -118,6 +119,11 @@ class PartialSchema:
         self.state_names: list[str] = []
         for spec in layout.specs:
             meta = {b"oopscope.kind": spec.kind.encode()}
+            if spec.dtype == "ip":      # MIN/MAX over an address: its two halves
+                for w in ip_words(spec.name):
+                    fields.append(pa.field(w, pa.uint64(), nullable=False, metadata=meta))
+                    self.state_names.append(w)
+                continue
             bank, _, width = layout.columns[spec.name]
             t = pa.binary(width) if bank == "h" else \
                 pa.string() if spec.dtype == "string" else _BANK_ARROW[bank]

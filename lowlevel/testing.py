@@ -234,6 +234,10 @@ def finalize(qp, table) -> pd.DataFrame:
             states[name] = np.frombuffer(col.buffers()[1], np.uint8).reshape(len(col), -1)
         else:
             states[name] = col.to_numpy()
+    for name in [n for n in states if n.endswith("__hi") and n[:-4] + "__lo" in states]:
+        # MIN/MAX over an address: its two halves, as an ip value (hi, lo)
+        states[name[:-4]] = (states[name].astype(np.uint64),
+                             states[name[:-4] + "__lo"].astype(np.uint64))
     for f in hp.finals:
         if getattr(f.expr, "name", None) == "hll_estimate":
             cols[f.name] = hll_estimate(states[f.expr.args["args"][0].name])

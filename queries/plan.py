@@ -108,7 +108,9 @@ class SubAggregate:
     name: str
     kind: str            # one of SUBAGG_KINDS
     arg: Expr | None     # None for count(*)
-    dtype: str           # numpy dtype name of the state: int64 | uint64 | float64
+    #: numpy dtype name of the state: int64 | uint64 | float64; "string" (MIN/MAX over
+    #: strings, a rank), "ip" (MIN/MAX over an address: two uint64 words, `ip_words`)
+    dtype: str
     #: kind "udaf": the user-defined aggregate (`queries.udf.ExternalAggregate`)
     udaf: Any = None
 
@@ -227,6 +229,9 @@ def empty_state(sub: SubAggregate, arg_type: str | None) -> tuple[tuple[str, Any
         return tuple(zip(udaf_words(sub.name, sub.udaf.size), sub.udaf.identity))
     if sub.kind == "distinct":
         return ((sub.name, None),)          # every register 0
+    if sub.dtype == "ip":                   # MIN/MAX over an address: the largest / 0
+        word = (1 << 64) - 1 if sub.kind == "min" else 0
+        return tuple((w, word) for w in ip_words(sub.name))
     value: Any = 0
     if sub.kind in ("min", "max"):
         if sub.dtype == "float64":
@@ -240,6 +245,12 @@ def empty_state(sub: SubAggregate, arg_type: str | None) -> tuple[tuple[str, Any
     if sub.kind in ("first", "last"):
         out += ((f"{sub.name}__t", 0),)
     return out
+
+
+def ip_words(name: str) -> tuple[str, str]:
+    """The state columns (hi, lo) of MIN/MAX `name` over an `ip` value (dtype "ip"): the
+    address's uint64 halves, ordered hi first, then lo, unsigned."""
+    return f"{name}__hi", f"{name}__lo"
 
 
 def udaf_words(name: str, size: int) -> tuple[str, ...]:

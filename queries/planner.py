@@ -128,6 +128,8 @@ def _state_dtype(kind: str, arg_type: str | None) -> str:
         return {"float": "float64"}.get(arg_type, "int64" if arg_type in SIGNED else "uint64")
     if arg_type == "string" and kind in ("min", "max"):
         return "string"
+    if arg_type == "ip" and kind in ("min", "max"):
+        return "ip"         # two uint64 state words (lowlevel.aggregates.ip_words)
     return {"float": "float64", "int": "int64", "llong": "int64"}.get(arg_type, "uint64")
 
 

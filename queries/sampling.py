@@ -148,6 +148,12 @@ def analyse(a: QueryAnalyser, aq: AnalysedQuery, stmt: E.Select, grouped: Groupe
             if agg.name not in GROUP_AGGREGATES or agg.udaf is not None:
                 raise a.error(agg, f"{agg.name} in a sampling query is not supported yet "
                               f"(aggregates: {', '.join(GROUP_AGGREGATES)})")
+            if agg.name in ("MIN", "MAX") and agg.arg is not None and \
+                    a.type_of(agg.arg) in ("ip", "string"):
+                # the sequential kernel keeps aggregates as numbers (float64 words)
+                what = "an address" if a.type_of(agg.arg) == "ip" else "a string"
+                raise a.error(agg, f"{agg.name} over {what} in a sampling query is not "
+                              f"supported yet (its aggregates are numbers)")
     aq.sampling = SamplingInfo(tuple(supergroup), tuple(stateful_where), when, by)
 
 

@@ -184,8 +184,9 @@ def aggregate_type(name: str, arg: str | None) -> str | None:
             return "llong"
         return "ullong" if arg in UNSIGNED - {"ipv4", "mac"} else None
     if name in ("MIN", "MAX"):
-        # strings: byte-wise order (lowlevel.strings.StringOrder keeps the state fixed-width)
-        return arg if arg != "ip" else None
+        # strings: byte-wise order (lowlevel.strings.StringOrder keeps the state fixed-width);
+        # ip (IPV6): the 128-bit unsigned order, over the (hi, lo) halves
+        return arg
     if name in ("FIRST", "LAST"):
         return arg if arg not in ("ip", "string") else None
     if name in ("AND_AGGR", "OR_AGGR", "XOR_AGGR"):

@@ -87,3 +87,22 @@ def test_combine_by_hand():
     assert out == [
         {"window": 4, "k": "x", "c": 9, "u": int(big[1]), "f": 11, "f__t": 20, "b": 0b010},
         {"window": 5, "k": "y", "c": 1, "u": 9, "f": 13, "f__t": 5, "b": 1}]
+
+
+def test_combine_ip_min_max_by_hand():
+    """MIN/MAX over addresses on the driver: the halves as one 128-bit unsigned number
+    (only the low half differs; halves at and above 2^63), a group of one row."""
+    from queries.plan import SubAggregate
+
+    states = (SubAggregate("m", "min", None, "ip"), SubAggregate("x", "max", None, "ip"))
+    hi = np.array([5, 5, 2**63, 2**64 - 1, 7], dtype=np.uint64).view(np.int64)
+    lo = np.array([2**63 + 1, 2**63, 0, 3, 2**64 - 1], dtype=np.uint64).view(np.int64)
+    table = pa.table({"window": [4, 4, 4, 4, 5], "k": ["a", "a", "a", "a", "b"],
+                      "m__hi": hi, "m__lo": lo, "x__hi": hi, "x__lo": lo})
+    out = smallbatch.combine(table, ["window", "k"], states, 0).to_pylist()
+    unsigned = [{c: int(np.int64(v).view(np.uint64)) if c[0] in "mx" else v
+                 for c, v in row.items()} for row in out]
+    assert unsigned == [
+        {"window": 4, "k": "a", "m__hi": 5, "m__lo": 2**63, "x__hi": 2**64 - 1, "x__lo": 3},
+        {"window": 5, "k": "b", "m__hi": 7, "m__lo": 2**64 - 1, "x__hi": 7,
+         "x__lo": 2**64 - 1}]

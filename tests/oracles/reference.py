@@ -135,6 +135,16 @@ def aggregate(name: str, arg, times: np.ndarray, codes: np.ndarray, ngroups: int
         name = "MAX"
     if name == "COUNT_DISTINCT":
         return estimate(registers_of(arg, codes, ngroups))
+    if isinstance(arg, tuple) and name in ("MIN", "MAX"):
+        # an address (hi, lo): ordered as one 128-bit unsigned number
+        if ngroups == 0:
+            return arg
+        hi, lo = (np.asarray(x, np.uint64) for x in arg)
+        order = np.lexsort((lo, hi, codes))
+        sc = codes[order]
+        pick = order[np.flatnonzero(np.r_[True, sc[1:] != sc[:-1]] if name == "MIN"
+                                    else np.r_[sc[1:] != sc[:-1], True])]
+        return hi[pick], lo[pick]
     v = arg.astype(np.uint64) if arg.dtype == np.bool_ and name in ("SUM", "AND_AGGR", "OR_AGGR",
                                                                      "XOR_AGGR") else arg
     if name == "AVG":
