@@ -636,10 +636,15 @@ def _join(qp, aq, batches, tables) -> Table:
             continue
         alone = np.setdiff1d(np.arange(side_table.n), matched)
         cols = {k: _take(v, alone) for k, v in side_table.columns.items()}
+        # GS-lite fills the absent side's expressions that a join equality ties to the
+        # present side with the present side's value (`B.k` of a left-only row is `A.k`)
+        present = 0 if alias == ls.alias else 1
+        partner = {pair[1 - present]: pair[present] for pair in pairs}
         for i in aq.items:
-            tables_used = {f.table for f in i.expr.find_all(E.Field)}
+            expr = i.expr.transform(lambda n, partner=partner: partner.get(n, n))
+            tables_used = {f.table for f in expr.find_all(E.Field)}
             if tables_used <= {alias}:
-                out[i.name].append(evaluate_columns(_bind(i.expr, aq), cols, len(alone)))
+                out[i.name].append(evaluate_columns(_bind(expr, aq), cols, len(alone)))
             else:
                 out[i.name].append(np.full(len(alone), None, dtype=object))
         n += len(alone)

@@ -24,6 +24,8 @@ NS = 1_000_000_000
 
 #: example file stem -> (companion files, link -> generated link it reads)
 RUNS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
+    "01_intro_ipv4_filter": ((), {"main": "to1234"}),
+    "03_intro_pipelined_groupby": ((), {"main": "to1234"}),
     "04_intro_sourcecount_rollup": (("source_count.gsql",), {"main": "l0"}),
     "12_selection_ipv4_icmp": ((), {"main": "l0"}),
     "13_selection_imputed_tablevar": ((), {"main": "l0"}),
@@ -66,7 +68,22 @@ def links(tmp_path_factory) -> dict[str, Path]:
     paths["http"] = PCAPS / "aimini-http.pcap"
     # BitTorrent handshakes (example 32 classifies peer-to-peer payloads)
     paths["bittorrent"] = PCAPS / "bittorrent.pcap"
+    # example 01 keeps the packets sent to 1.2.3.4: some are, among others
+    paths["to1234"] = _to_1234(out.parent / "to1234.pcap")
     return paths
+
+
+def _to_1234(path: Path) -> Path:
+    from scapy.all import IP, UDP, Ether, wrpcap
+
+    packets = []
+    for k in range(40):
+        dst = "1.2.3.4" if k % 3 == 0 else f"10.0.0.{k}"
+        pkt = Ether() / IP(src=f"192.0.2.{k}", dst=dst) / UDP(sport=1000 + k, dport=53)
+        pkt.time = 1_700_000_000 + k * 0.5
+        packets.append(pkt)
+    wrpcap(str(path), packets)
+    return path
 
 
 @pytest.fixture(scope="module")
