@@ -343,7 +343,8 @@ class Submission:
             out = Path(self.record.outputs[qp.name])
             self.outputs[stream] = StreamOutput(
                 stream, qp.high.outputs, arrow_schema(qp.name, qp.high.outputs), out,
-                self.record.format, f"g{self.record.generation:04d}-", hub, clock, self.links)
+                self.record.format, f"g{self.record.generation:04d}-", hub, clock, self.links,
+                window=qp.high.window)
             sinks[qp.name] = [self.outputs[stream]]
         try:
             self.graph = StageGraph(self.plan, [qp.name for qp in self.chosen], spool,
