@@ -41,9 +41,10 @@ def _plan(text: str):
 
 
 def _output(qp, directory, fmt, prefix, hub) -> StreamOutput:
-    return StreamOutput(qp.name, qp.high.outputs, arrow_schema(qp.name, qp.high.outputs),
-                        directory, fmt, prefix, hub, lambda links, p: None, ["main"],
-                        window=qp.high.window)
+    out = StreamOutput(qp.name, qp.high.outputs, arrow_schema(qp.name, qp.high.outputs),
+                       directory, fmt, prefix, hub, lambda links, p: None, ["main"])
+    out.set_window(qp.high.window)
+    return out
 
 
 def _batch(qp, tb: int, n: int) -> pa.Table:

@@ -343,14 +343,15 @@ class Submission:
             out = Path(self.record.outputs[qp.name])
             self.outputs[stream] = StreamOutput(
                 stream, qp.high.outputs, arrow_schema(qp.name, qp.high.outputs), out,
-                self.record.format, f"g{self.record.generation:04d}-", hub, clock, self.links,
-                window=qp.high.window)
+                self.record.format, f"g{self.record.generation:04d}-", hub, clock, self.links)
             sinks[qp.name] = [self.outputs[stream]]
         try:
             self.graph = StageGraph(self.plan, [qp.name for qp in self.chosen], spool,
                                     checkpoint, sinks=sinks, fanout=self.fanout or None)
         except StageConfigError as exc:
             raise UnsupportedQueryError(str(exc)) from None
+        for qp in self.chosen:      # so that the page draws each stream's windows in time
+            self.outputs[self.stream_name(qp.name)].set_window(qp.high.window)
         self.spool_queue = SpoolQueue()
         per_link: dict[str, list] = {n: [] for n in self.spool_links if n not in self.remote}
         for lp in self.graph.low_plans():

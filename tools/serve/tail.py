@@ -145,7 +145,7 @@ class StreamOutput(Sink):
     """One stream's sink (module docstring)."""
 
     def __init__(self, stream: str, outputs, schema, directory: Path, fmt: str, prefix: str,
-                 hub: Hub, clock, links: list[str], window=None):
+                 hub: Hub, clock, links: list[str]):
         from tools.results.formats import display_schema, display_table
         from tools.results.parts import part_sink
 
@@ -164,10 +164,14 @@ class StreamOutput(Sink):
         self.numeric = [f.name for f in schema if _numeric(f.type)
                         and f.name not in _ipv4_names(outputs)]
         #: how the window column's values map to time (`window_info`), for the page's axis
-        self.window = window_info(window, names)
+        self.window: dict | None = None
         hub.columns[stream] = names
         hub.recall(stream, written_rows(self.file.dir, fmt, display_schema(schema, outputs),
                                         RECENT_ROWS))
+
+    def set_window(self, window) -> None:
+        """The query's window (`queries.plan.WindowPlan`, None: none), told to the page."""
+        self.window = window_info(window, self.columns)
 
     def write(self, batch_id: int, table) -> bool:
         table = self._display(table, self.outputs)
