@@ -40,10 +40,11 @@ def _plan(text: str):
     return plan_text(text, "q.gsql", ["main"], {}, {}, subset=True).queries[0]
 
 
-def _output(qp, directory, fmt, prefix, hub) -> StreamOutput:
+def _output(qp, directory, fmt, prefix, hub, first_generation=1) -> StreamOutput:
     out = StreamOutput(qp.name, qp.high.outputs, arrow_schema(qp.name, qp.high.outputs),
                        directory, fmt, prefix, hub, lambda links, p: None, ["main"])
     out.set_window(qp.high.window)
+    out.recall(first_generation)
     return out
 
 
@@ -83,6 +84,11 @@ def test_a_restart_remembers_the_rows_written_before_it(tmp_path, fmt):
     again = Hub()
     _output(qp, out_dir, fmt, "g0002-", again)
     assert list(again.recent[qp.name]) == list(later.recent[qp.name])
+    # a query submitted again under the name at generation 2: the first one's rows are not
+    # its own
+    anew = Hub()
+    _output(qp, out_dir, fmt, "g0002-", anew, first_generation=2)
+    assert list(anew.recent[qp.name]) == list(later.recent[qp.name])[-2:]
 
 
 def test_the_latest_rows_only_and_never_another_querys(tmp_path):

@@ -7,9 +7,9 @@ renamed, so a reader never sees half a window, and a batch replayed after a cras
 file and is not written twice; the bytes `run` writes for the same rows), then, once the
 batch is complete, hands the rows to the `Hub`, which passes them to every tail and page
 that subscribed, and remembers the latest rows for a page that opens later. When a stream's
-output is made (a submission, or a restart resuming it) the hub's latest rows are read from
-the part files already in its output directory, so that the page's history after a crash
-holds the windows written before it.
+output is built (a submission, or a restart resuming it) the hub's latest rows are read from
+the part files already in its output directory (`StreamOutput.recall`), so that the page's
+history after a crash holds the windows written before it.
 
 A subscriber's buffer is bounded: a slow tail never slows the query. When it falls behind by
 more than `TAIL_ROWS` rows or `TAIL_BYTES` bytes (of the events as JSON), its oldest rows
@@ -165,13 +165,19 @@ class StreamOutput(Sink):
                         and f.name not in _ipv4_names(outputs)]
         #: how the window column's values map to time (`window_info`), for the page's axis
         self.window: dict | None = None
+        self.format, self.display_schema = fmt, display_schema(schema, outputs)
         hub.columns[stream] = names
-        hub.recall(stream, written_rows(self.file.dir, fmt, display_schema(schema, outputs),
-                                        RECENT_ROWS))
 
     def set_window(self, window) -> None:
         """The query's window (`queries.plan.WindowPlan`, None: none), told to the page."""
         self.window = window_info(window, self.columns)
+
+    def recall(self, first_generation: int = 1) -> None:
+        """The hub's latest rows of the stream from the part files its output directory
+        holds already (of generations `first_generation` on), before any row is written."""
+        self.hub.recall(self.stream, written_rows(self.file.dir, self.format,
+                                                  self.display_schema, RECENT_ROWS,
+                                                  first_generation))
 
     def write(self, batch_id: int, table) -> bool:
         table = self._display(table, self.outputs)
@@ -234,9 +240,11 @@ def window_info(window, columns: list[str]) -> dict | None:
 _PART_NAME = re.compile(r"^part-g(\d+)-(\d+)\.(csv|jsonl|parquet)$")
 
 
-def written_rows(directory: Path, fmt: str, schema, limit: int) -> list[list]:
+def written_rows(directory: Path, fmt: str, schema, limit: int,
+                 first_generation: int = 1) -> list[list]:
     """The last `limit` rows of the part files of format `fmt` in an output directory (of
-    every generation, in the order they were written), as the hub hands rows out: a part
+    generations `first_generation` on, in the order they were written), as the hub hands
+    rows out: a part
     whose columns are not `schema`'s (an earlier query of the name) ends the search, and
     so does one that cannot be read, or `RECALL_BYTES` read."""
     try:
@@ -244,7 +252,8 @@ def written_rows(directory: Path, fmt: str, schema, limit: int) -> list[list]:
     except OSError:
         return []
     parts = sorted((int(m[1]), int(m[2]), n) for n in names
-                   if (m := _PART_NAME.match(n)) and m[3] == fmt)
+                   if (m := _PART_NAME.match(n)) and m[3] == fmt
+                   and int(m[1]) >= first_generation)
     found: list[list[list]] = []
     count = size = 0
     for _, _, name in reversed(parts):
