@@ -1,6 +1,8 @@
 """`oopscope serve`'s live page in headless Chromium (Selenium): the tables fill, the chart draws,
 a closed window arrives by server-sent event, and the console stays clean; with a token, the
-page logs in (a form, or `#token=` taken out of the address) and its URLs never hold it.
+page logs in (a form, or `#token=` taken out of the address) and its URLs never hold it; with
+10-second windows and a kill -9 and restart, the chart's x axis reads the windows' real times,
+keeps the windows written before the crash, and its y labels are distinct.
 
 The server is the real one, started by the `served_page` fixture (tests/tools/conftest.py): its
 `.url` is the page, its `.query` a running query whose windows close about every second.
@@ -9,6 +11,9 @@ The server is the real one, started by the `served_page` fixture (tests/tools/co
 from __future__ import annotations
 
 import os
+import re
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -18,7 +23,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from tests.tools.serving import Server
+from tests.tools.serving import Server, per_window, read_output, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -195,5 +200,126 @@ def test_live_page_with_a_token(ten_seconds_pcap, browser, tmp_path):
         errors = [e for e in logs if e["level"] == "SEVERE" and "401" not in e["message"]]
         assert not errors, errors
         assert not any(TOKEN in e["message"] for e in logs)
+    finally:
+        server.stop()
+
+
+TEN_SECONDS = """
+DEFINE { query_name tens; }
+SELECT tb, count(*) AS packets, sum(len) AS bytes
+FROM main.IPV4
+GROUP BY time/10 AS tb;
+"""
+
+# The chart as drawn: its points (x: s since the epoch, y: the sum or null where windows are
+# missing), the tick labels uPlot drew on each axis, the y scale, the legend's x label.
+DRAWN_JS = """
+const u = window.oopscope && window.oopscope.chart;
+if (!u || !u.axes[0]._values || !u.axes[1]._values) return null;
+return {x: u.data[0], y: u.data[1], xticks: u.axes[0]._values, yticks: u.axes[1]._values,
+        ymin: u.scales.y.min, xlabel: u.series[0].label, axis: u.axes[0].label};
+"""
+# The selected query's row of #queries: its cells' texts by column header.
+QUERY_ROW_JS = """
+const heads = [...document.querySelectorAll('#queries thead th')].map(th => th.textContent);
+const tr = document.querySelector('#queries tbody tr.selected');
+if (!tr) return null;
+const out = {};
+[...tr.cells].forEach((td, i) => { out[heads[i]] = td.textContent; out[heads[i] + ' title'] = td.title; });
+return out;
+"""
+# Per link, the samples and the points of its drops sparkline.
+DROPS_JS = """
+return [...document.querySelectorAll('#links tbody tr[data-link]')].map(tr => {
+  const svg = tr.querySelector('svg.drops');
+  return svg && {link: tr.dataset.link, samples: +svg.dataset.samples,
+                 points: [...svg.querySelectorAll('polyline')].map(p => p.getAttribute('points'))};
+});
+"""
+
+
+def _hms(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%H:%M:%S")
+
+
+def test_ten_second_windows_across_a_restart(ten_seconds_pcap, browser, tmp_path):
+    server = Server(["--link", f"main={ten_seconds_pcap}", "--loop"], tmp_path / "state",
+                    tmp_path / "serve.log")
+    server.start()
+    try:
+        server.wait_spark()
+        out = Path(server.client.submit(text=TEN_SECONDS, file="tens.gsql")["outputs"]["tens"])
+        wait_for(lambda: len(per_window(read_output(out)[0])) >= 2, 120,
+                 "two 10-second windows written")
+        before = per_window(read_output(out)[0])
+
+        # kill -9 and start again on the same state: the query resumes, its windows go on
+        server.kill9()
+        server.start()
+        server.wait_spark()
+        wait_for(lambda: max(per_window(read_output(out)[0])) > max(before) + 1, 120,
+                 "a window written after the restart")
+        written = per_window(read_output(out)[0])
+        assert before.items() <= written.items()
+
+        wait = WebDriverWait(browser, TIMEOUT, poll_frequency=0.5,
+                             ignored_exceptions=(NoSuchElementException,
+                                                 StaleElementReferenceException))
+        browser.get(server.client.server)
+        wait.until(lambda d: d.execute_script(CLICK_QUERY_JS, "tens"), "no query tens")
+        wait.until(lambda d: d.execute_script(SELECTED_JS) == "tens", "tens not selected")
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#ycol option[value=packets]"),
+                   "no column packets to chart")
+        Select(browser.find_element(By.ID, "ycol")).select_by_value("packets")
+        # the history holds every window written, those before the crash too
+        drawn = wait.until(lambda d: (c := d.execute_script(DRAWN_JS)) and "packets" in
+                           d.execute_script(CHART_JS)["label"] and
+                           {int(x) for x, y in zip(c["x"], c["y"]) if y is not None}
+                           >= {tb * 10 for tb in written} and c,
+                           f"the chart does not hold the windows {sorted(written)}")
+        shown = {int(x): y for x, y in zip(drawn["x"], drawn["y"]) if y is not None}
+        assert min(shown) == min(before) * 10            # the first window: before the crash
+        for tb in before:
+            assert shown[tb * 10] == before[tb], tb      # each window at tb * 10 s, its count
+
+        # x: each tick label is a window's real time, tb * 10 s as a time of day in UTC (the
+        # old axis took tb for seconds: tb = 179579942 read 11:19:02, not 17:10:20)
+        xticks = [t for t in drawn["xticks"] if t]
+        assert xticks and len(set(xticks)) == len(xticks), xticks
+        starts = {_hms(t): t for t in range(min(shown), max(shown) + 1, 10)}
+        # HH:MM:SS, or HH:MM when the ticks are whole minutes apart
+        assert all(re.fullmatch(r"\d\d:\d\d(:\d\d)?", t) and
+                   (t if len(t) == 8 else t + ":00") in starts for t in xticks), \
+            (xticks, sorted(starts))
+        assert drawn["xlabel"] == "tb (UTC)" and "window start" in drawn["axis"], drawn
+        # y: from 0 (a difference of a packet in thousands is not a spike), labels distinct
+        yticks = [t for t in drawn["yticks"] if t]
+        assert len(yticks) >= 2 and len(set(yticks)) == len(yticks), yticks
+        assert drawn["ymin"] == 0
+
+        # the queries table: lag p50 / p99, the first window in UTC, the gaps the API gives
+        q = server.client.queries()[0]
+        row = wait.until(lambda d: d.execute_script(QUERY_ROW_JS), "no selected query row")
+        first = datetime.fromtimestamp(q["first_window_ns"] / 1e9, UTC)
+        assert row["first window (UTC)"] == first.strftime("%Y-%m-%d %H:%M:%S"), row
+        assert row["gaps"] == str(len(q["gaps"])), (row, q["gaps"])
+        if q["gaps"]:
+            assert "UTC" in row["gaps title"], row
+        assert re.fullmatch(r"(\d+ ms|\d+\.\d\d s|–) / (\d+ ms|\d+\.\d\d s|–)",
+                            row["lag p50 / p99"]), row
+        # the links' drops a second over time: a line per counter once two statuses came
+        drops = wait.until(lambda d: (x := d.execute_script(DROPS_JS)) and
+                           all(v and v["samples"] >= 3 for v in x) and x,
+                           "no drops sparkline with 3 samples")
+        assert [v["link"] for v in drops] == ["main"]
+        assert all(len(p.split()) >= 2 for p in drops[0]["points"]), drops
+
+        wait.until(lambda d: d.execute_script(COLOURED_PIXELS_JS) > 50, "no series drawn")
+        time.sleep(0.5)       # the legend and ticks of the last redraw
+        shot = tmp_path / "serve_page_restart.png"
+        assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 0
+        print(f"screenshot: {shot}")
+        logs = browser.get_log("browser")
+        assert not [e for e in logs if e["level"] == "SEVERE"], logs
     finally:
         server.stop()

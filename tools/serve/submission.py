@@ -350,6 +350,10 @@ class Submission:
                                     checkpoint, sinks=sinks, fanout=self.fanout or None)
         except StageConfigError as exc:
             raise UnsupportedQueryError(str(exc)) from None
+        for qp in self.chosen:      # for the page: each stream's windows in time, its history
+            out = self.outputs[self.stream_name(qp.name)]
+            out.set_window(qp.high.window)
+            out.recall()
         self.spool_queue = SpoolQueue()
         per_link: dict[str, list] = {n: [] for n in self.spool_links if n not in self.remote}
         for lp in self.graph.low_plans():

@@ -6,7 +6,10 @@ in the stream's output directory, `tools.results.parts`: written under a tempora
 renamed, so a reader never sees half a window, and a batch replayed after a crash finds its
 file and is not written twice; the bytes `run` writes for the same rows), then, once the
 batch is complete, hands the rows to the `Hub`, which passes them to every tail and page
-that subscribed, and remembers the latest rows for a page that opens later.
+that subscribed, and remembers the latest rows for a page that opens later. When a stream's
+output is built (a submission, or a restart resuming it) the hub's latest rows are read from
+the part files already in its output directory (`StreamOutput.recall`), so that the page's
+history after a crash holds the windows written before it.
 
 A subscriber's buffer is bounded: a slow tail never slows the query. When it falls behind by
 more than `TAIL_ROWS` rows or `TAIL_BYTES` bytes (of the events as JSON), its oldest rows
@@ -20,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import re
 import threading
 import time
 from collections import deque
@@ -37,6 +42,8 @@ TAIL_BYTES = 4 << 20
 RECENT_ROWS = 2000
 #: output latencies remembered per stream (quantiles in `queries`)
 LATENCIES = 1000
+#: bytes of part files read at most, newest first, for a stream's latest rows at its start
+RECALL_BYTES = 64 << 20
 
 class Subscriber:
     """One tail or page: a bounded queue of events, read by an asyncio task."""
@@ -125,6 +132,11 @@ class Hub:
                                       "rows": rows, "time": time.time(),
                                       "closed_ns": closed_ns}, len(rows))
 
+    def recall(self, stream: str, rows: list[list]) -> None:
+        """The latest rows written before this output started (its part files on disk):
+        they replace what was remembered of the stream (the files hold all of that)."""
+        self.recent[stream] = deque(rows, maxlen=RECENT_ROWS)
+
     def end(self, stream: str, why: str) -> None:
         self.publish("end", stream, {"query": stream, "why": why})
 
@@ -134,7 +146,7 @@ class StreamOutput(Sink):
 
     def __init__(self, stream: str, outputs, schema, directory: Path, fmt: str, prefix: str,
                  hub: Hub, clock, links: list[str]):
-        from tools.results.formats import display_table
+        from tools.results.formats import display_schema, display_table
         from tools.results.parts import part_sink
 
         self.stream, self.outputs, self.schema = stream, outputs, schema
@@ -151,7 +163,21 @@ class StreamOutput(Sink):
         self.columns = names
         self.numeric = [f.name for f in schema if _numeric(f.type)
                         and f.name not in _ipv4_names(outputs)]
+        #: how the window column's values map to time (`window_info`), for the page's axis
+        self.window: dict | None = None
+        self.format, self.display_schema = fmt, display_schema(schema, outputs)
         hub.columns[stream] = names
+
+    def set_window(self, window) -> None:
+        """The query's window (`queries.plan.WindowPlan`, None: none), told to the page."""
+        self.window = window_info(window, self.columns)
+
+    def recall(self, first_generation: int = 1) -> None:
+        """The hub's latest rows of the stream from the part files its output directory
+        holds already (of generations `first_generation` on), before any row is written."""
+        self.hub.recall(self.stream, written_rows(self.file.dir, self.format,
+                                                  self.display_schema, RECENT_ROWS,
+                                                  first_generation))
 
     def write(self, batch_id: int, table) -> bool:
         table = self._display(table, self.outputs)
@@ -191,10 +217,81 @@ class StreamOutput(Sink):
         return {"stream": self.stream, "rows": self.rows, "batches": self.batches,
                 "columns": self.columns, "numeric": self.numeric,
                 "output": str(self.file.dir), "last_write": self.last_write,
-                "latency_p50_s": self.quantile(0.5), "latency_p99_s": self.quantile(0.99)}
+                "latency_p50_s": self.quantile(0.5), "latency_p99_s": self.quantile(0.99),
+                "window": self.window}
 
     def close(self) -> None:
         self.hub.end(self.stream, "stopped")
+
+
+def window_info(window, columns: list[str]) -> dict | None:
+    """What the page needs to place a row on a time axis: the window column's value v is
+    window `(v - shift) / scale`, which starts at `(id + 1) * slide_ns - offset_ns - range_ns`
+    (`queries.plan.WindowPlan`: `tb` of `time/10 AS tb` is 10-s window number tb, starting
+    at tb * 10 s). None when the rows have no window column (no window, or not output)."""
+    if window is None or window.column not in columns or not window.slide_ns \
+            or not window.scale:
+        return None
+    return {"column": window.column, "scale": window.scale, "shift": window.shift,
+            "range_ns": window.range_ns, "slide_ns": window.slide_ns,
+            "offset_ns": window.offset_ns, "landmark": window.landmark}
+
+
+_PART_NAME = re.compile(r"^part-g(\d+)-(\d+)\.(csv|jsonl|parquet)$")
+
+
+def written_rows(directory: Path, fmt: str, schema, limit: int,
+                 first_generation: int = 1) -> list[list]:
+    """The last `limit` rows of the part files of format `fmt` in an output directory (of
+    generations `first_generation` on, in the order they were written), as the hub hands
+    rows out: a part
+    whose columns are not `schema`'s (an earlier query of the name) ends the search, and
+    so does one that cannot be read, or `RECALL_BYTES` read."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    parts = sorted((int(m[1]), int(m[2]), n) for n in names
+                   if (m := _PART_NAME.match(n)) and m[3] == fmt
+                   and int(m[1]) >= first_generation)
+    found: list[list[list]] = []
+    count = size = 0
+    for _, _, name in reversed(parts):
+        path = Path(directory) / name
+        try:
+            size += path.stat().st_size
+            if size > RECALL_BYTES:
+                break
+            table = _read_part(path, fmt, schema)
+        except Exception as exc:  # noqa: BLE001 - pyarrow's errors have no common base
+            log.info("%s: not read for the latest rows (%s)", path, type(exc).__name__)
+            break
+        if table.column_names != schema.names:
+            break
+        rows = [list(r.values()) for r in table.to_pylist()]
+        found.append(rows[-(limit - count):])
+        count += len(found[-1])
+        if count >= limit:
+            break
+    return [r for rows in reversed(found) for r in rows]
+
+
+def _read_part(path: Path, fmt: str, schema):
+    import pyarrow as pa
+
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path)
+    if fmt == "jsonl":
+        with open(path, encoding="utf-8") as fh:
+            records = [json.loads(line) for line in fh if line.strip()]
+        if records and list(records[0]) != schema.names:
+            return pa.table({k: [] for k in records[0]})    # another query's columns
+        return pa.Table.from_pylist(records, schema=schema)
+    import pyarrow.csv as pacsv
+
+    return pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(column_types=schema))
 
 
 def _numeric(t) -> bool:

@@ -2,6 +2,10 @@
 // numeric column per window and a table of its latest closed windows. Plain JS, no build step.
 // Data: api/status, api/queries, api/queries/NAME/rows (JSON) and api/events (server-sent
 // events: rows, status, queries). Paths are relative so the page works behind a path prefix.
+// The chart's x is the query's window column, placed at the window's real time by the window
+// the query's plan gives (`window` of its stream in api/queries: `tb` of `time/10 AS tb` is
+// the 10-second window starting at tb * 10 s); a query without a window column gets a plain
+// numeric axis of its first column.
 // A server with a token answers 401 until the page logs in: the token, typed into the form or
 // given as `#token=T` (a fragment never reaches the server, and is removed from the address
 // and the history at once), is posted once to api/login, which sets an HttpOnly cookie that
@@ -14,14 +18,18 @@
   const KEEP_ROWS = 1000;    // raw rows kept (the chart keeps per-window sums instead)
   const MAX_POINTS = 1000;   // windows kept and drawn
   const CHART_HEIGHT = 240;
+  const DROP_SAMPLES = 300;  // per link, samples of its drop counters kept for its sparkline
+  const DROP_EVERY_MS = 2000;  // at most one sample per link this often (status events come faster)
 
   const state = {
     queries: [],      // api/queries
     selected: null,   // name of the selected query
     stream: null,     // the stream of it shown (its first)
     selectionKey: "", // what the selection was made from (name, stream, state)
-    columns: [],      // its columns; the first is the chart's x (the window)
+    columns: [],      // its columns
     numeric: [],      // its numeric columns
+    window: null,     // its window (api/queries `streams[0].window`), or null: none
+    xi: 0,            // the column of the chart's x: the window's, else the first
     ycol: null,       // the column charted
     rows: [],         // its latest rows, oldest first
     windows: new Map(),  // x (window) -> per column, the sum over the window's rows (numeric only)
@@ -33,7 +41,10 @@
     epoch: 0,         // bumped on every selection, to drop answers for an earlier one
     chart: null,
     chartKey: "",
+    chartKeys: [],    // the window column's value of each point drawn
     queriesKey: "",   // what #queries shows
+    drops: new Map(), // link -> [{t, ring, kernel}], from the status events (the sparklines)
+    ticks: { x: [], y: [] },  // the chart's tick labels as last drawn (for the browser test)
   };
   window.oopscope = state;  // for the browser test and for poking at the page
 
@@ -82,9 +93,18 @@
     return `${n.toFixed(digits)} ${prefixes[i]}${unit}`.trim();
   }
 
-  function fmtUTC(ns) {
+  function fmtUTC(ns, ms = false) {
     if (!isNum(ns)) return "–";
-    return new Date(ns / 1e6).toISOString().replace("T", " ").slice(0, 19);
+    return new Date(ns / 1e6).toISOString().replace("T", " ").slice(0, ms ? 23 : 19);
+  }
+
+  // ns since the epoch between 1973 and 5138: a date; anything else (a clock of the records'
+  // own, counting from elsewhere) is shown as a number of seconds
+  const isEpochNs = (ns) => isNum(ns) && ns >= 1e17 && ns < 1e20;
+
+  function fmtWhen(ns) {
+    if (!isNum(ns) || ns === 0) return "–";
+    return isEpochNs(ns) ? fmtUTC(ns) : `${fmtCell(ns / 1e9)} s`;
   }
 
   function fmtUptime(s) {
@@ -101,6 +121,18 @@
   function fmtLatency(s) {
     if (!isNum(s)) return "–";
     return s < 1 ? `${(s * 1000).toFixed(0)} ms` : `${s.toFixed(2)} s`;
+  }
+
+  // The labels of ticks, each made by `fmt(v, digits)` with the fewest digits (from `from`) that
+  // tell every tick apart: two ticks never read the same.
+  function distinctLabels(vals, fmt, from = 0, to = 9) {
+    let labels = [];
+    for (let d = from; d <= to; d++) {
+      labels = vals.map((v) => (v == null ? "" : fmt(v, d)));
+      const shown = labels.filter((l) => l !== "");
+      if (new Set(shown).size === shown.length) break;
+    }
+    return labels;
   }
 
   function fmtCell(v) {
@@ -146,14 +178,78 @@
           error: a.live ? l.error : `agent ${a.host} ${state}` });
       }
     }
+    const links = [...(st.links || []), ...lent];
+    sampleDrops(links);
     const body = $("links").tBodies[0];
-    body.replaceChildren(...[...(st.links || []), ...lent].map((l) => el("tr", null,
+    body.replaceChildren(...links.map((l) => el("tr", { link: l.name },
       el("td", l.error ? { class: "warn", title: l.error } : null, l.name), td(l.source, "dim"),
       td(fmtSI(l.pps), "num"), td(fmtSI(isNum(l.bps) ? l.bps / 8 : null, "B"), "num"),   // bps: bits/s
       td(fmtInt(l.packets), "num"), td(fmtInt(l.malformed), l.malformed ? "num warn" : "num"),
       td(fmtInt(l.ring_drops), l.ring_drops ? "num warn" : "num"),
-      td(fmtInt(l.kernel_drops), l.kernel_drops ? "num warn" : "num"), td(fmtUTC(l.punctuation_ns)))));
+      td(fmtInt(l.kernel_drops), l.kernel_drops ? "num warn" : "num"),
+      el("td", { class: "spark" }, dropSparkline(l.name)), td(fmtUTC(l.punctuation_ns)))));
     if (!body.rows.length) body.append(el("tr", null, el("td", { class: "empty" }, "no links")));
+  }
+
+  // ---- the links' drops over time: a sparkline per link of ring and kernel drops a second ----
+
+  function sampleDrops(links) {
+    const now = Date.now();
+    for (const l of links) {
+      let s = state.drops.get(l.name);
+      if (!s) state.drops.set(l.name, (s = []));
+      if (s.length && now - s[s.length - 1].t < DROP_EVERY_MS) continue;
+      s.push({ t: now, ring: isNum(l.ring_drops) ? l.ring_drops : null,
+        kernel: isNum(l.kernel_drops) ? l.kernel_drops : null });
+      if (s.length > DROP_SAMPLES) s.splice(0, s.length - DROP_SAMPLES);
+    }
+  }
+
+  // drops a second between samples; a counter that went down started again from zero (a
+  // restart of the server or of the link): all it holds is new
+  function dropRates(samples, key) {
+    const out = [];
+    for (let i = 1; i < samples.length; i++) {
+      const a = samples[i - 1], b = samples[i];
+      if (a[key] === null || b[key] === null) { out.push(null); continue; }
+      const d = b[key] >= a[key] ? b[key] - a[key] : b[key];
+      out.push(d / Math.max(1e-3, (b.t - a.t) / 1000));
+    }
+    return out;
+  }
+
+  const SVG = "http://www.w3.org/2000/svg";
+
+  function dropSparkline(name) {
+    const samples = state.drops.get(name) || [];
+    const W = 120, H = 22;
+    const svg = document.createElementNS(SVG, "svg");
+    svg.setAttribute("class", "drops");
+    svg.setAttribute("width", W);
+    svg.setAttribute("height", H);
+    svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+    const series = { ring: dropRates(samples, "ring"), kernel: dropRates(samples, "kernel") };
+    const peak = Math.max(0, ...series.ring.filter(isNum), ...series.kernel.filter(isNum));
+    const n = Math.max(1, samples.length - 2);   // the rates since the page opened, end to end
+    for (const key of ["ring", "kernel"]) {
+      const rates = series[key];
+      const pts = rates.map((r, i) => (isNum(r)
+        ? `${(W - (rates.length - 1 - i) * (W / n)).toFixed(1)},${(H - 1 - (peak ? r / peak : 0) * (H - 3)).toFixed(1)}`
+        : null)).filter(Boolean);
+      const line = document.createElementNS(SVG, "polyline");
+      line.setAttribute("class", key);
+      line.setAttribute("points", pts.join(" "));
+      svg.append(line);
+    }
+    const minutes = samples.length > 1 ? (samples[samples.length - 1].t - samples[0].t) / 60000 : 0;
+    const title = document.createElementNS(SVG, "title");
+    title.textContent = samples.length < 2 ? "drops a second: waiting for a second status"
+      : `drops a second over the last ${minutes.toFixed(1)} min (ring: blue, kernel: orange); `
+        + `peak ${fmtSI(peak)}/s`;
+    svg.append(title);
+    svg.dataset.peak = peak;
+    svg.dataset.samples = samples.length;
+    return svg;
   }
 
   // ---- queries -------------------------------------------------------------------------------
@@ -185,7 +281,10 @@
         td(q.name), el("td", null, el("span", { class: `badge state-${q.state}`, title: q.error || "" }, q.state)),
         td(q.links.join(", "), "dim"), td(fmtInt(q.rows_out), "num"),
         td(fmtInt(q.late_packets), q.late_packets ? "num warn" : "num"),
-        td(fmtInt(q.evictions), q.evictions ? "num warn" : "num"), td(fmtLatency(q.latency_p50_s), "num"))));
+        td(fmtInt(q.evictions), q.evictions ? "num warn" : "num"),
+        el("td", { class: "num", title: "from the punctuation that closed a window to its rows written" },
+          `${fmtLatency(q.latency_p50_s)} / ${fmtLatency(q.latency_p99_s)}`),
+        el("td", { class: "first" }, fmtWhen(q.first_window_ns)), gapsCell(q.gaps || []))));
       if (!body.rows.length) body.append(el("tr", null, el("td", { class: "empty" }, "no queries")));
     }
     const q = queryByName(state.selected);
@@ -194,12 +293,20 @@
     err.textContent = q && q.error ? q.error : "";
   }
 
+  function gapsCell(gaps) {
+    const c = el("td", { class: gaps.length ? "num warn" : "num" }, fmtInt(gaps.length));
+    c.title = gaps.map((g) => `${fmtWhen(g.from_ns)} – ${fmtWhen(g.to_ns)}`
+      + `${isEpochNs(g.from_ns) ? " UTC" : ""}: ${g.reason || "?"}`).join("\n");
+    return c;
+  }
+
   // ---- the selected query: rows and chart ----------------------------------------------------
 
   // A query (a submission) writes one or more streams; the page shows its first, whose name
   // the rows events carry and the rows API takes.
   const streamOf = (q) => (q.streams && q.streams.length && q.streams[0].stream) || q.name;
-  const selectionKey = (q) => `${q.name}|${streamOf(q)}|${q.state}`;
+  const windowOf = (q) => (q.streams && q.streams.length && q.streams[0].window) || null;
+  const selectionKey = (q) => `${q.name}|${streamOf(q)}|${q.state}|${JSON.stringify(windowOf(q))}`;
 
   async function select(name) {
     const q = queryByName(name);
@@ -208,7 +315,7 @@
     const running = q.state === "running";
     Object.assign(state, {
       selected: name, stream: streamOf(q), selectionKey: selectionKey(q), columns: [], numeric: [],
-      ycol: null, rows: [], seen: 0, loading: running, pending: [],
+      window: windowOf(q), ycol: null, rows: [], seen: 0, loading: running, pending: [],
       historyError: running ? null : `${q.state} query: no rows kept here`,
     });
     setColumns(q.columns, q.numeric);
@@ -282,7 +389,7 @@
 
   function fillYSelect() {
     const sel = $("ycol");
-    const xcol = state.columns[0];
+    const xcol = state.columns[state.xi];
     let choices = state.numeric.filter((c) => c !== xcol && state.columns.includes(c));
     if (!choices.length) choices = state.numeric.filter((c) => c !== xcol);
     if (!choices.includes(state.ycol)) state.ycol = choices.length ? choices[choices.length - 1] : null;
@@ -298,18 +405,21 @@
   // made again from the rows kept. True when they changed.
   function setColumns(columns, numeric) {
     if (columns.join() === state.columns.join() && numeric.join() === state.numeric.join()) return false;
-    Object.assign(state, { columns, numeric, windows: new Map(), ordinal: new Map() });
+    const w = state.window, wi = w ? columns.indexOf(w.column) : -1;
+    Object.assign(state, { columns, numeric, xi: wi >= 0 ? wi : 0, windows: new Map(), ordinal: new Map() });
     addWindows(state.rows);
     fillYSelect();
     return true;
   }
 
-  // Per window (x, the first column) and numeric column, the sum over the window's rows (its
-  // groups, and late rows of a window already seen); the oldest windows beyond MAX_POINTS dropped.
+  // Per window (x, the window column, else the first) and numeric column, the sum over the
+  // window's rows (its groups, and late rows of a window already seen); the oldest windows
+  // beyond MAX_POINTS dropped.
   function addWindows(rows) {
-    const idx = state.numeric.map((c) => state.columns.indexOf(c)).filter((i) => i > 0);
+    const xi = state.xi;
+    const idx = state.numeric.map((c) => state.columns.indexOf(c)).filter((i) => i >= 0 && i !== xi);
     for (const r of rows) {
-      let x = r[0];
+      let x = r[xi];
       if (!isNum(x)) {
         if (!state.ordinal.has(x)) state.ordinal.set(x, state.ordinal.size);
         x = state.ordinal.get(x);
@@ -324,47 +434,142 @@
     }
   }
 
+  // The window's time (s since the epoch) of window column value v: its start, or its end for
+  // a sliding or landmark window (whose column, window_end, names its end). The window of
+  // value v is number (v - shift) / scale, ending at (number + 1) * slide - offset.
+  function windowAxis(w) {
+    const slide = w.slide_ns / 1e9, range = w.range_ns / 1e9, offset = w.offset_ns / 1e9;
+    const byEnd = w.range_ns !== w.slide_ns || !!w.landmark;
+    const at = (v) => ((v - w.shift) / w.scale + 1) * slide - offset - (byEnd ? 0 : range);
+    return { at, step: slide, label: byEnd ? "window end" : "window start" };
+  }
+
+  // The chart's points: x as drawn (the window's time, s, on a time axis; else the column's
+  // value), y the window's sum. A time axis needs a window column, times between 1973 and
+  // 5138, and windows of a millisecond or more (the axis' finest step).
   function chartData() {
     const yi = state.columns.indexOf(state.ycol);
-    if (yi < 0) return { xs: [], ys: [], time: false };
-    const xs = [...state.windows.keys()].sort((a, b) => a - b);
-    const ys = xs.map((x) => state.windows.get(x)[yi]);
-    // x in seconds since the epoch (1973..5138) gets a UTC time axis; anything else is a number
-    const time = !state.ordinal.size && xs.length > 0 && xs.every((x) => x >= 1e8 && x < 1e11);
-    return { xs, ys, time };
+    const keys = [...state.windows.keys()].sort((a, b) => a - b);
+    const xcol = state.columns[state.xi] || "x";
+    const none = { xs: [], ys: [], keys: [], time: false, step: null, xlabel: xcol };
+    if (yi < 0) return none;
+    const ys = keys.map((k) => state.windows.get(k)[yi]);
+    const w = state.window && state.columns[state.xi] === state.window.column ? state.window : null;
+    if (w && !state.ordinal.size) {
+      const axis = windowAxis(w);
+      const at = keys.map(axis.at);
+      if (axis.step >= 1e-3 && at.length && at.every((x) => x >= 1e8 && x < 1e11)) {
+        // windows missing (a gap, a restart, no packets): the line breaks there
+        const out = { xs: [], ys: [], keys: [], time: true, step: axis.step,
+          xlabel: `${xcol}, ${axis.label} (UTC)` };
+        at.forEach((x, i) => {
+          if (i && x - at[i - 1] > axis.step * 1.5) {
+            out.xs.push(at[i - 1] + axis.step); out.ys.push(null); out.keys.push(null);
+          }
+          out.xs.push(x); out.ys.push(ys[i]); out.keys.push(keys[i]);
+        });
+        return out;
+      }
+    }
+    return { ...none, xs: keys, ys, keys, integer: keys.every(Number.isInteger) };
   }
 
   function cssVar(name) {
     return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
   }
 
-  // y-axis ticks: SI units without trailing zeros (1.50 k -> 1.5 k)
-  const fmtTickY = (v) => (v == null ? "" : fmtSI(v).replace(/(\.\d*?)0+(?= |$)/, "$1").replace(/\.(?= |$)/, ""));
-
-  // time-axis ticks in UTC: the time of day, with the date when the ticks span more than a day
-  function fmtTick(vals) {
-    const span = vals.length > 1 ? vals[vals.length - 1] - vals[0] : 0;
-    const fmt = uPlot.fmtDate(span > 86400 ? "{YYYY}-{MM}-{DD} {HH}:{mm}" : "{HH}:{mm}:{ss}");
-    return (v) => (v == null ? "" : fmt(uPlot.tzDate(new Date(v * 1e3), "Etc/UTC")));
+  // A number in SI units with `digits` decimals, trailing zeros dropped (1.50 k -> 1.5 k).
+  function fmtSIDigits(v, digits) {
+    const prefixes = ["", "k", "M", "G", "T", "P"];
+    let i = 0, n = v;
+    while (Math.abs(n) >= 1000 && i < prefixes.length - 1) { n /= 1000; i++; }
+    const text = n.toFixed(digits).replace(/(\.\d*?)0+$/, "$1").replace(/\.$/, "");
+    return `${text === "-0" ? "0" : text} ${prefixes[i]}`.trim();
   }
 
-  function chartOptions(width, time) {
+  // y-axis ticks: SI units, with as many decimals as it takes to tell the ticks apart
+  const fmtTicksY = (vals) => distinctLabels(vals, fmtSIDigits, 0, 9);
+
+  // x-axis ticks of a plain number: as many decimals as it takes to tell them apart
+  const fmtTicksX = (vals) => distinctLabels(vals, (v, d) => (Number.isInteger(v) && d === 0
+    ? String(v) : v.toFixed(d)), 0, 9);
+
+  // time-axis ticks in UTC: the time of day (with ms for steps under a second), the date
+  // first when they span more than a day; finer until no two ticks read the same
+  const TIME_FORMATS = ["{HH}:{mm}", "{HH}:{mm}:{ss}", "{HH}:{mm}:{ss}.{fff}"];
+
+  function fmtTimeTicks(vals, incr) {
+    const span = vals.length > 1 ? vals[vals.length - 1] - vals[0] : 0;
+    const date = span >= 86400 || incr >= 86400;
+    const from = incr < 1 ? 2 : incr % 60 ? 1 : 0;
+    return distinctLabels(vals, (v, d) => {
+      const f = (date ? "{YYYY}-{MM}-{DD} " : "") + TIME_FORMATS[Math.min(d, 2)];
+      return uPlot.fmtDate(f)(uPlot.tzDate(new Date(v * 1e3), "Etc/UTC"));
+    }, from, 2);
+  }
+
+  // Tick steps of a time axis: multiples of the window's step among the usual ones (so every
+  // tick is a window's time), or the step times 1, 2, 5, 10 ... when none is one.
+  const NICE_STEPS = [1e-3, 2e-3, 5e-3, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 20, 30,
+    60, 120, 300, 600, 900, 1200, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800, 604800,
+    2592000, 31536000];
+
+  function timeIncrs(step) {
+    const multiple = (x) => Math.abs(x / step - Math.round(x / step)) < 1e-6 && x >= step * (1 - 1e-9);
+    let incrs = NICE_STEPS.filter(multiple);
+    if (!incrs.length || incrs[0] > step * (1 + 1e-9)) incrs = [step, ...incrs];
+    if (incrs.length < 8) {
+      for (let k = 1; incrs.length < 40; k *= 10) for (const m of [1, 2, 5]) incrs.push(step * m * k);
+    }
+    return [...new Set(incrs)].sort((a, b) => a - b);
+  }
+
+  // tick steps of a numeric axis of whole numbers (window numbers): whole numbers too
+  const INTEGER_INCRS = [];
+  for (let k = 1; k < 1e18; k *= 10) INTEGER_INCRS.push(k, 2 * k, 5 * k);
+
+  // The y range: from 0 for values of one sign (counts, sums), so that a difference of one
+  // packet in millions stays one packet tall; 5% above the top.
+  function yRange(u, min, max) {
+    if (!isNum(min) || !isNum(max)) return [0, 1];
+    let lo = Math.min(0, min), hi = Math.max(0, max);
+    if (lo === hi) hi = lo + 1;
+    const pad = (hi - lo) * 0.05;
+    return [lo < 0 ? lo - pad : lo, hi > 0 ? hi + pad : hi];
+  }
+
+  function chartOptions(width, data) {
+    const { time, step, xlabel } = data;
     const fg = cssVar("--muted"), grid = cssVar("--grid"), accent = cssVar("--accent");
     const axis = { stroke: fg, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid, width: 1 } };
+    const xcol = state.columns[state.xi] || "x";
+    // the legend: the window's time and its number as the query wrote it
+    const keyOf = (u, v) => { const i = u.data[0].indexOf(v); return i >= 0 ? state.chartKeys[i] : null; };
     return {
       width, height: CHART_HEIGHT,
-      padding: [12, 32, 0, 0],   // room for the last x label
-      scales: { x: { time } },
+      padding: [12, 40, 0, 0],   // room for the last x label
+      scales: { x: { time }, y: { range: yRange } },
       tzDate: (ts) => uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC"),
       legend: { show: true, live: true },
       cursor: { drag: { x: false, y: false } },
       axes: [
-        { ...axis, values: (u, vals) => vals.map(time ? fmtTick(vals) : (v) => (v == null ? "" : fmtCell(v))) },
-        { ...axis, size: 64, values: (u, vals) => vals.map(fmtTickY) },
+        { ...axis, ...(time ? { incrs: timeIncrs(step) } : data.integer ? { incrs: INTEGER_INCRS } : {}),
+          space: 70,
+          label: xlabel, labelSize: 18, labelFont: "12px system-ui, sans-serif",
+          values: (u, vals, ai, space, incr) => {
+            state.ticks.x = time ? fmtTimeTicks(vals, incr) : fmtTicksX(vals);
+            return state.ticks.x;
+          } },
+        { ...axis, size: 64, values: (u, vals) => (state.ticks.y = fmtTicksY(vals)) },
       ],
       series: [
-        { label: `${state.columns[0] || "x"}${time ? " (UTC)" : ""}`,
-          value: (u, v) => (v == null ? "–" : time ? fmtUTC(v * 1e9) : fmtCell(v)) },
+        { label: time ? `${xcol} (UTC)` : xcol,
+          value: (u, v) => {
+            if (v == null) return "–";
+            if (!time) return fmtCell(v);
+            const k = keyOf(u, v);
+            return `${fmtUTC(v * 1e9, step < 1)}${k === null ? "" : ` (${xcol} ${fmtCell(k)})`}`;
+          } },
         { label: `sum of ${state.ycol}`, stroke: accent, width: 2, fill: `${accent}22`,
           value: (u, v) => (v == null ? "–" : fmtCell(v)), points: { size: 5 } },
       ],
@@ -373,7 +578,9 @@
 
   function drawChart() {
     const box = $("chart");
-    const { xs, ys, time } = chartData();
+    const data = chartData();
+    const { xs, ys, time } = data;
+    state.chartKeys = data.keys;
     if (!xs.length) {
       if (state.chart) { state.chart.destroy(); state.chart = null; state.chartKey = ""; }
       const why = !state.selected ? "" : !state.ycol ? "no numeric column to chart"
@@ -381,11 +588,11 @@
       box.replaceChildren(el("div", { class: "empty" }, why));
       return;
     }
-    const key = `${state.epoch}|${state.ycol}|${time}`;
+    const key = `${state.epoch}|${state.ycol}|${time}|${data.step}|${data.xlabel}|${data.integer}`;
     if (!state.chart || state.chartKey !== key) {
       if (state.chart) state.chart.destroy();
       box.replaceChildren();
-      state.chart = new uPlot(chartOptions(box.clientWidth, time), [xs, ys], box);
+      state.chart = new uPlot(chartOptions(box.clientWidth, data), [xs, ys], box);
       state.chartKey = key;
     } else {
       state.chart.setData([xs, ys]);
