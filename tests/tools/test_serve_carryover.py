@@ -73,7 +73,8 @@ def test_counters_carried_over_a_crash_and_a_clean_restart():
 
 
 @pytest.mark.parametrize("counted", [{"totals": {"rows": "7"}}, {"totals": [1]}, [1],
-                                     {"generation": True}])
+                                     {"generation": True}, {"rows": {"persec": [1, 2]}},
+                                     {"rows": {"persec": [1, 2, "3"]}}])
 def test_a_record_with_unsound_counters_is_refused(counted):
     body = {"name": "persec", "file": "persec.gsql", "text": "SELECT 1", "counted": counted}
     with pytest.raises(RecordError, match="counted"):
@@ -81,3 +82,33 @@ def test_a_record_with_unsound_counters_is_refused(counted):
     body["counted"], body["first_generation"] = {}, 0
     with pytest.raises(RecordError, match="first_generation"):
         Record.parse("persec", json.dumps(body).encode())
+
+
+def test_a_start_reads_only_the_part_files_after_the_mark(tmp_path):
+    d = tmp_path / "persec"
+    for batch, n in ((0, 3), (1, 4), (2, 5)):
+        _write(d, "csv", 1, batch, _table(batch * 10, n))
+    record = _record(generation=1)
+    stream = "persec"
+    # a crash left batches 0-2 written: the checkpoint replays 0-2, finding their files;
+    # the mark moves only once the replay has passed the files found at the start
+    tally = Tally(record)
+    assert tally.rows_at_start(stream, d, "csv", 1) == 12
+    for batch in (0, 1):
+        tally.batch_ended(stream, batch, 12)
+        tally.keep(record, {})
+        assert record.counted["rows"] == {}
+    tally.batch_ended(stream, 2, 12)
+    _write(d, "csv", 1, 3, _table(30, 2))
+    tally.batch_ended(stream, 3, 14)
+    tally.keep(record, {})
+    assert record.counted["rows"] == {stream: [1, 3, 14]}
+    # batch 4 written, then a crash before its end: the next start adds its file only
+    _write(d, "csv", 1, 4, _table(40, 6))
+    (d / "part-g0001-0000000000.csv").unlink()       # files up to the mark are not read
+    saved = Record.parse("persec", json.dumps(record.__dict__).encode())
+    assert Tally(saved).rows_at_start(stream, d, "csv", 1) == 14 + 6
+    # a clean restart: the next generation's files are added after the mark too
+    saved.generation = 2
+    _write(d, "csv", 2, 0, _table(50, 1))
+    assert Tally(saved).rows_at_start(stream, d, "csv", 1) == 14 + 6 + 1

@@ -5,9 +5,11 @@ A query's counters count from its submission, whatever happened since (a crash, 
 stop and restart). Two sources, each the truth of its kind:
 
 - the rows it wrote are the rows in its output files: a start counts those of its
-  generations (`output_rows`), and the rows written from then on are added. After a crash
-  the batch the checkpoint replays finds its file and is not written again, so no row is
-  counted twice and none is missed;
+  generations, and the rows written from then on are added. After a crash the batch the
+  checkpoint replays finds its file and is not written again, so no row is counted twice
+  and none is missed. Part files are never changed once written, so the record keeps a
+  *mark* per stream (the rows up to a batch) and a start reads only the files after it:
+  months of output are not read again at each restart;
 - the low level's and the stages' counters live in memory: `Tally` keeps their totals in
   the query's record at each micro-batch the stages commit (`KeepCounters`), and a restart
   adds the new process's counts to them. After a crash the counts of the last moments
@@ -41,8 +43,10 @@ _PART = re.compile(r"^part-g(\d+)-(\d+)\.(csv|jsonl|parquet)$")
 
 
 class Tally:
-    """The carried counters of one running query: the totals its record held at the start
-    (`base`), to which this process's counts are added."""
+    """The carried counters of one running query: the totals its record held at the start,
+    to which this process's counts are added; and per stream a *mark*, (generation, batch,
+    rows): the rows of its part files up to that batch, so that a start reads only the files
+    written after it."""
 
     def __init__(self, record):
         saved = record.counted or {}
@@ -50,30 +54,59 @@ class Tally:
         same_generation = saved.get("generation") == record.generation
         kept = saved.get("checkpointed", {}) if same_generation else {}
         self.base = {k: int(totals.get(k, 0)) - int(kept.get(k, 0)) for k in CARRIED}
+        self._generation = record.generation
+        self._marks = {s: (int(m[0]), int(m[1]), int(m[2]))
+                       for s, m in saved.get("rows", {}).items()}
+        #: stream -> (generation, batch) of the newest part file found at the start
+        self._found: dict[str, tuple[int, int]] = {}
 
     def totals(self, live: dict) -> dict:
         """The counters since the submission, from this process's `live` ones."""
         return {k: self.base[k] + int(live.get(k) or 0) for k in CARRIED}
 
+    def rows_at_start(self, stream: str, directory: str | Path, fmt: str,
+                      first_generation: int) -> int:
+        """The rows stream `stream` wrote before this process: its mark's, and those of
+        its part files after the mark."""
+        mark = self._marks.get(stream)
+        files = _part_keys(directory, fmt, first_generation)
+        if files:
+            self._found[stream] = files[-1][:2]
+        after = (mark[0], mark[1]) if mark is not None else (-1, -1)
+        return (mark[2] if mark is not None else 0) + sum(
+            _rows_in(p, fmt) for g, b, p in files if (g, b) > after)
+
+    def batch_ended(self, stream: str, batch_id: int, rows: int) -> None:
+        """Batch `batch_id` of the stream is written, `rows` in all: its mark, once the
+        batches the checkpoint replays have passed the files found at the start (those
+        after the batch are counted in `rows` too)."""
+        key = (self._generation, batch_id)
+        found = self._found.get(stream)
+        if found is None or key >= found:
+            self._marks[stream] = (*key, rows)
+
     def keep(self, record, live: dict) -> None:
-        """Into `record.counted` (saved with it): the totals, and what of them the
-        generation's checkpoint holds."""
+        """Into `record.counted` (saved with it): the totals, what of them the generation's
+        checkpoint holds, and the streams' marks."""
         record.counted = {"generation": record.generation, "totals": self.totals(live),
-                          "checkpointed": {k: int(live.get(k) or 0) for k in CHECKPOINTED}}
+                          "checkpointed": {k: int(live.get(k) or 0) for k in CHECKPOINTED},
+                          "rows": {s: list(m) for s, m in dict(self._marks).items()}}
 
 
 class KeepCounters(Sink):
-    """A sink beside a stream's output that saves its query's counters in its record at the
-    end of each micro-batch (at most every `SAVE_EVERY_S`), before the stage commits it."""
+    """A sink beside a stream's output: at the end of each micro-batch (before the stage
+    commits it) `on_batch(batch_id)`, and its query's counters saved in its record by
+    `save()` (at most every `SAVE_EVERY_S`)."""
 
-    def __init__(self, save):
-        self._save = save
+    def __init__(self, on_batch, save):
+        self._on_batch, self._save = on_batch, save
         self._last = 0.0
 
     def write(self, batch_id: int, table) -> bool:
         return True
 
     def end_batch(self, batch_id: int, punctuation) -> None:
+        self._on_batch(batch_id)
         now = time.monotonic()
         if now - self._last < SAVE_EVERY_S:
             return
@@ -84,8 +117,10 @@ class KeepCounters(Sink):
             log.warning("cannot save a query's counters: %s", exc.strerror or exc)
 
 
-def part_files(directory: str | Path, fmt: str, first_generation: int = 1) -> list[Path]:
-    """A stream's part files of generations `first_generation` on, oldest first."""
+def _part_keys(directory: str | Path, fmt: str,
+               first_generation: int) -> list[tuple[int, int, Path]]:
+    """(generation, batch, path) of a stream's part files of generations `first_generation`
+    on, oldest first."""
     d = Path(directory)
     try:
         names = [n.name for n in d.iterdir()]
@@ -96,7 +131,12 @@ def part_files(directory: str | Path, fmt: str, first_generation: int = 1) -> li
         m = _PART.match(name)
         if m and m.group(3) == fmt and int(m.group(1)) >= first_generation:
             found.append((int(m.group(1)), int(m.group(2)), d / name))
-    return [p for _, _, p in sorted(found)]
+    return sorted(found)
+
+
+def part_files(directory: str | Path, fmt: str, first_generation: int = 1) -> list[Path]:
+    """A stream's part files of generations `first_generation` on, oldest first."""
+    return [p for _, _, p in _part_keys(directory, fmt, first_generation)]
 
 
 def output_rows(directory: str | Path, fmt: str, first_generation: int = 1) -> int:

@@ -29,6 +29,7 @@ batch id, written atomically, and a replayed batch finds its file).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -43,7 +44,7 @@ from typing import Any
 from common.datafiles import NO_FILES, DataFiles
 from tools.errors import RunConfigError
 from tools.pipeline.feeds import AttachedFeed
-from tools.serve.carryover import KeepCounters, Tally, output_rows
+from tools.serve.carryover import KeepCounters, Tally
 from tools.serve.tail import StreamOutput
 
 log = logging.getLogger(__name__)
@@ -221,7 +222,9 @@ _FIELD_SHAPES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "schemas": (lambda v: _pairs(v, lambda x: isinstance(x, str)),
                 "a list of [path, text]"),
     "first_generation": (lambda v: _is_int(v) and 1 <= v < 1 << 31, "a positive integer"),
-    "counted": (lambda v: _str_dict(v, lambda x: _is_int(x) or _str_dict(x, _is_int)),
+    "counted": (lambda v: _str_dict(v, lambda x: _is_int(x) or _str_dict(
+        x, lambda y: _is_int(y) or (isinstance(y, list) and len(y) == 3
+                                    and all(_is_int(z) for z in y)))),
                 "an object of counters"),
 }
 _SHAPES = {k: f for k, (f, _) in _FIELD_SHAPES.items()}
@@ -361,12 +364,14 @@ class Submission:
         for qp in self.chosen:
             stream = self.stream_name(qp.name)
             out = Path(self.record.outputs[qp.name])
-            self.rows_before[stream] = output_rows(out, self.record.format,
-                                                   self.record.first_generation)
+            self.rows_before[stream] = self.tally.rows_at_start(
+                stream, out, self.record.format, self.record.first_generation)
             self.outputs[stream] = StreamOutput(
                 stream, qp.high.outputs, arrow_schema(qp.name, qp.high.outputs), out,
                 self.record.format, f"g{self.record.generation:04d}-", hub, clock, self.links)
-            sinks[qp.name] = [self.outputs[stream], KeepCounters(self.save_counters)]
+            sinks[qp.name] = [self.outputs[stream],
+                              KeepCounters(functools.partial(self._batch_ended, stream),
+                                           self.save_counters)]
         try:
             self.graph = StageGraph(self.plan, [qp.name for qp in self.chosen], spool,
                                     checkpoint, sinks=sinks, fanout=self.fanout or None)
@@ -485,6 +490,11 @@ class Submission:
                 "before_start_packets": sum(f.before_start for f in self.feeds.values()),
                 "suppressed_rows": suppressed, "zero_divisor_packets": low["zero_divisors"],
                 "zero_divisor_rows": zero_rows}
+
+    def _batch_ended(self, stream: str, batch_id: int) -> None:
+        tally, out = self.tally, self.outputs.get(stream)
+        if tally is not None and out is not None:
+            tally.batch_ended(stream, batch_id, self.rows_before.get(stream, 0) + out.rows)
 
     def keep_counters(self) -> None:
         """Its counters into its record (saved with it)."""

@@ -485,8 +485,8 @@ class Submissions:
 
     def ended_rows(self, name: str, limit: int) -> dict | None:
         """The last `limit` rows of stream `name` of a query that no longer runs (cancelled,
-        failed, or not resumed): those this process passed on, else those of its output
-        files; None when no query that ended has that stream."""
+        failed, or not resumed): those this process passed on if it passed on as many, else
+        those of its output files; None when no query that ended has that stream."""
         with self._lock:
             if name in self._running or any(name in s.streams for s in self._running.values()):
                 return None
@@ -501,9 +501,9 @@ class Submissions:
             else:
                 return None
         recent = list(self._hub.recent.get(name, ()))[-limit:]
-        if recent:
+        if len(recent) == limit:
             columns = self._hub.columns.get(name, [])
-        else:
+        else:       # this process passed on fewer: the files hold every row
             columns, recent = last_rows(record.outputs[streams[name]], record.format,
                                         record.first_generation, limit)
         return {"name": name, "state": record.state, "columns": columns, "rows": recent}
