@@ -101,7 +101,7 @@ def queries(client) -> None:
         for gap in q.get("gaps") or []:
             start = "its start" if gap.get("from_ns") is None else _when(gap["from_ns"])
             click.echo(f"{q['name']}: gap from {start} to {_when(gap.get('to_ns'))} UTC "
-                       f"({gap.get('reason', '?')}): its windows in it are not written")
+                       f"({gap.get('reason', '?')}): windows in it are not written")
         if q.get("error"):
             click.echo(f"{q['name']}: {q['error']}")
         if q.get("zero_divisor_packets") or q.get("zero_divisor_rows"):
