@@ -142,13 +142,13 @@ def test_rates_follow_the_traffic_and_serve_says_what_it_does(ten_seconds_pcap, 
     try:
         first = server.client.status()["links"][0]
         t1 = time.monotonic()
-        time.sleep(1.5)
+        time.sleep(2.5)
         second = server.client.status()["links"][0]
         measured = (second["packets"] - first["packets"]) / (time.monotonic() - t1)
         assert second["packets"] < 20_000, "the capture should still be playing"
         # right from the first seconds, and the rate of the last seconds
         assert first["pps"] > 0
-        assert 0.5 * measured <= second["pps"] <= 1.5 * measured, (second, measured)
+        assert 0.4 * measured <= second["pps"] <= 1.6 * measured, (second, measured)
         wait_for(lambda: server.client.status()["links"][0]["packets"] >= 20_000, 60,
                  "the whole capture")
         # the traffic stopped: the rate says so within seconds (it said 1,812/s 20 s on)
