@@ -63,7 +63,25 @@ def _version() -> str:
 def cli(verbose: int) -> None:
     """oopscope: GSQL queries over pcap files and live interfaces, the out-of-order way."""
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-    logging.basicConfig(level=level, format="oopscope: %(levelname)s: %(message)s", stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LevelFormatter())
+    logging.basicConfig(level=level, handlers=[handler])
+    # the Python-JVM bridge logs every call it makes ("Received command c on object id
+    # p0"): only with -vv, which is for debugging
+    logging.getLogger("py4j").setLevel(logging.DEBUG if verbose >= 2 else logging.WARNING)
+
+
+class _LevelFormatter(logging.Formatter):
+    """`oopscope: MESSAGE` for news (INFO), `oopscope: WARNING: MESSAGE` for what needs a
+    look (and ERROR, DEBUG)."""
+
+    def __init__(self):
+        super().__init__("oopscope: %(levelname)s: %(message)s")
+        self._news = logging.Formatter("oopscope: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self._news.format(record) if record.levelno == logging.INFO \
+            else super().format(record)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -195,3 +195,39 @@ def test_numba_decimal_and_mac_text():
                                                             "ff:ff:ff:ff:ff:ff"]
     v4 = np.array([0xFFFF_0000_0000 | 0x0A000001, 0xFFFF_0000_0000 | 0xFFFFFFFF], np.uint64)
     assert _format_one_field(addresses.KIND_IP, v4, ipver=4) == ["10.0.0.1", "255.255.255.255"]
+
+
+def test_verbose_count_is_of_the_packets_printed(capture_file):
+    """`-v decode --limit N` reported the reader's whole first batch (65536 packets for a
+    large capture); the count and the reasons are those of the rows printed."""
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "tools.cli", "-v", "decode", str(capture_file),
+                          "--limit", "2"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert len(res.stdout.splitlines()) == 1 + 2
+    assert "2 packets printed (--limit 2), reasons {'ok': 2}" in res.stderr, res.stderr
+    # news is not labelled a warning (nor INFO)
+    assert "oopscope: " + str(capture_file) in res.stderr and "INFO" not in res.stderr
+    res = subprocess.run([sys.executable, "-m", "tools.cli", "-v", "decode", str(capture_file)],
+                         capture_output=True, text=True, timeout=120)
+    total = len(PACKETS) + 1
+    assert f"{total} packets printed, reasons" in res.stderr
+    assert "'non_ip_ethertype': 1" in res.stderr     # the ARP frame, the last ones too
+
+
+@pytest.mark.parametrize("flags,py4j", [([], "WARNING"), (["-v"], "WARNING"),
+                                        (["-vv"], "DEBUG")])
+def test_py4j_bridge_chatter_only_with_vv(capture_file, flags, py4j):
+    """`-v` printed every call of the Python-JVM bridge ("Received command c on object id
+    p0"): its loggers stay at WARNING unless -vv."""
+    import sys
+
+    code = ("import logging\nfrom tools.cli import main\n"
+            f"main({[*flags, 'decode', str(capture_file), '--limit', '0']!r})\n"
+            "log = logging.getLogger('py4j.clientserver')\n"
+            "print(logging.getLevelName(log.getEffectiveLevel()))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines()[-1] == py4j

@@ -30,9 +30,10 @@ def _client_options(fn):
 
 
 def _when(ns) -> str:
+    """A time of the server's as UTC text with its date (`-`: none)."""
     if ns is None:
         return "-"
-    return time.strftime("%H:%M:%S", time.gmtime(ns / 1e9))
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ns / 1e9))
 
 
 @click.command()
@@ -73,22 +74,34 @@ def submit(query_file, name, params, sets, outputs, fmt, schema_files, client) -
                           schemas=schemas)
     click.echo(reply["message"])
     for q, out in reply["outputs"].items():
-        click.echo(f"  {q} -> {out}")
+        click.echo(f"  {q} -> {out}/ (a directory of part files, one per micro-batch)")
 
 
 @click.command()
 @_client_options
 def queries(client) -> None:
-    """Every query on the server: state, links, rows out, late packets, evictions, latency."""
+    """Every query on the server: state, links, rows out, late packets, evictions, latency,
+    first window, gaps.
+
+    The counters count from each query's submission (SINCE), across restarts; times are
+    UTC."""
+    listed = client.queries()
     rows = [("NAME", "STATE", "LINKS", "ROWS", "PARTIALS", "LATE", "EVICTIONS", "P50 LAT",
-             "FIRST WINDOW")]
-    for q in client.queries():
+             "SINCE (UTC)", "FIRST WINDOW (UTC)", "GAPS")]
+    for q in listed:
         lat = q.get("latency_p50_s")
+        first = q.get("first_window_ns")
         rows.append((q["name"], q["state"], ",".join(q["links"]) or "-", str(q["rows_out"]),
                      str(q["partial_rows"]), str(q["late_packets"]), str(q["evictions"]),
-                     "-" if lat is None else f"{lat:.2f}s", _when(q.get("first_window_ns"))))
+                     "-" if lat is None else f"{lat:.2f}s", _when(q.get("counted_since_ns")),
+                     "first record" if first == 0 else _when(first),
+                     str(len(q.get("gaps") or []))))
     _table(rows)
-    for q in client.queries():
+    for q in listed:
+        for gap in q.get("gaps") or []:
+            start = "its start" if gap.get("from_ns") is None else _when(gap["from_ns"])
+            click.echo(f"{q['name']}: gap from {start} to {_when(gap.get('to_ns'))} UTC "
+                       f"({gap.get('reason', '?')}): windows in it are not written")
         if q.get("error"):
             click.echo(f"{q['name']}: {q['error']}")
         if q.get("zero_divisor_packets") or q.get("zero_divisor_rows"):
@@ -109,20 +122,29 @@ def _table(rows) -> None:
               show_default=True)
 @_client_options
 def tail(name, fmt, client) -> None:
-    """Print NAME's rows as its windows close, until it ends or Ctrl-C."""
+    """Print NAME's rows as its windows close, until it ends or Ctrl-C.
+
+    Of a query that no longer runs (cancelled, failed), print its last rows and end."""
     import csv
     import json
 
     writer = csv.writer(sys.stdout, lineterminator="\n")
     header_done = False
+    ended = None
     for event in client.tail(name):
         kind = event.get("event")
-        if kind == "missed":
+        if kind == "subscribed" and event.get("state") not in (None, "running"):
+            ended = event["state"]
+            n = event.get("last_rows", 0)
+            click.echo(f"oopscope: query {event.get('query')} is not running ({ended}): "
+                       + (f"its last {n} rows" if n else "it wrote no rows"), err=True)
+        elif kind == "missed":
             click.echo(f"oopscope: tail fell behind: {event['rows']} rows not shown",
                        err=True)
         elif kind == "end":
-            click.echo(f"oopscope: query {event.get('query')} ended ({event.get('why')})",
-                       err=True)
+            if ended is None:
+                click.echo(f"oopscope: query {event.get('query')} ended ({event.get('why')})",
+                           err=True)
             return
         elif kind == "rows":
             cols, rows = event["columns"], event["rows"]
@@ -158,11 +180,15 @@ def status(client) -> None:
     """The server's links (rates, drops), its agents and their links, Spark state and gaps."""
     st = client.status()
     spark = st["spark"]
-    click.echo(f"up {st['uptime_s']:.0f} s; Spark {spark['state']} ({spark['master']})"
+    since = st.get("counters_since_ns")
+    click.echo(f"up {st['uptime_s']:.0f} s"
+               + (f" (since {_when(since)} UTC: the link counters count from then)"
+                  if since else "")
+               + f"; Spark {spark['state']} ({spark['master']})"
                + (f": {spark['error']}" if spark.get("error") else "")
                + f"; {st['queries']} queries running")
     rows = [("LINK", "SOURCE", "PKT/S", "PACKETS", "BYTES", "MALFORMED", "RING DROPS",
-             "KERNEL DROPS", "PUNCTUATION")]
+             "KERNEL DROPS", "PUNCTUATION (UTC)")]
     for link in st["links"]:
         rows.append((link["name"], link["source"], f"{link['pps']:.0f}", str(link["packets"]),
                      str(link["bytes"]), str(link["malformed"]), str(link["ring_drops"]),

@@ -158,12 +158,16 @@ def decode(pcap: str, fields_spec: str | None, fmt: str, limit: int | None, link
     """
     import logging
 
+    import numpy as np
+
     from capture.reader import open_capture
+    from capture.schema import REASONS
 
     fields = parse_fields(fields_spec)
     log = logging.getLogger(__name__)
     out = click.get_binary_stream("stdout")
     printed = 0
+    reasons = None
     with open_capture(pcap, link=link, strict=strict) as reader:
         if fmt == "csv":  # after the file header was checked: a bad file prints only its error
             out.write((",".join(fields) + "\n").encode())
@@ -174,10 +178,17 @@ def decode(pcap: str, fields_spec: str | None, fmt: str, limit: int | None, link
             if reader.stream:
                 out.flush()   # a stream's rows as its packets arrive, not when a buffer fills
             printed += batch.n
+            # the reasons of the packets printed (the reader read a whole batch ahead)
+            if batch.n:
+                counts = np.bincount(batch["reason"], minlength=256)
+                reasons = counts if reasons is None else reasons + counts
             if limit is not None and printed >= limit:
                 break
         stats = reader.stats
     out.flush()
     for problem in stats.problems:
         click.echo(f"oopscope: warning: {problem}", err=True)
-    log.info("%s: %d packets, reasons %s", pcap, stats.packets, stats.reasons)
+    seen = {} if reasons is None else {REASONS.get(i, f"reason_{i}"): int(c)
+                                       for i, c in enumerate(reasons) if c}
+    log.info("%s: %d packet%s printed%s, reasons %s", pcap, printed, "" if printed == 1 else "s",
+             f" (--limit {limit})" if limit is not None and printed >= limit else "", seen)

@@ -42,6 +42,11 @@ log = logging.getLogger(__name__)
 RING_ROWS = 1 << 20
 #: (punctuation, wall ns) pairs kept per link for the output latency
 PUNCT_LOG = 4096
+#: a link's rates (status, the page) are over this last stretch of time, in seconds: short,
+#: so that they follow the traffic within seconds when it starts or stops
+RATE_WINDOW_S = 2.0
+#: seconds between two samples of a link's counters (taken by the router)
+RATE_STEP_S = 0.25
 
 
 class ReplayLink(threading.Thread):
@@ -173,7 +178,8 @@ class ServedLink:
         self.bytes = 0
         self.punctuation: int | None = None
         self.punct_log: deque = deque(maxlen=PUNCT_LOG)   # (punctuation, wall ns)
-        self._rates: deque = deque(maxlen=16)            # (wall s, packets, bytes)
+        #: (monotonic s, packets, bytes) every RATE_STEP_S, sampled by the router
+        self._rates: deque = deque(maxlen=int(RATE_WINDOW_S / RATE_STEP_S) + 4)
 
     @property
     def ring(self):
@@ -185,23 +191,31 @@ class ServedLink:
         capture = getattr(p, "capture", None)
         st = capture.stats if capture is not None else p.stats
         ring = self.ring.stats()
-        now = time.time()
-        # the rate over the last few seconds of samples (status and metrics take them)
-        if not self._rates or now - self._rates[-1][0] >= 0.5:
-            self._rates.append((now, self.packets, self.bytes))
-        old = next((r for r in self._rates if now - r[0] <= 10.0), self._rates[0])
-        if old is self._rates[-1] and len(self._rates) > 1:
-            old = self._rates[-2]
-        span = now - old[0]
+        pps, bps = self.rates()
         return {"name": self.name, "source": self.source, "packets": self.packets,
-                "bytes": self.bytes,
-                "pps": (self.packets - old[1]) / span if span > 0 else 0.0,
-                "bps": 8 * (self.bytes - old[2]) / span if span > 0 else 0.0,
+                "bytes": self.bytes, "pps": pps, "bps": bps,
                 "malformed": int(st.malformed), "reasons": dict(st.reasons),
                 "ring_drops": int(ring.dropped),
                 "kernel_drops": int(getattr(st, "kernel_drops", 0) or 0),
                 "punctuation_ns": self.punctuation,
                 "error": None if p.error is None else str(p.error)}
+
+    def sample(self, now: float) -> None:
+        """Note the counters at monotonic time `now` (the router, every RATE_STEP_S)."""
+        self._rates.append((now, self.packets, self.bytes))
+
+    def rates(self) -> tuple[float, float]:
+        """Packets and bits per second over the last RATE_WINDOW_S: the counters now less
+        the sample that window ago (the oldest one in the first seconds)."""
+        now, packets, nbytes = time.monotonic(), self.packets, self.bytes
+        samples = list(self._rates)
+        old = next((r for r in samples if now - r[0] <= RATE_WINDOW_S), None)
+        if old is None and samples:         # the router fell behind: its latest sample
+            old = samples[-1]
+        if old is None or now - old[0] <= 0:
+            return 0.0, 0.0
+        span = now - old[0]
+        return (packets - old[1]) / span, 8 * (nbytes - old[2]) / span
 
     def capture_for(self, columns) -> None:
         """Capture what operators reading `columns` (None: they cannot tell) need of each
@@ -314,10 +328,16 @@ class LinkRouter(threading.Thread):
                     self._commands()
 
     def run(self) -> None:
+        sampled = 0.0
         while not self.stopping.is_set():
             self._commands()
             if not self._drain():
                 time.sleep(0.005)
+            now = time.monotonic()
+            if now - sampled >= RATE_STEP_S:
+                sampled = now
+                for link in self.links.values():
+                    link.sample(now)
         self._commands()
 
     def _commands(self) -> None:

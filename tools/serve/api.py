@@ -7,7 +7,7 @@
 | `POST /api/queries` | submit: JSON `{text, file, name?, params?, sets?, outputs?, format?, schemas?}` (`schemas`: `[[path, text], ...]` of schema files) |
 | `DELETE /api/queries/NAME` | cancel: open windows closed and written, outputs kept |
 | `GET /api/queries/NAME/rows?limit=N` | the latest rows written |
-| `GET /api/queries/NAME/tail` | JSON lines: `{"event": "rows", ...}` as windows close, `{"event": "missed", "rows": N}` when the reader fell behind, `{"event": "end"}` |
+| `GET /api/queries/NAME/tail` | JSON lines: `{"event": "rows", ...}` as windows close, `{"event": "missed", "rows": N}` when the reader fell behind, `{"event": "end"}`; of a query that ended, its last rows (`?limit=N`, default 20) and the end |
 | `GET /api/events` | server-sent events for the page: `rows`, `status`, `queries` |
 | `POST /api/shutdown` | as SIGTERM |
 | `POST /api/login` | the page: `{"token": T}` -> its session cookie (with `--token-file`) |
@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parent / "static"
 #: seconds between status events on the page's stream
 STATUS_EVERY = 1.0
+#: rows a tail of a query that ended shows by default (`?limit=N`)
+ENDED_ROWS = 20
 
 
 class StreamSlots:
@@ -80,6 +82,18 @@ class _Stream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._done()
+
+
+def _ended_lines(ended: dict) -> str:
+    """A tail's reply for a stream of a query that ended: its last rows, and the end."""
+    stream = ended["name"]
+    events = [{"event": "subscribed", "query": stream, "columns": ended["columns"],
+               "state": ended["state"], "last_rows": len(ended["rows"])}]
+    if ended["rows"]:
+        events.append({"event": "rows", "query": stream, "columns": ended["columns"],
+                       "rows": ended["rows"]})
+    events.append({"event": "end", "query": stream, "why": ended["state"]})
+    return "".join(json.dumps(e, default=str) + "\n" for e in events)
 
 
 def _error(exc: ServeError) -> JSONResponse:
@@ -140,10 +154,20 @@ def make_app(appliance: Appliance, metrics, request_stop: Callable[[], None],
 
     async def tail(request: Request):
         try:
-            stream = appliance.stream_of(bodies.path_name(request.path_params["name"]))
+            name = bodies.path_name(request.path_params["name"])
+            stream = appliance.stream_of(name)
             sub, done = open_stream({stream})
         except ServeError as exc:
-            return _error(exc)
+            try:
+                # a query that ended: its last rows, then the end
+                ended = await run_in_threadpool(
+                    appliance.ended_rows, request.path_params["name"],
+                    bodies.limit(request.query_params.get("limit"), ENDED_ROWS))
+            except ServeError as err:
+                return _error(err)
+            if ended is None:
+                return _error(exc)
+            return Response(_ended_lines(ended), media_type="application/x-ndjson")
 
         async def lines():
             try:

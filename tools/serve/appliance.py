@@ -99,12 +99,18 @@ class Appliance:
     def rows(self, name: str, limit: int) -> dict:
         return self._submissions.rows(name, limit)
 
+    def ended_rows(self, name: str, limit: int) -> dict | None:
+        return self._submissions.ended_rows(name, limit)
+
     def status(self) -> dict:
         fanned, members = self._remote.fanout_status()
         shared = self._remote.shared
-        return {"started": self._downtime.started_ns / 1e9,
-                "uptime_s": (time.time_ns() - self._downtime.started_ns) / 1e9,
-                "links": self._links.stats() + fanned,
+        started = self._downtime.started_ns
+        # a link's counters count from this process's start (a restart begins them again)
+        links = [{**s, "since_ns": started} for s in self._links.stats() + fanned]
+        return {"started": started / 1e9, "counters_since_ns": started,
+                "uptime_s": (time.time_ns() - started) / 1e9,
+                "links": links,
                 "fanout": members,
                 "spark": self._submissions.spark_state(), "gaps": self._downtime.gaps,
                 "queries": len(self._submissions), "state_dir": str(self.state_dir),
@@ -118,7 +124,7 @@ class Appliance:
         if self._stopping.is_set():
             return
         self._stopping.set()
-        log.warning("stopping: closing every window and writing the results")
+        log.info("stopping: closing every window and writing the results")
         self._links.stop()
         self._submissions.stop_all()
         self._links.close()

@@ -59,11 +59,11 @@ class ServedFanout:
         self.members = FanoutMembers(self.config, str(agents.shared), self.server_id,
                                      self.config.fanout)
         self.members.start()
-        log.warning("capturing %s with %d fanout members each (%s)",
-                    ", ".join(f"{n}={i}" for n, i in self.config.interfaces),
-                    self.config.fanout,
-                    ", ".join(f"{sub}: {host}" for sub, (_, host)
-                              in self.members.members.items()))
+        log.info("capturing %s with %d fanout members each (%s)",
+                 ", ".join(f"{n}={i}" for n, i in self.config.interfaces),
+                 self.config.fanout,
+                 ", ".join(f"{sub}: {host}" for sub, (_, host)
+                           in self.members.members.items()))
 
     def member_links(self) -> dict[str, str]:
         """Sub-link -> member host id of every fanned-out interface."""

@@ -12,8 +12,12 @@ Names (Prometheus conventions: `_total` counters, base units, `link` / `query` l
 `oopscope_query_evictions_total`, `oopscope_query_flushes_total`,
 `oopscope_query_late_packets_total`, `oopscope_query_zero_divisor_packets_total`,
 `oopscope_query_zero_divisor_rows_total`, `oopscope_query_running`,
-`oopscope_query_output_latency_seconds` (histogram); `oopscope_spark_up`,
-`oopscope_uptime_seconds`.
+`oopscope_query_output_latency_seconds` (histogram), `oopscope_query_counted_since_seconds`;
+`oopscope_spark_up`, `oopscope_uptime_seconds`, `oopscope_start_time_seconds`.
+
+The link counters count from the server process's start (`oopscope_start_time_seconds`; a
+restart begins them again, which Prometheus' `rate` takes as a counter reset); a query's
+count from its submission, across restarts (`oopscope_query_counted_since_seconds`).
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from capture.schema import BENIGN_REASONS, REASONS
 
 #: window close to output, seconds: a window's rows usually go out within a second
 LATENCY_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
-_BENIGN = {REASONS[c] for c in BENIGN_REASONS}
+#: the reasons a packet is malformed (not the benign ones: decoded, or not IP)
+_MALFORMED = [REASONS[c] for c in sorted(REASONS) if c not in BENIGN_REASONS]
 
 
 class Metrics:
@@ -71,9 +76,9 @@ class _Collector:
                                         "Packets that could not be decoded, by reason",
                                         labels=["link", "reason"])
         for s in links:
-            for reason, n in sorted(s["reasons"].items()):
-                if reason not in _BENIGN:
-                    malformed.add_metric([s["name"], reason], float(n))
+            # every reason, zero ones too: an alert on a series needs it to exist
+            for reason in _MALFORMED:
+                malformed.add_metric([s["name"], reason], float(s["reasons"].get(reason, 0)))
         yield malformed
         punct = GaugeMetricFamily("oopscope_link_punctuation_seconds",
                                   "The link's punctuation (low-watermark), epoch seconds",
@@ -103,15 +108,26 @@ class _Collector:
                         "zero_divisor_rows")
         running = GaugeMetricFamily("oopscope_query_running", "1 while the query runs",
                                     labels=["query"])
+        since = GaugeMetricFamily("oopscope_query_counted_since_seconds",
+                                  "Epoch seconds the query's counters count from: its "
+                                  "submission (they go on across restarts)", labels=["query"])
         for q in queries:
             running.add_metric([q["name"]], 1.0 if q["state"] == "running" else 0.0)
+            if q.get("counted_since_ns"):
+                since.add_metric([q["name"]], q["counted_since_ns"] / 1e9)
         yield running
+        yield since
         up = GaugeMetricFamily("oopscope_spark_up", "1 when the Spark session is up")
         up.add_metric([], 1.0 if status["spark"]["state"] == "up" else 0.0)
         yield up
         uptime = GaugeMetricFamily("oopscope_uptime_seconds", "Seconds since the server started")
         uptime.add_metric([], status["uptime_s"])
         yield uptime
+        start = GaugeMetricFamily("oopscope_start_time_seconds",
+                                  "Epoch seconds the server process started: the link "
+                                  "counters count from then")
+        start.add_metric([], status["counters_since_ns"] / 1e9)
+        yield start
 
 
 def _family(name: str, doc: str, label: str, items: list[dict], key: str):

@@ -157,6 +157,10 @@ def serve(config, listen: Listen, token: str | None, ready_file: str | None = No
     from tools.serve.metrics import Metrics
 
     limits = limits or HttpLimits()
+    # the appliance's own news (serving, Spark up, queries submitted and resumed, stopping)
+    # is shown by default; other libraries' stay at the level -v sets
+    if logging.getLogger().getEffectiveLevel() > logging.INFO:
+        logging.getLogger("tools.serve").setLevel(logging.INFO)
 
     if not listen.loopback and token is None:
         raise RunConfigError(f"--listen {listen.host}:{listen.port} is not a loopback "
@@ -195,7 +199,7 @@ def serve(config, listen: Listen, token: str | None, ready_file: str | None = No
         thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]},
                                   name="oopscope-http", daemon=True)
         thread.start()
-        log.warning("serving on %s (state %s; links %s)", listen.url, appliance.state_dir,
+        log.info("serving on %s (state %s; links %s)", listen.url, appliance.state_dir,
                     ", ".join(appliance.link_sources()))
         if ready_file:
             Path(ready_file).write_text(listen.url)

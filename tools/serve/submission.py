@@ -29,11 +29,13 @@ batch id, written atomically, and a replayed batch finds its file).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
 import re
 import shutil
+import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,6 +44,7 @@ from typing import Any
 from common.datafiles import NO_FILES, DataFiles
 from tools.errors import RunConfigError
 from tools.pipeline.feeds import AttachedFeed
+from tools.serve.carryover import KeepCounters, Tally
 from tools.serve.tail import StreamOutput
 
 log = logging.getLogger(__name__)
@@ -50,6 +53,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}$")
 FORMATS = ("csv", "jsonl", "parquet")
 #: how often a stage looks for new spool files: a window's rows wait for the next look
 TRIGGER = "100 milliseconds"
+_SAVING = threading.Lock()
 
 
 @dataclass
@@ -85,13 +89,20 @@ class Record:
     #: [path, text] of the schema files it was submitted with (`submit --schema`, and the
     #: packet_schema.txt beside its file), kept so that a restart plans it the same way
     schemas: list = field(default_factory=list)
+    #: the generation it was submitted in: its output files are those of this one on
+    #: (counted at a restart, `tools.serve.carryover`)
+    first_generation: int = 1
+    #: its counters as of the last save, carried across restarts (`carryover.Tally`)
+    counted: dict = field(default_factory=dict)
 
     def save(self, state_dir: Path) -> None:
         d = state_dir / "queries"
         d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f".{self.name}.json.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(asdict(self), indent=1))
-        os.replace(tmp, d / f"{self.name}.json")
+        # the stages save their counters from their own threads: one writer at a time
+        with _SAVING:
+            tmp = d / f".{self.name}.json.{os.getpid()}.tmp"
+            tmp.write_text(json.dumps(asdict(self), indent=1))
+            os.replace(tmp, d / f"{self.name}.json")
 
     @classmethod
     def load_all(cls, state_dir: Path,
@@ -210,6 +221,11 @@ _FIELD_SHAPES: dict[str, tuple[Callable[[Any], bool], str]] = {
                "an object of counts"),
     "schemas": (lambda v: _pairs(v, lambda x: isinstance(x, str)),
                 "a list of [path, text]"),
+    "first_generation": (lambda v: _is_int(v) and 1 <= v < 1 << 31, "a positive integer"),
+    "counted": (lambda v: _str_dict(v, lambda x: _is_int(x) or _str_dict(
+        x, lambda y: _is_int(y) or (isinstance(y, list) and len(y) == 3
+                                    and all(_is_int(z) for z in y)))),
+                "an object of counters"),
 }
 _SHAPES = {k: f for k, (f, _) in _FIELD_SHAPES.items()}
 _SHAPE_NAMES = {k: n for k, (_, n) in _FIELD_SHAPES.items()}
@@ -263,7 +279,13 @@ class Submission:
         self.graph: Any = None                  # highlevel.graph.StageGraph once built
         self.spool_queue: Any = None            # tools.pipeline.feeds.SpoolQueue once built
         self.stages_started = False
+        #: its stages were made (their counters can be read, even once stopped)
+        self.stages_made = False
         self.error: str | None = record.error
+        #: counters carried from before this process (`carryover`), made by `build`
+        self.tally: Tally | None = None
+        #: stream -> rows its output files held when it was built (written before a restart)
+        self.rows_before: dict[str, int] = {}
 
     @property
     def name(self) -> str:
@@ -338,13 +360,18 @@ class Submission:
         for out in self.record.outputs.values():
             _remove_temporaries(Path(out), ".part-*.tmp", recursive=False)
         sinks: dict[str, list] = {}
+        self.tally = Tally(self.record)
         for qp in self.chosen:
             stream = self.stream_name(qp.name)
             out = Path(self.record.outputs[qp.name])
+            self.rows_before[stream] = self.tally.rows_at_start(
+                stream, out, self.record.format, self.record.first_generation)
             self.outputs[stream] = StreamOutput(
                 stream, qp.high.outputs, arrow_schema(qp.name, qp.high.outputs), out,
                 self.record.format, f"g{self.record.generation:04d}-", hub, clock, self.links)
-            sinks[qp.name] = [self.outputs[stream]]
+            sinks[qp.name] = [self.outputs[stream],
+                              KeepCounters(functools.partial(self._batch_ended, stream),
+                                           self.save_counters)]
         try:
             self.graph = StageGraph(self.plan, [qp.name for qp in self.chosen], spool,
                                     checkpoint, sinks=sinks, fanout=self.fanout or None)
@@ -392,6 +419,7 @@ class Submission:
             stage.suppress = tuple((int(a), int(b)) for a, b in self.record.suppress)
             stage.open_on_driver = stage.small_on_driver = True
             stage.trigger = TRIGGER
+        self.stages_made = True
         self.graph.start()
         self.stages_started = True
 
@@ -416,6 +444,7 @@ class Submission:
             for _, stage in self.graph.stages:
                 stage.label = f"{self.name}__"
                 stage.suppress = tuple((int(a), int(b)) for a, b in self.record.suppress)
+            self.stages_made = True
             self.graph.run_available()
             return
         self.graph.stop()
@@ -443,23 +472,54 @@ class Submission:
             self.spool_queue = None
         self.feeds = {}
         self.graph = None
-        self.stages_started = False
+        self.stages_started = self.stages_made = False
 
     # --- reporting -----------------------------------------------------------------------------
-    def info(self) -> dict:
-        rec = self.record
+    def live_counters(self) -> dict:
+        """This process's counts of the counters a restart carries (`carryover.CARRIED`)."""
         low = {"evictions": 0, "flushed": 0, "late": 0, "zero_divisors": 0}
         for feed in self.feeds.values():
             for f in feed.feeds:
                 c = f.op.counters
                 for k in low:
                     low[k] += int(c.get(k, 0))
-        partial = sum(s.partial_rows for s in self.summaries.values())
-        streams = [out.info() for out in self.outputs.values()]
         suppressed = zero_rows = 0
-        if self.graph is not None and self.stages_started:
-            suppressed = sum(st.suppressed_rows for _, st in self.graph.stages)
-            zero_rows = sum(st.state.zero_divisor_rows for _, st in self.graph.stages)
+        graph = self.graph
+        if graph is not None and self.stages_made:
+            suppressed = sum(st.suppressed_rows for _, st in graph.stages)
+            zero_rows = sum(st.state.zero_divisor_rows for _, st in graph.stages)
+        return {"partial_rows": sum(s.partial_rows for s in self.summaries.values()),
+                "evictions": low["evictions"], "flushes": low["flushed"],
+                "late_packets": low["late"],
+                "before_start_packets": sum(f.before_start for f in self.feeds.values()),
+                "suppressed_rows": suppressed, "zero_divisor_packets": low["zero_divisors"],
+                "zero_divisor_rows": zero_rows}
+
+    def _batch_ended(self, stream: str, batch_id: int) -> None:
+        tally, out = self.tally, self.outputs.get(stream)
+        if tally is not None and out is not None:
+            tally.batch_ended(stream, batch_id, self.rows_before.get(stream, 0) + out.rows)
+
+    def keep_counters(self) -> None:
+        """Its counters into its record (saved with it)."""
+        if self.tally is not None:
+            self.tally.keep(self.record, self.live_counters())
+
+    def save_counters(self) -> None:
+        """Its counters into its record, saved (while it runs: a stage's end of batch)."""
+        if self.tally is None or self.record.state != "running":
+            return
+        self.keep_counters()
+        self.record.save(self.state_dir)
+
+    def info(self) -> dict:
+        """Its state and counters: those of `carryover.CARRIED` and its rows count from its
+        submission, across restarts (`counted_since_ns`); the latencies are this process's."""
+        rec = self.record
+        live = self.live_counters()
+        counters = self.tally.totals(live) if self.tally is not None else live
+        streams = [{**out.info(), "rows": out.rows + self.rows_before.get(stream, 0)}
+                   for stream, out in self.outputs.items()]
         first = streams[0] if streams else {}
         return {"name": rec.name, "file": rec.file, "state": rec.state,
                 "error": self.error, "links": self.links, "agents": dict(self.remote),
@@ -467,11 +527,8 @@ class Submission:
                 "streams": streams,
                 "columns": first.get("columns", []), "numeric": first.get("numeric", []),
                 "rows_out": sum(s["rows"] for s in streams),
-                "partial_rows": partial, "evictions": low["evictions"],
-                "flushes": low["flushed"], "late_packets": low["late"],
-                "before_start_packets": sum(f.before_start for f in self.feeds.values()),
-                "suppressed_rows": suppressed,
-                "zero_divisor_packets": low["zero_divisors"], "zero_divisor_rows": zero_rows,
+                **counters,
+                "counted_since_ns": rec.submitted_ns,
                 "latency_p50_s": first.get("latency_p50_s"),
                 "latency_p99_s": first.get("latency_p99_s"),
                 "first_window_ns": rec.first_window_ns, "submitted_ns": rec.submitted_ns,

@@ -15,6 +15,7 @@ from common.units import INT64_MAX, NS_PER_S
 from tools.errors import RunConfigError
 from tools.pipeline.windows import first_open_window, first_window_start, when
 from tools.serve.budget import MemoryBudget
+from tools.serve.carryover import last_rows
 from tools.serve.config import ServeError
 from tools.serve.submission import FORMATS, NAME_RE, Record, Submission, remove_generation
 
@@ -55,6 +56,7 @@ class Submissions:
         self._running: dict[str, Submission] = {}
         self._records: dict[str, Record] = {}
         self._starter: SessionStarter | None = None
+        self._spark_asked = 0.0
         self._metrics: Metrics | None = None
         self._lock = threading.RLock()
         #: the files a submission may name (`--data-dir`) and the memory its tables may take
@@ -78,6 +80,9 @@ class Submissions:
         """Start the Spark session in the background (stages start when it is up)."""
         from tools.pipeline.threads import SessionStarter
 
+        self._spark_asked = time.monotonic()
+        log.info("starting Spark (%s): queries are captured meanwhile, their windows are "
+                 "written once it is up", self.config.master or "local[*]")
         self._starter = SessionStarter(self.config.master, quick_jvm=False, nice=0)
         self._starter.start()
 
@@ -103,6 +108,7 @@ class Submissions:
         except BaseException as exc:  # noqa: BLE001 - reported by status
             log.error("Spark did not start: %s; queries keep their spools until it does", exc)
             return
+        log.info("Spark is up (it took %.1f s)", time.monotonic() - self._spark_asked)
         for sub in list(self._running.values()):
             if not sub.stages_started:
                 self._start_stages(sub)
@@ -157,6 +163,7 @@ class Submissions:
             record = Record(name=name, file=file, text=text, params=dict(params or {}),
                             sets=dict(sets or {}), format=fmt, schemas=schemas,
                             generation=(old.generation + 1) if old else 1)
+            record.first_generation = record.generation
             if sub.remote:
                 assert self._remote.shared is not None
                 record.agents = dict(sub.remote)
@@ -203,7 +210,8 @@ class Submissions:
                     "agents": dict(sub.remote),
                     "first_window_ns": record.first_window_ns,
                     "outputs": {q: p for q, p in record.outputs.items()},
-                    "message": f"query {name} runs on {', '.join(sub.links)}; {message}"}
+                    "message": f"query {name} runs on {', '.join(sub.links)}; {message}; "
+                               f"{_writes(record.outputs)}"}
 
     def _start_on_records(self, sub: Submission) -> str:
         """A submission on links timed by their records' own field starts with the first
@@ -328,9 +336,9 @@ class Submissions:
         record.suppress.append([INT64_MIN if gap_from is None else gap_from, start])
         record.first_window_ns = start
         if gap_from is not None and gap_from == start:
-            log.warning("query %s resumed (generation %d): its records are read again from "
-                        "record time %.9g s on", record.name, record.generation,
-                        start / NS_PER_S)
+            log.info("query %s resumed (generation %d): its records are read again from "
+                     "record time %.9g s on", record.name, record.generation,
+                     start / NS_PER_S)
         else:
             record.gaps.append({"from_ns": gap_from if gap_from is not None else down_since,
                                 "to_ns": start, "reason": "restart"})
@@ -367,6 +375,7 @@ class Submissions:
             sub.error = why
             sub.record.state, sub.record.error = "failed", why
             sub.record.final = {**sub.info(), "state": "failed", "error": why}
+            sub.keep_counters()
             # as a cancel does: its spool thread, tables and spool go, its tails end
             sub.release()
             sub.close_outputs()
@@ -391,6 +400,7 @@ class Submissions:
             for key, value in lent.items():
                 info[key] += value
             sub.record.final = {**info, "state": "cancelled"}
+            sub.keep_counters()
             sub.record.save(self.state_dir)
             self._running.pop(name)
             sub.release()
@@ -399,8 +409,11 @@ class Submissions:
         self._hub.publish("queries", None, {})
         give_back_memory()
         return {"name": name, "rows_out": info["rows_out"], "outputs": info["outputs"],
+                "counted_since_ns": info["counted_since_ns"],
                 "message": f"query {name} cancelled: its open windows were closed and "
-                           f"written ({info['rows_out']} rows in all); outputs kept"}
+                           f"written ({info['rows_out']} rows in all since its submission "
+                           f"at {when(info['counted_since_ns'])}); outputs kept: "
+                           f"{', '.join(d + '/' for d in info['outputs'].values())}"}
 
     def _stop(self, sub: Submission) -> None:
         """Detach, close every window, write it, stop the stages (cancel and shutdown)."""
@@ -428,6 +441,7 @@ class Submissions:
             for sub in list(self._running.values()):
                 try:
                     self._stop(sub)
+                    sub.keep_counters()
                     sub.record.save(self.state_dir)
                 except Exception as exc:  # noqa: BLE001 - the other queries still stop
                     log.error("query %s: %s", sub.name, exc)
@@ -444,7 +458,8 @@ class Submissions:
                      "latency_p50_s": None, "generation": 0}
             others = [{**blank, **r.final, "name": r.name, "file": r.file, "state": r.state,
                        "error": r.error, "first_window_ns": r.first_window_ns,
-                       "gaps": r.gaps, "outputs": r.outputs}
+                       "counted_since_ns": r.submitted_ns, "gaps": r.gaps,
+                       "outputs": r.outputs}
                       for r in self._records.values() if r.name not in names]
         return running + others
 
@@ -468,10 +483,45 @@ class Submissions:
         raise ServeError(f"no running query {name!r} (running: "
                          f"{', '.join(sorted(self._running)) or 'none'})", status=404)
 
+    def ended_rows(self, name: str, limit: int) -> dict | None:
+        """The last `limit` rows of stream `name` of a query that no longer runs (cancelled,
+        failed, or not resumed): those this process passed on if it passed on as many, else
+        those of its output files; None when no query that ended has that stream."""
+        with self._lock:
+            if name in self._running or any(name in s.streams for s in self._running.values()):
+                return None
+            for record in self._records.values():
+                streams = {record.name if len(record.outputs) == 1 else f"{record.name}.{q}": q
+                           for q in record.outputs}
+                if record.name == name and len(streams) > 1:
+                    raise ServeError(f"query {name} has several outputs; tail one of "
+                                     f"{', '.join(streams)}")
+                if name in streams:
+                    break
+            else:
+                return None
+        recent = list(self._hub.recent.get(name, ()))[-limit:]
+        if len(recent) == limit:
+            columns = self._hub.columns.get(name, [])
+        else:       # this process passed on fewer: the files hold every row
+            columns, recent = last_rows(record.outputs[streams[name]], record.format,
+                                        record.first_generation, limit)
+        return {"name": name, "state": record.state, "columns": columns, "rows": recent}
+
     def rows(self, name: str, limit: int) -> dict:
         stream = self.stream_of(name)
         recent = list(self._hub.recent.get(stream, ()))[-max(0, limit):]
         return {"name": stream, "columns": self._hub.columns.get(stream, []), "rows": recent}
+
+
+def _writes(outputs: dict[str, str]) -> str:
+    """Where a submission writes: each output is a directory of part files, whatever its
+    name says (`out.csv` too)."""
+    if len(outputs) == 1:
+        return (f"it writes into {next(iter(outputs.values()))}/, a directory of part "
+                f"files (one per micro-batch)")
+    return ("it writes " + ", ".join(f"{q} into {d}/" for q, d in outputs.items())
+            + ": directories of part files (one per micro-batch)")
 
 
 def give_back_memory() -> None:
