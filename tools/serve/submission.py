@@ -380,7 +380,7 @@ class Submission:
         for qp in self.chosen:      # for the page: each stream's windows in time, its history
             out = self.outputs[self.stream_name(qp.name)]
             out.set_window(qp.high.window)
-            out.recall()
+            out.recall(self.record.first_generation)
         self.spool_queue = SpoolQueue()
         per_link: dict[str, list] = {n: [] for n in self.spool_links if n not in self.remote}
         for lp in self.graph.low_plans():

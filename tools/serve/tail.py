@@ -23,14 +23,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import re
 import threading
 import time
 from collections import deque
 from pathlib import Path
 
 from highlevel.sinks import Sink
+from tools.serve.carryover import part_files
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +236,6 @@ def window_info(window, columns: list[str]) -> dict | None:
             "offset_ns": window.offset_ns, "landmark": window.landmark}
 
 
-_PART_NAME = re.compile(r"^part-g(\d+)-(\d+)\.(csv|jsonl|parquet)$")
 
 
 def written_rows(directory: Path, fmt: str, schema, limit: int,
@@ -247,17 +245,9 @@ def written_rows(directory: Path, fmt: str, schema, limit: int,
     rows out: a part
     whose columns are not `schema`'s (an earlier query of the name) ends the search, and
     so does one that cannot be read, or `RECALL_BYTES` read."""
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
-    parts = sorted((int(m[1]), int(m[2]), n) for n in names
-                   if (m := _PART_NAME.match(n)) and m[3] == fmt
-                   and int(m[1]) >= first_generation)
     found: list[list[list]] = []
     count = size = 0
-    for _, _, name in reversed(parts):
-        path = Path(directory) / name
+    for path in reversed(part_files(directory, fmt, first_generation)):
         try:
             size += path.stat().st_size
             if size > RECALL_BYTES:
