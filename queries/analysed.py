@@ -42,6 +42,10 @@ class QueryAnalyser(Protocol):
 
     def error(self, node, message: str) -> QueryError: ...
 
+    def first_use(self, node: E.Column) -> E.Node:
+        """The first place in the query's text that names `node`'s column (an error about
+        the column points there, not where the analysis met it)."""
+
     def type_of(self, expr: E.Expr) -> str: ...
 
     def form_of(self, expr: E.Expr) -> T.TimeForm | None: ...

@@ -96,10 +96,18 @@ class Analyser:
         self.flow_mode = False   # the query being analysed runs the low level's flow table
         self.cur_refs: set[str] = set()        # DEFINE keys the query reads as GS-lite `#name`
         self.cur_warnings: list[str] = []      # warnings found before the AnalysedQuery exists
+        self.cur_statement: E.Node = tree      # the statement being analysed (`first_use`)
 
     # --- errors ----------------------------------------------------------------------------
     def error(self, node, message: str) -> QueryError:
         return QueryError.at(node, message, source=self.source, path=self.path)
+
+    def first_use(self, node: E.Column) -> E.Node:
+        """The first column of the query being analysed that names `node`'s column (group
+        items are analysed before the select list, yet a reader looks at SELECT first)."""
+        same = [c for c in self.cur_statement.find_all(E.Column)
+                if c.name == node.name and c.table == node.table and c.pos is not None]
+        return min(same, key=lambda c: (c.pos.line, c.pos.col), default=node)
 
     def _error_in(self, q: E.Query, node, message: str) -> QueryError:
         self._locate_in(q)
@@ -179,6 +187,7 @@ class Analyser:
         self.flow_mode = any(k in defines for k in FLOW_KEYS)
         params = self._params(q)
         stmt = q.statement
+        self.cur_statement = stmt
         self.cur_params = params
         self.cur_values = self._param_values(q, params)
         if isinstance(stmt, E.Merge):
@@ -534,8 +543,9 @@ class Analyser:
                                      f"temporal group item, which defines the windows; this "
                                      f"is an ordinary group key and the query has no window "
                                      f"({_window_example(base, gi.name)})")
-            raise self.error(stmt, "an aggregation needs a temporal group item (e.g. GROUP BY "
-                             "time/60 AS tb) or a window spec (e.g. count(*) [RANGE 1 minute])")
+            raise self.error(stmt, f"an aggregation needs a temporal group item (e.g. "
+                             f"{_clock_example(aq.sources)}) or a window spec (e.g. count(*) "
+                             f"[RANGE 1 minute])")
         group = aq.group
         if aq.temporal2 is not None:
             # the output of the second temporal item is no time column for later readers:
@@ -925,6 +935,23 @@ def _default_wa(sources: list[SourceInfo]) -> str:
         if s.record is not None and s.record.clock is not None:
             return s.record.clock
     return "time"
+
+
+def _clock_example(sources: list[SourceInfo]) -> str:
+    """`GROUP BY time/60 AS tb` spelled with the sources' own clock: a record protocol's
+    clock field (`ts/60`), a query's temporal column, else the packets' `time`."""
+    for s in sources:
+        clock = s.record.clock if s.record is not None else None
+        timed = [c for c in s.columns.values() if c.form is not None]
+        column = s.columns.get(clock) if clock is not None else (timed[0] if timed else None)
+        if column is None:
+            continue
+        name = column.name if len(sources) == 1 else f"{s.alias}.{column.name}"
+        example = f"GROUP BY {name}/60 AS tb"
+        if column.form is not None and column.form.scale == 1 and not column.form.shift:
+            example += f" for windows of {T.duration_text(column.form.pane_ns * 60)}"
+        return example
+    return "GROUP BY time/60 AS tb"
 
 
 def _time_attribute(expr: E.Expr) -> E.Field | None:

@@ -7,7 +7,6 @@ aggregation, where a column must be a group item or sit inside an aggregate.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -17,6 +16,7 @@ from queries import types as T
 from queries.constants import fold
 from queries.errors import QueryError
 from queries.function_library import HANDLE_ARGUMENTS
+from queries.hints import likely_column
 from queries.printer import to_gsql
 from queries.stateful import STATEFUL_FUNCTIONS, SUPER_AGGREGATES, stateful_type
 from queries.string_functions import STRING_FUNCTIONS, check_call
@@ -63,10 +63,10 @@ class Scope:
             # Gigascope's aliases stay out of the list: it names each column once
             known_cols = sorted({c for s in candidates for c in s.columns
                                  if s.kind != "link" or s.fields[c].alias_of is None})
-            close = difflib.get_close_matches(name, known_cols, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise self.error(node, f"unknown column {name!r} in {where}{hint} (known: "
-                             f"{', '.join(known_cols)})")
+            close = likely_column(name, known_cols)
+            hint = f"; did you mean {close!r}?" if close else ""
+            raise self.error(self.a.first_use(node), f"unknown column {name!r} in {where}"
+                             f"{hint} (known: {', '.join(known_cols)})")
         if len(hits) > 1:
             raise self.error(node, f"column {name!r} is ambiguous: qualify it "
                              f"({' or '.join(s.alias + '.' + name for s, _ in hits)})")
