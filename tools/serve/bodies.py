@@ -23,6 +23,7 @@ SUBMISSION_FIELDS = {
     "outputs": "an object of query name -> directory string",
     "format": "a string (csv, jsonl or parquet) or null",
     "schemas": "a list of [path, text] string pairs",
+    "link_map": "an object of the query's link name -> the server's link name",
 }
 #: rows a `GET /api/queries/NAME/rows` may ask for
 MAX_ROWS = 10_000
@@ -58,6 +59,7 @@ def submission(raw: bytes) -> dict:
     for key in ("params", "sets"):
         _mapping(key, body.get(key), _scalar)
     _mapping("outputs", body.get("outputs"), lambda v: isinstance(v, str))
+    _mapping("link_map", body.get("link_map"), lambda v: isinstance(v, str))
     schemas = body.get("schemas")
     if schemas is not None and not (isinstance(schemas, list) and all(
             isinstance(f, list) and len(f) == 2 and all(isinstance(x, str) for x in f)
@@ -71,7 +73,7 @@ def submission(raw: bytes) -> dict:
     return {"text": body["text"], "file": body.get("file") or "query.gsql",
             "name": body.get("name"), "params": body.get("params"), "sets": body.get("sets"),
             "outputs": body.get("outputs"), "fmt": body.get("format"),
-            "schemas": schemas or []}
+            "schemas": schemas or [], "link_map": body.get("link_map") or {}}
 
 
 def login(raw: bytes) -> str:

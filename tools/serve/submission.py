@@ -85,6 +85,8 @@ class Record:
     #: [path, text] of the schema files it was submitted with (`submit --schema`, and the
     #: packet_schema.txt beside its file), kept so that a restart plans it the same way
     schemas: list = field(default_factory=list)
+    #: the query's link names -> the server's links it reads (`submit --link-map main=L`)
+    link_map: dict = field(default_factory=dict)
 
     def save(self, state_dir: Path) -> None:
         d = state_dir / "queries"
@@ -210,6 +212,7 @@ _FIELD_SHAPES: dict[str, tuple[Callable[[Any], bool], str]] = {
                "an object of counts"),
     "schemas": (lambda v: _pairs(v, lambda x: isinstance(x, str)),
                 "a list of [path, text]"),
+    "link_map": (lambda v: _str_dict(v, lambda x: isinstance(x, str)), "an object of links"),
 }
 _SHAPES = {k: f for k, (f, _) in _FIELD_SHAPES.items()}
 _SHAPE_NAMES = {k: n for k, (_, n) in _FIELD_SHAPES.items()}
@@ -238,7 +241,8 @@ class Submission:
 
             schema = layered_schema(self.schema_layers)
         self.plan = plan_text(record.text, record.file, list(link_names), dict(record.params),
-                              dict(record.sets), subset=True, schema=schema, files=files)
+                              dict(record.sets), subset=True, schema=schema, files=files,
+                              link_map=record.link_map)
         names = list(record.outputs) or [qp.name for qp in self.plan.queries
                                           if not qp.read_by]
         for q in names:
