@@ -44,6 +44,7 @@ from queries.filter_join import analyse_filter_join
 from queries.grouping_sets import expand as expand_grouping
 from queries.grouping_sets import item_name
 from queries.gslite import check_constructs
+from queries.hints import did_you_mean
 from queries.inference import conjoin, conjuncts, form_of, sides_of, type_of, unit_ns
 from queries.naming import generated_name, unique_names
 from queries.partial_functions import guard_partial_calls
@@ -359,7 +360,9 @@ class Analyser:
                 if qname in self.schema:
                     return self._packet_source(s, None, self.schema.canonical(qname))
                 known = ", ".join(sorted(all_names - {me})) or "none"
-                raise self.error(s, f"unknown query or protocol {qname!r} (queries: "
+                guess = did_you_mean(qname, [*(all_names - {me}), *self.schema.names()],
+                                     repr)
+                raise self.error(s, f"unknown query or protocol {qname!r}{guess} (queries: "
                                  f"{known}; protocols: {self._known_protocols()})")
             src = self.done[qname]
             if src.window is not None and src.window.kind == "rows":
@@ -368,15 +371,16 @@ class Analyser:
             cols = {c.name: c for c in src.outputs}
             return SourceInfo(s, "query", s.alias or qname, query=qname, columns=cols)
         if s.protocol not in self.schema:
-            raise self.error(self._protocol_position(s), f"unknown protocol {s.protocol!r} "
-                             f"(one of {self._known_protocols()})")
+            guess = did_you_mean(s.protocol or "", self.schema.names())
+            raise self.error(self._protocol_position(s), f"unknown protocol {s.protocol!r}"
+                             f"{guess} (one of {self._known_protocols()})")
         return self._packet_source(s, s.links, self.schema.canonical(s.protocol or ""))
 
     def _known_protocols(self) -> str:
         names = [p for p in self.schema if self.schema.protocol(p).queryable
                  and self.schema.protocol(p).unreadable is None]
         files = f", from {', '.join(self.schema.files)}" if self.schema.files else \
-            "; a schema file (--schema, or packet_schema.txt beside the query) adds more"
+            "; a schema file (--schema, else packet_schema.txt beside the query) adds more"
         return ", ".join(names) + files
 
     def _protocol_position(self, s: E.Source):

@@ -128,3 +128,25 @@ def likely_column(name: str, known: list[str]) -> str | None:
         if close:
             return next(k for k in pool if k.lower() == close[0])
     return None
+
+
+def closest(name: str, candidates) -> str | None:
+    """The candidate `name` most likely misspells (case aside): the nearest within one edit
+    (two for names of six letters or more), else difflib's closest above 0.75; None."""
+    pool = {str(c).lower(): str(c) for c in candidates}
+    low = name.lower()
+    if not pool or low in pool:
+        return None
+    allowed = 1 if len(low) < 6 else 2
+    best = min(pool, key=lambda c: (distance(low, c), c))
+    if distance(low, best) <= allowed:
+        return pool[best]
+    close = difflib.get_close_matches(low, list(pool), n=1, cutoff=0.75)
+    return pool[close[0]] if close else None
+
+
+def did_you_mean(name: str, candidates, spell=str) -> str:
+    """`; did you mean X?` for the candidate `name` most likely misspells (`spell` shows
+    it), else an empty string."""
+    hit = closest(name, candidates)
+    return "" if hit is None else f"; did you mean {spell(hit)}?"

@@ -38,7 +38,7 @@ from queries.expressions import (
     chain,
 )
 from queries.gslite import LITERAL_KEYWORDS, TOKEN_NAMES, gslite_literal
-from queries.hints import keyword_typo, sql_only
+from queries.hints import did_you_mean, keyword_typo, sql_only
 from queries.tokens import RESERVED, Kind, Token
 
 #: aggregate functions (upper case as stored in `Aggregate.name`)
@@ -454,7 +454,7 @@ class ExpressionParser(TokenCursor):
             # `name(*)` is an aggregate's call (GS-lite: AGGR '(' '*' ')'), and not one we know
             raise self.error(f"unknown aggregate '{name_tok.value}' (aggregates: "
                              f"{', '.join(sorted(AGGREGATES - {'END_REASON'}))}; only COUNT "
-                             f"takes *)", name_tok)
+                             f"takes *){did_you_mean(name_tok.value, AGGREGATES)}", name_tok)
         self._enter(open_tok)
         args: list[Expr] = []
         if not self.at_op(")"):

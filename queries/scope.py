@@ -16,7 +16,7 @@ from queries import types as T
 from queries.constants import fold
 from queries.errors import QueryError
 from queries.function_library import HANDLE_ARGUMENTS
-from queries.hints import likely_column
+from queries.hints import did_you_mean, likely_column
 from queries.printer import to_gsql
 from queries.stateful import STATEFUL_FUNCTIONS, SUPER_AGGREGATES, stateful_type
 from queries.string_functions import STRING_FUNCTIONS, check_call
@@ -112,8 +112,9 @@ class Scope:
                 return node
             if isinstance(node, E.Param):
                 if node.name not in self.a.cur_params:
+                    guess = did_you_mean(node.name, self.a.cur_params, lambda p: f"${p}")
                     raise self.error(node, f"undeclared parameter ${node.name} (declare it: "
-                                     f"PARAM {{ {node.name} uint; }})")
+                                     f"PARAM {{ {node.name} uint; }}){guess}")
                 return node
             if isinstance(node, E.Star):
                 raise self.error(node, "* is only allowed in count(*)")

@@ -107,3 +107,25 @@ def test_a_record_protocol_without_window_is_shown_its_own_clock():
                    schema)
     assert "GROUP BY ts/60 AS tb" in e.message
     assert "time/60" not in e.message
+
+
+@pytest.mark.parametrize("text, hint", [
+    ("SELECT time FROM main.IPV5", "did you mean IPV4?"),
+    ("SELECT time FROM main.TPC", "did you mean TCP?"),
+    ("SELECT tb, count(*) FROM main.IPV4 GROUP BY time/60 AS tb HAVING cnt(*) > 1",
+     "did you mean COUNT?"),
+    ("DEFINE { query_nam x; } SELECT time FROM main.IPV4", "did you mean query_name?"),
+    ("DEFINE { flush oop_slwo; } SELECT tb, count(*) FROM main.IPV4 GROUP BY time/60 AS tb",
+     "did you mean oop_slow?"),
+    ("DEFINE { query_name abc; } SELECT time, srcIP FROM main.IPV4; SELECT time FROM abd",
+     "did you mean 'abc'?"),
+    ("PARAM { min_bytes uint; } SELECT time FROM main.IPV4 WHERE len > $min_byte",
+     "did you mean $min_bytes?"),
+])
+def test_a_misspelt_name_is_given_the_likely_one(text, hint):
+    assert hint in plan_error(text).message
+
+
+def test_no_guess_for_a_name_like_none():
+    e = plan_error("SELECT time FROM main.QWERTY")
+    assert "did you mean" not in e.message

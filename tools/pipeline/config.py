@@ -287,6 +287,12 @@ def plan_tree(tree, text: str | None, path: str, links: list[str], params: dict,
     wanted = mentioned_links(tree)
     missing = [n for n in wanted if n not in links]
     unknown = [] if subset else [n for n in links if wanted and n not in wanted]
+    unmapped = [(k, v) for k, v in (link_map or {}).items() if v in missing]
+    if unmapped:
+        given, to = unmapped[0]
+        raise RunLinkError(f"{name}: --link-map {given}={to}: no link {to} "
+                           f"{'on this server' if subset else 'given'}; the links are "
+                           f"{', '.join(links) or 'none'}")
     if wanted and missing and subset:
         hint = ""
         if len(links) == 1 and len(missing) == 1:
