@@ -44,7 +44,7 @@ from queries.filter_join import analyse_filter_join
 from queries.grouping_sets import expand as expand_grouping
 from queries.grouping_sets import item_name
 from queries.gslite import check_constructs
-from queries.hints import did_you_mean
+from queries.hints import clock_example, did_you_mean
 from queries.inference import conjoin, conjuncts, form_of, sides_of, type_of, unit_ns
 from queries.naming import generated_name, unique_names
 from queries.partial_functions import guard_partial_calls
@@ -548,7 +548,7 @@ class Analyser:
                                      f"is an ordinary group key and the query has no window "
                                      f"({_window_example(base, gi.name)})")
             raise self.error(stmt, f"an aggregation needs a temporal group item (e.g. "
-                             f"{_clock_example(aq.sources)}) or a window spec (e.g. count(*) "
+                             f"{clock_example(aq.sources)}) or a window spec (e.g. count(*) "
                              f"[RANGE 1 minute])")
         group = aq.group
         if aq.temporal2 is not None:
@@ -939,23 +939,6 @@ def _default_wa(sources: list[SourceInfo]) -> str:
         if s.record is not None and s.record.clock is not None:
             return s.record.clock
     return "time"
-
-
-def _clock_example(sources: list[SourceInfo]) -> str:
-    """`GROUP BY time/60 AS tb` spelled with the sources' own clock: a record protocol's
-    clock field (`ts/60`), a query's temporal column, else the packets' `time`."""
-    for s in sources:
-        clock = s.record.clock if s.record is not None else None
-        timed = [c for c in s.columns.values() if c.form is not None]
-        column = s.columns.get(clock) if clock is not None else (timed[0] if timed else None)
-        if column is None:
-            continue
-        name = column.name if len(sources) == 1 else f"{s.alias}.{column.name}"
-        example = f"GROUP BY {name}/60 AS tb"
-        if column.form is not None and column.form.scale == 1 and not column.form.shift:
-            example += f" for windows of {T.duration_text(column.form.pane_ns * 60)}"
-        return example
-    return "GROUP BY time/60 AS tb"
 
 
 def _time_attribute(expr: E.Expr) -> E.Field | None:

@@ -8,6 +8,7 @@ decides whether a query is right: a hint only ever rewords an error that is rais
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import re
 
 #: keywords a typo is checked against, with how the hint spells each (GROUP is GROUP BY)
@@ -150,3 +151,46 @@ def did_you_mean(name: str, candidates, spell=str) -> str:
     it), else an empty string."""
     hit = closest(name, candidates)
     return "" if hit is None else f"; did you mean {spell(hit)}?"
+
+
+#: IP protocol names a query may compare `protocol` with, as their numbers
+_IP_PROTOCOLS = {"icmp": 1, "tcp": 6, "udp": 17, "icmpv6": 58, "gre": 47, "esp": 50,
+                 "sctp": 132}
+
+
+def operand_hint(left_type: str, right, column_name: str | None) -> str:
+    """What a comparison of a `left_type` value with the string literal `right` meant:
+    an address written as IP_VAL, a number without quotes, a protocol by its number."""
+    text = str(right)
+    if left_type in ("ipv4", "ip"):
+        try:
+            ipaddress.ip_address(text)
+        except ValueError:
+            return ""
+        word = "IP_VAL" if ":" not in text else "IPV6_VAL"
+        return f": write the address as {word} '{text}'"
+    if (column_name or "").lower() == "protocol" and text.lower() in _IP_PROTOCOLS:
+        return f": protocol is the IP protocol number ({text} is {_IP_PROTOCOLS[text.lower()]})"
+    if text.strip().lstrip("+-").isdigit():
+        return f": write the number without quotes ({text.strip()})"
+    return ""
+
+
+def clock_example(sources) -> str:
+    """`GROUP BY time/60 AS tb` spelled with the sources' own clock (analysed sources,
+    `queries.analysed.SourceInfo`): a record protocol's clock field (`ts/60`), a query's
+    temporal column, else the packets' `time`."""
+    from queries.types import duration_text
+
+    for s in sources:
+        clock = s.record.clock if s.record is not None else None
+        timed = [c for c in s.columns.values() if c.form is not None]
+        column = s.columns.get(clock) if clock is not None else (timed[0] if timed else None)
+        if column is None:
+            continue
+        name = column.name if len(sources) == 1 else f"{s.alias}.{column.name}"
+        example = f"GROUP BY {name}/60 AS tb"
+        if column.form is not None and column.form.scale == 1 and not column.form.shift:
+            example += f" for windows of {duration_text(column.form.pane_ns * 60)}"
+        return example
+    return "GROUP BY time/60 AS tb"

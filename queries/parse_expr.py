@@ -151,6 +151,13 @@ class TokenCursor:
         token or at the word just before it, which was taken as a name (an alias)."""
         t = self.tok
         prev = self.tokens[self.i - 1] if self.i > 0 else None
+        after = "" if prev is None else prev.upper or str(prev.value)
+        if t.kind is Kind.OP and t.value == "*" and after in ("SELECT", ",") and \
+                self.nesting == 0:
+            return self.error(f"{found}: GSQL has no SELECT *: name the columns (e.g. SELECT "
+                              f"time, srcIP, destIP, len)", t)
+        if t.kind is Kind.OP and t.value == "=" and after == "=":
+            return self.error(f"{found}: GSQL compares with a single = (x = 1, not x == 1)", t)
         if t.kind is Kind.IDENT and t.upper not in RESERVED:
             instead = sql_only(t.value)
             if instead:

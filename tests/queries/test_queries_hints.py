@@ -129,3 +129,22 @@ def test_a_misspelt_name_is_given_the_likely_one(text, hint):
 def test_no_guess_for_a_name_like_none():
     e = plan_error("SELECT time FROM main.QWERTY")
     assert "did you mean" not in e.message
+
+
+@pytest.mark.parametrize("text, hint", [
+    ("SELECT * FROM main.IPV4", "GSQL has no SELECT *: name the columns"),
+    ("SELECT time FROM main.IPV4 WHERE len == 5", "a single ="),
+])
+def test_sql_habits_are_told_apart(text, hint):
+    assert hint in parse_error(text).message
+
+
+@pytest.mark.parametrize("text, hint", [
+    ("SELECT time FROM main.IPV4 WHERE srcIP = '10.0.0.1'", "IP_VAL '10.0.0.1'"),
+    ("SELECT time FROM main.IPV4 WHERE protocol = 'tcp'", "tcp is 6"),
+    ("SELECT time FROM main.IPV4 WHERE len > '100'", "without quotes (100)"),
+    ("SELECT time AS t FROM main.IPV4 WHERE t > 5", "t is a SELECT name"),
+    ("SELECT tb, count(*) FROM main.IPV4 GROUP BY tb", "GROUP BY time/60 AS tb"),
+])
+def test_what_a_wrong_operand_or_name_meant(text, hint):
+    assert hint in plan_error(text).message
