@@ -26,7 +26,9 @@ Sources: a file, `-` (standard input) or a FIFO; the last two are streams: read 
 arrive, a batch handed on as soon as the bytes read hold whole lines (at most `batch_size`
 records), and, when `idle_batches` is set, an empty batch after every quiet wait (so a run can
 punctuate a wall-clock link during a lull). The separator is `separator`, or detected from the
-first line among `,` `|` tab `;`. GDAT (binary) records are read by `capture.gdat.GdatReader`:
+first line among `,` `|` tab `;` (a space when only spaces give the fields). When every record
+of a source is malformed, its stats get a problem naming the separator that would have read
+the first line (`capture.separators`). GDAT (binary) records are read by `capture.gdat.GdatReader`:
 `open_records` and `read_all_records` choose the reader by the protocol's record format.
 """
 
@@ -59,6 +61,7 @@ from capture.recordsource import (
     RecordStats,
 )
 from capture.schema import RecordFormat
+from capture.separators import separator_hint
 from capture.strings import StringTable
 from common.units import NS_PER_S
 
@@ -70,6 +73,8 @@ SEPARATORS = (",", "|", "\t", ";")
 SEPARATOR_NAMES = {"comma": ",", "pipe": "|", "tab": "\t", "\\t": "\t", "semicolon": ";",
                    "space": " "}
 WRONG_FIELD_COUNT = "wrong field count"
+#: bytes of the first record kept for the separator hint
+FIRST_LINE = 4096
 
 #: GS-lite access types -> the parse kind, the value range of integers
 _INT_RANGE = {"ushort": (0, 2**16 - 1), "uint": (0, 2**32 - 1), "ullong": (0, 2**64 - 1), "int": (-2**31, 2**31 - 1),
@@ -93,9 +98,12 @@ def resolve_separator(text: str | None) -> str | None:
 
 def detect_separator(line: bytes, fields_needed: int) -> str:
     """The separator of a line: of `,` `|` tab `;`, the most frequent one among those giving
-    at least `fields_needed` fields (else the most frequent; `,` when none occurs)."""
+    at least `fields_needed` fields; else a space when spaces give them; else the most
+    frequent (`,` when none occurs)."""
     counts = [(line.count(s.encode()), -i, s) for i, s in enumerate(SEPARATORS)]
     enough = [c for c in counts if c[0] + 1 >= fields_needed and c[0] > 0]
+    if not enough and fields_needed > 1 and line.count(b" ") + 1 >= fields_needed:
+        return " "          # space-separated text: none of the others gives the fields
     pool = enough or [c for c in counts if c[0] > 0]
     return max(pool)[2] if pool else ","
 
@@ -125,6 +133,8 @@ class RecordReader(RecordSource):
         self._positions = sorted({r.position for r in self.layout if r.source == "csv"})
         self._need = max(self._positions, default=0)
         self._line = 0
+        #: the first record's line (at most FIRST_LINE bytes), for the separator hint
+        self._first_line: bytes | None = None
         # per-batch field offsets, reused (the batches' own columns are fresh arrays)
         cap = self.batch_size
         width = max(1, self._need)
@@ -156,6 +166,7 @@ class RecordReader(RecordSource):
             if consumed:                    # blank lines only
                 continue
             if self._eof:
+                self._check_all_malformed()
                 return
             if self._read_more() is None:
                 yield self._empty()
@@ -174,8 +185,23 @@ class RecordReader(RecordSource):
                 return False
             self._read_more()
 
+    def _check_all_malformed(self) -> None:
+        """At the end of the input: when every record was malformed, a problem naming the
+        count and the separator that would have read the first line (the run then fails
+        rather than print empty results)."""
+        stats = self.stats
+        if stats.records or not stats.malformed or self._first_line is None:
+            return
+        hint = separator_hint(self._first_line, self.layout, self.separator)
+        stats.problems.append(f"all {stats.malformed} records were malformed (read with "
+                              f"the separator {self.separator!r}): {hint}")
+
     def _batch(self, n: int, nbytes: int) -> RecordBatch:
         read_ns = int(self._clock())
+        if self._first_line is None and n and self._need:
+            start = int(self._fstart[0, 0])
+            self._first_line = bytes(self._buf[start:start + min(int(self._llen[0]),
+                                                                  FIRST_LINE)])
         status = np.zeros(n, np.int32)
         status[self._nfields[:n] < self._need] = -1
         values: dict[str, np.ndarray] = {}

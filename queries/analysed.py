@@ -42,6 +42,14 @@ class QueryAnalyser(Protocol):
 
     def error(self, node, message: str) -> QueryError: ...
 
+    @property
+    def cur_statement(self) -> E.Node:
+        """The statement being analysed."""
+
+    def first_use(self, node: E.Column) -> E.Node:
+        """The first place in the query's text that names `node`'s column (an error about
+        the column points there, not where the analysis met it)."""
+
     def type_of(self, expr: E.Expr) -> str: ...
 
     def form_of(self, expr: E.Expr) -> T.TimeForm | None: ...

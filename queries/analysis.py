@@ -44,6 +44,7 @@ from queries.filter_join import analyse_filter_join
 from queries.grouping_sets import expand as expand_grouping
 from queries.grouping_sets import item_name
 from queries.gslite import check_constructs
+from queries.hints import clock_example, did_you_mean
 from queries.inference import conjoin, conjuncts, form_of, sides_of, type_of, unit_ns
 from queries.naming import generated_name, unique_names
 from queries.partial_functions import guard_partial_calls
@@ -96,10 +97,18 @@ class Analyser:
         self.flow_mode = False   # the query being analysed runs the low level's flow table
         self.cur_refs: set[str] = set()        # DEFINE keys the query reads as GS-lite `#name`
         self.cur_warnings: list[str] = []      # warnings found before the AnalysedQuery exists
+        self.cur_statement: E.Node = tree      # the statement being analysed (`first_use`)
 
     # --- errors ----------------------------------------------------------------------------
     def error(self, node, message: str) -> QueryError:
         return QueryError.at(node, message, source=self.source, path=self.path)
+
+    def first_use(self, node: E.Column) -> E.Node:
+        """The first column of the query being analysed that names `node`'s column (group
+        items are analysed before the select list, yet a reader looks at SELECT first)."""
+        same = [c for c in self.cur_statement.find_all(E.Column)
+                if c.name == node.name and c.table == node.table and c.pos is not None]
+        return min(same, key=lambda c: (c.pos.line, c.pos.col), default=node)
 
     def _error_in(self, q: E.Query, node, message: str) -> QueryError:
         self._locate_in(q)
@@ -179,6 +188,7 @@ class Analyser:
         self.flow_mode = any(k in defines for k in FLOW_KEYS)
         params = self._params(q)
         stmt = q.statement
+        self.cur_statement = stmt
         self.cur_params = params
         self.cur_values = self._param_values(q, params)
         if isinstance(stmt, E.Merge):
@@ -350,7 +360,9 @@ class Analyser:
                 if qname in self.schema:
                     return self._packet_source(s, None, self.schema.canonical(qname))
                 known = ", ".join(sorted(all_names - {me})) or "none"
-                raise self.error(s, f"unknown query or protocol {qname!r} (queries: "
+                guess = did_you_mean(qname, [*(all_names - {me}), *self.schema.names()],
+                                     repr)
+                raise self.error(s, f"unknown query or protocol {qname!r}{guess} (queries: "
                                  f"{known}; protocols: {self._known_protocols()})")
             src = self.done[qname]
             if src.window is not None and src.window.kind == "rows":
@@ -359,15 +371,16 @@ class Analyser:
             cols = {c.name: c for c in src.outputs}
             return SourceInfo(s, "query", s.alias or qname, query=qname, columns=cols)
         if s.protocol not in self.schema:
-            raise self.error(self._protocol_position(s), f"unknown protocol {s.protocol!r} "
-                             f"(one of {self._known_protocols()})")
+            guess = did_you_mean(s.protocol or "", self.schema.names())
+            raise self.error(self._protocol_position(s), f"unknown protocol {s.protocol!r}"
+                             f"{guess} (one of {self._known_protocols()})")
         return self._packet_source(s, s.links, self.schema.canonical(s.protocol or ""))
 
     def _known_protocols(self) -> str:
         names = [p for p in self.schema if self.schema.protocol(p).queryable
                  and self.schema.protocol(p).unreadable is None]
         files = f", from {', '.join(self.schema.files)}" if self.schema.files else \
-            "; a schema file (--schema, or packet_schema.txt beside the query) adds more"
+            "; a schema file (--schema, else packet_schema.txt beside the query) adds more"
         return ", ".join(names) + files
 
     def _protocol_position(self, s: E.Source):
@@ -534,8 +547,9 @@ class Analyser:
                                      f"temporal group item, which defines the windows; this "
                                      f"is an ordinary group key and the query has no window "
                                      f"({_window_example(base, gi.name)})")
-            raise self.error(stmt, "an aggregation needs a temporal group item (e.g. GROUP BY "
-                             "time/60 AS tb) or a window spec (e.g. count(*) [RANGE 1 minute])")
+            raise self.error(stmt, f"an aggregation needs a temporal group item (e.g. "
+                             f"{clock_example(aq.sources)}) or a window spec (e.g. count(*) "
+                             f"[RANGE 1 minute])")
         group = aq.group
         if aq.temporal2 is not None:
             # the output of the second temporal item is no time column for later readers:

@@ -12,6 +12,7 @@ import re
 from common.errors import ConfigError
 from queries import expressions as E
 from queries.expressions import Duration
+from queries.hints import did_you_mean
 from queries.plan import FLUSH_POLICIES
 from queries.tokens import MAX_NAME_LENGTH
 from queries.types import MAX_WINDOW_NS, NS_PER_DAY
@@ -98,27 +99,30 @@ def check_define(key: str, value) -> tuple[str, object]:
     """The normalised (key, value) of a DEFINE entry or `--set key=value`; ConfigError if wrong."""
     k = str(key).lower()
     if k not in DEFINE_KEYS:
-        raise ConfigError(f"unknown DEFINE key {key!r} (allowed: {', '.join(DEFINE_KEYS)}; "
-                          f"GS-lite's own keys are accepted with a warning, and any key the "
-                          f"query reads as #{k} holds a literal)")
+        raise ConfigError(f"unknown DEFINE key {key!r}{did_you_mean(k, DEFINE_KEYS)} (allowed: "
+                          f"{', '.join(DEFINE_KEYS)}; GS-lite's own keys are accepted with a "
+                          f"warning, and any key the query reads as #{k} holds a literal)")
     if k in ("aggregate_slots", "slow_flush", "max_lfta_disorder"):
         return k, _positive(k, value)
     if k == "flush":
         v = str(value).lower()
         if v not in FLUSH_POLICIES:
-            raise ConfigError(f"DEFINE flush: {value!r} is not one of {', '.join(FLUSH_POLICIES)}")
+            raise ConfigError(f"DEFINE flush: {value!r} is not one of {', '.join(FLUSH_POLICIES)}"
+                              f"{did_you_mean(v, FLUSH_POLICIES)}")
         return k, v
     if k == "idle_timeout":
         return k, duration_ns(k, value)
     if k == "flow_end":
         v = str(value).lower()
         if v not in FLOW_ENDS:
-            raise ConfigError(f"DEFINE flow_end: {value!r} is not one of {', '.join(FLOW_ENDS)}")
+            raise ConfigError(f"DEFINE flow_end: {value!r} is not one of {', '.join(FLOW_ENDS)}"
+                              f"{did_you_mean(v, FLOW_ENDS)}")
         return k, v
     if k == "late":
         v = str(value).lower()
         if v not in LATE_POLICIES:
-            raise ConfigError(f"DEFINE late: {value!r} is not one of {', '.join(LATE_POLICIES)}")
+            raise ConfigError(f"DEFINE late: {value!r} is not one of {', '.join(LATE_POLICIES)}"
+                              f"{did_you_mean(v, LATE_POLICIES)}")
         return k, v
     if k == "query_name":
         v = str(value)

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 from capture.schema import BUILTIN, SYSTEM_TIME, RecordFormat, Schema
 from common.units import NS_PER_S as _NS
@@ -320,6 +321,27 @@ def mentioned_links(tree: E.QueryFile) -> list[str]:
             if link not in seen:
                 seen.append(link)
     return seen
+
+
+def rename_links(tree: E.QueryFile, mapping: dict[str, str]) -> E.QueryFile:
+    """`tree` reading link `mapping[name]` wherever its FROM clauses name link `name` (a
+    shipped query's `main` read from a server's link of another name)."""
+    def rename(node: E.Node) -> E.Node:
+        if isinstance(node, E.Source) and node.links:
+            return node.replace(links=[mapping.get(n, n) for n in node.links])
+        return node
+
+    return cast(E.QueryFile, tree.transform(rename))
+
+
+def mapped_text(text: str, mapping: dict[str, str], path: str | None = None) -> str:
+    """Query text reading the links of `mapping` under their new names (`rename_links`),
+    printed back as GSQL; `text` itself when there is nothing to rename."""
+    if not mapping:
+        return text
+    from queries.parser import parse
+
+    return to_gsql(rename_links(parse(text, path=path), mapping))
 
 
 LIBRARY = Path(__file__).resolve().parent / "library"

@@ -38,6 +38,7 @@ from queries.expressions import (
     chain,
 )
 from queries.gslite import LITERAL_KEYWORDS, TOKEN_NAMES, gslite_literal
+from queries.hints import did_you_mean, keyword_typo, sql_only
 from queries.tokens import RESERVED, Kind, Token
 
 #: aggregate functions (upper case as stored in `Aggregate.name`)
@@ -141,7 +142,38 @@ class TokenCursor:
                           source=self.source, length=t.length)
 
     def unexpected(self, expected: str) -> QueryError:
-        return self.error(f"expected {expected}, found {self.tok.describe()}")
+        found = f"expected {expected}, found {self.tok.describe()}"
+        return self._hinted(found) or self.error(found)
+
+    def _hinted(self, found: str) -> QueryError | None:
+        """`found` with what the query probably meant, at the word it is about: an SQL word
+        GSQL lacks (ORDER BY, LIMIT, JOIN ... ON), or a keyword typo (GRUOP), at the current
+        token or at the word just before it, which was taken as a name (an alias)."""
+        t = self.tok
+        prev = self.tokens[self.i - 1] if self.i > 0 else None
+        after = "" if prev is None else prev.upper or str(prev.value)
+        if t.kind is Kind.OP and t.value == "*" and after in ("SELECT", ",") and \
+                self.nesting == 0:
+            return self.error(f"{found}: GSQL has no SELECT *: name the columns (e.g. SELECT "
+                              f"time, srcIP, destIP, len)", t)
+        if t.kind is Kind.OP and t.value == "=" and after == "=":
+            return self.error(f"{found}: GSQL compares with a single = (x = 1, not x == 1)", t)
+        if t.kind is Kind.IDENT and t.upper not in RESERVED:
+            instead = sql_only(t.value)
+            if instead:
+                return self.error(f"{found}: {instead}", t)
+            meant = keyword_typo(t.value)
+            if meant:
+                return self.error(f"{found}: did you mean {meant}?", t)
+        if prev is not None and prev.kind is Kind.IDENT and prev.upper not in RESERVED:
+            instead = sql_only(prev.value)
+            if instead:
+                return self.error(f"{instead} ('{prev.value}' was read as a name)", prev)
+            meant = keyword_typo(prev.value)
+            if meant:
+                return self.error(f"did you mean {meant}? '{prev.value}' was read as a name, "
+                                  f"then {found}", prev)
+        return None
 
     @staticmethod
     def pos(token: Token) -> Pos:
@@ -296,7 +328,9 @@ class ExpressionParser(TokenCursor):
             if rule is not None:
                 return rule(self)
             if t.upper in RESERVED:
-                raise self.error(f"expected an expression, found keyword {t.upper}", t)
+                instead = sql_only(t.value) if t.upper == "DISTINCT" else None
+                raise self.error(f"expected an expression, found keyword {t.upper}"
+                                 + (f": {instead}" if instead else ""), t)
             nxt = self.peek()
             if self._typed_literal_follows(t, LITERAL_KEYWORDS | TOKEN_NAMES.keys()):
                 return self._parse_gslite_literal()
@@ -427,7 +461,7 @@ class ExpressionParser(TokenCursor):
             # `name(*)` is an aggregate's call (GS-lite: AGGR '(' '*' ')'), and not one we know
             raise self.error(f"unknown aggregate '{name_tok.value}' (aggregates: "
                              f"{', '.join(sorted(AGGREGATES - {'END_REASON'}))}; only COUNT "
-                             f"takes *)", name_tok)
+                             f"takes *){did_you_mean(name_tok.value, AGGREGATES)}", name_tok)
         self._enter(open_tok)
         args: list[Expr] = []
         if not self.at_op(")"):

@@ -611,21 +611,27 @@ def layered_schema(layers: Sequence[Sequence[tuple[str, str]]],
 
 def schema_for(query_paths: Sequence[str | Path | None],
                schema_paths: Sequence[str | Path] = (), base: Schema = BUILTIN) -> Schema:
-    """The schema a run of `query_paths` uses: the `--schema` files, then the
-    `packet_schema.txt` beside each query file when there is one (GS-lite reads the schema of
-    a query set from there), each file once."""
+    """The schema a run of `query_paths` uses: the `--schema` files when there are any,
+    else the `packet_schema.txt` beside each query file when there is one (GS-lite reads
+    the schema of a query set from there), each file once."""
     return load_schema(schema_files_for(query_paths, schema_paths), base)
 
 
 def schema_files_for(query_paths: Sequence[str | Path | None],
                      schema_paths: Sequence[str | Path] = ()) -> list[Path]:
-    """The schema files `schema_for` reads, in order."""
+    """The schema files `schema_for` reads, in order. Files named with --schema replace
+    the one beside the query: a user who names a schema file means that one, and could not
+    otherwise try another declaration of a protocol the file beside the query declares."""
     chosen: list[Path] = [Path(p) for p in schema_paths]
     seen = {_same_file_key(p) for p in chosen}
     for q in query_paths:
         if q is None:
             continue
         beside = Path(q).parent / PACKET_SCHEMA
+        if chosen and beside.is_file() and _same_file_key(beside) not in seen:
+            log.info("not reading %s beside the query file %s: --schema names the schema "
+                     "files (add --schema %s to read it too)", beside, q, beside)
+            seen.add(_same_file_key(beside))
         if beside.is_file() and _same_file_key(beside) not in seen:
             log.info("reading %s beside the query file %s (as GS-lite does)", beside, q)
             chosen.append(beside)

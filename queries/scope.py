@@ -7,7 +7,6 @@ aggregation, where a column must be a group item or sit inside an aggregate.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -17,6 +16,7 @@ from queries import types as T
 from queries.constants import fold
 from queries.errors import QueryError
 from queries.function_library import HANDLE_ARGUMENTS
+from queries.hints import clock_example, did_you_mean, likely_column, operand_hint
 from queries.printer import to_gsql
 from queries.stateful import STATEFUL_FUNCTIONS, SUPER_AGGREGATES, stateful_type
 from queries.string_functions import STRING_FUNCTIONS, check_call
@@ -63,10 +63,10 @@ class Scope:
             # Gigascope's aliases stay out of the list: it names each column once
             known_cols = sorted({c for s in candidates for c in s.columns
                                  if s.kind != "link" or s.fields[c].alias_of is None})
-            close = difflib.get_close_matches(name, known_cols, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise self.error(node, f"unknown column {name!r} in {where}{hint} (known: "
-                             f"{', '.join(known_cols)})")
+            close = likely_column(name, known_cols)
+            hint = f"; did you mean {close!r}?" if close else self._alias_hint(node)
+            raise self.error(self.a.first_use(node), f"unknown column {name!r} in {where}"
+                             f"{hint} (known: {', '.join(known_cols)})")
         if len(hits) > 1:
             raise self.error(node, f"column {name!r} is ambiguous: qualify it "
                              f"({' or '.join(s.alias + '.' + name for s, _ in hits)})")
@@ -82,6 +82,23 @@ class Scope:
         joined = len(self.sources) > 1
         return E.Field(pos=node.pos, name=col.name, type=col.type,
                        table=s.alias if joined else None, columns=columns, form=col.form)
+
+    def _alias_hint(self, node: E.Column) -> str:
+        """Why a name the query itself gives is unknown here: a SELECT alias read in WHERE
+        (SQL's mistake too), or a window bucket named in GROUP BY but never defined."""
+        stmt = self.a.cur_statement
+        if not isinstance(stmt, E.Select):
+            return ""
+        for item in stmt.items:
+            if item.alias == node.name:
+                return (f"; {node.name} is a SELECT name, which WHERE and GROUP BY cannot read:"
+                        f" write its expression ({to_gsql(item.this)})")
+        bare = [g for g in stmt.group_by or () if isinstance(g, E.GroupItem)
+                and isinstance(g.this, E.Column) and g.this.name == node.name]
+        if bare and not any(isinstance(g, E.GroupItem) and g.alias for g in stmt.group_by):
+            return (f"; to group by a time bucket, define it in GROUP BY: "
+                    f"{clock_example(self.sources).replace(' AS tb', f' AS {node.name}')}")
+        return ""
 
     def _unsupported(self, node: E.Column, candidates: list[SourceInfo]) -> None:
         """A Gigascope packet field we have no data for (TCP_data): say so, not "unknown"."""
@@ -112,8 +129,9 @@ class Scope:
                 return node
             if isinstance(node, E.Param):
                 if node.name not in self.a.cur_params:
+                    guess = did_you_mean(node.name, self.a.cur_params, lambda p: f"${p}")
                     raise self.error(node, f"undeclared parameter ${node.name} (declare it: "
-                                     f"PARAM {{ {node.name} uint; }})")
+                                     f"PARAM {{ {node.name} uint; }}){guess}")
                 return node
             if isinstance(node, E.Star):
                 raise self.error(node, "* is only allowed in count(*)")
@@ -138,7 +156,8 @@ class Scope:
                 left, right = r(node.left), r(node.right)
                 lt, rt = self.a.type_of(left), self.a.type_of(right)
                 if T.binary_type(node.op, lt, rt) is None:
-                    raise self.error(node, f"{node.op} does not apply to {lt} and {rt}")
+                    raise self.error(node, f"{node.op} does not apply to {lt} and {rt}"
+                                     f"{self._operand_hint(left, right)}")
                 self._check_constant_operand(node, right)
                 return node.replace(left=left, right=right)
             if isinstance(node, E.In):
@@ -159,6 +178,15 @@ class Scope:
             raise self.error(node, f"unexpected {type(node).__name__} in {clause}")
 
         return r(expr)
+
+    def _operand_hint(self, left: E.Expr, right: E.Expr) -> str:
+        """What a comparison with a string literal probably meant (`srcIP = '10.0.0.1'`)."""
+        for a, b in ((left, right), (right, left)):
+            if isinstance(b, E.Literal) and b.kind == "string" and \
+                    not (isinstance(a, E.Literal) and a.kind == "string"):
+                name = a.name if isinstance(a, E.Field) else None
+                return operand_hint(self.a.type_of(a), b.value, name)
+        return ""
 
     def _check_constant_operand(self, node: E.Binary, right: E.Expr) -> None:
         """Refuse a divisor that is always 0 and a constant shift count outside 0..63: the

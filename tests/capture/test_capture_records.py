@@ -347,3 +347,51 @@ def test_stdin(tmp_path):
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True [10, 20] 1 bad uint (line 3: 'z')"
+
+
+READINGS = """PROTOCOL READINGS {
+    uint ts get_csv_uint_pos1 (increasing);
+    string sensor get_csv_string_pos2;
+    uint value get_csv_uint_pos3;
+}
+"""
+
+
+@pytest.mark.parametrize("text, given, named", [
+    ("1;a;10\n2;b;20\n", ",", "--csv-separator ';'"),
+    ("1|a|10\n", ";", "--csv-separator '|'"),
+    ("1\ta\t10\n", ",", "--csv-separator tab"),
+    ("1 a 10\n", ",", "--csv-separator space"),
+    ("1   a   10\n", " ", "runs of spaces"),
+    ("x,y\n", None, "no separator makes its first line"),
+])
+def test_every_record_malformed_names_the_separator(tmp_path, text, given, named):
+    fmt = schema_from_text(READINGS).record_format("READINGS")
+    path = tmp_path / "r.csv"
+    path.write_text(text)
+    reader = RecordReader(path, fmt, "csv", separator=given)
+    assert sum(len(b) for b in reader) == 0
+    (problem,) = reader.stats.problems
+    assert f"all {text.count(chr(10))} records were malformed" in problem
+    assert named in problem
+    assert "1;a" not in problem and "x,y" not in problem       # never the file's contents
+
+
+def test_some_good_records_are_no_problem(tmp_path):
+    fmt = schema_from_text(READINGS).record_format("READINGS")
+    path = tmp_path / "r.csv"
+    path.write_text("1,a,10\nbad\n")
+    reader = RecordReader(path, fmt, "csv")
+    assert sum(len(b) for b in reader) == 1
+    assert reader.stats.malformed == 1 and reader.stats.problems == []
+
+
+def test_space_separated_records_are_detected(tmp_path):
+    fmt = schema_from_text(READINGS).record_format("READINGS")
+    assert detect_separator(b"1 a 10", 3) == " "
+    assert detect_separator(b"1,a b,10", 3) == ","      # a comma still wins
+    assert detect_separator(b"a b", 1) == ","           # one field: nothing to split
+    path = tmp_path / "r.csv"
+    path.write_text("1 a 10\n2 b 20\n")
+    batch = read_all_records(path, fmt, "csv")
+    assert len(batch) == 2

@@ -422,3 +422,21 @@ def test_layers_of_schema_files_replace_and_inherit():
     with pytest.raises(SchemaError, match="R is declared twice"):
         layered_schema([server + [("again.txt", "PROTOCOL R (base) { uint a "
                                                 "get_csv_uint_pos1; }\n")]])
+
+
+def test_an_explicit_schema_replaces_the_one_beside_the_query(tmp_path, caplog):
+    # a protocol declared beside the query and in a --schema file was "declared twice", and
+    # the file beside the query could not be left out
+    (tmp_path / "packet_schema.txt").write_text(
+        "PROTOCOL READINGS { uint ts get_csv_uint_pos1 (increasing); }\n")
+    mine = tmp_path / "mine.txt"
+    mine.write_text("PROTOCOL READINGS { uint ts get_csv_uint_pos1 (increasing); "
+                    "float value get_csv_float_pos2; }\n")
+    query = tmp_path / "q.gsql"
+    with caplog.at_level(logging.INFO, logger="queries.schemafile"):
+        schema = schema_for([query], [mine])
+    assert schema.files == (str(mine),)
+    assert "value" in schema.fields("READINGS")
+    assert "not reading" in caplog.text and "--schema" in caplog.text
+    # without --schema the file beside the query is still read, as GS-lite does
+    assert schema_for([query]).files == (str(tmp_path / "packet_schema.txt"),)

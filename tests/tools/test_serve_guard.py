@@ -242,7 +242,10 @@ WRONG = [({"text": PER_SECOND, "name": 7}, "name"), ({"text": PER_SECOND, "param
          ({"text": 5}, "text"), ({}, "text"), ({"text": PER_SECOND, "schemas": "x"}, "schemas"),
          ({"text": PER_SECOND, "schemas": [["a"]]}, "schemas"),
          ({"text": PER_SECOND, "params": {"a": [1]}}, "params"),
-         ({"text": PER_SECOND, "params": {"a": None}}, "params")]
+         ({"text": PER_SECOND, "params": {"a": None}}, "params"),
+         ({"text": PER_SECOND, "link_map": "main=L"}, "link_map"),
+         ({"text": PER_SECOND, "link_map": {"main": 5}}, "link_map"),
+         ({"text": PER_SECOND, "link_map": {"main": "L" * 65}}, "link_map")]
 
 
 def test_wrong_types_answer_400_naming_the_field(guarded):

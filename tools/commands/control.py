@@ -46,12 +46,16 @@ def _when(ns) -> str:
               help="Write QUERY's windows into DIR (below the server's output root).")
 @click.option("--format", "fmt", type=click.Choice(["csv", "jsonl", "parquet"]), default=None,
               help="Output files' format (default csv).")
+@click.option("--link-map", "link_map", multiple=True, metavar="QUERY_LINK=LINK",
+              help="Read the server's link LINK where the query names QUERY_LINK "
+                   "(repeatable): the shipped queries read `main`.")
 @schema_option
 @_client_options
-def submit(query_file, name, params, sets, outputs, fmt, schema_files, client) -> None:
+def submit(query_file, name, params, sets, outputs, fmt, link_map, schema_files,
+           client) -> None:
     """Submit QUERY_FILE (a path or a shipped query name) to the server.
 
-    The schema files (--schema, and the packet_schema.txt beside QUERY_FILE) are sent with
+    The schema files (--schema, else the packet_schema.txt beside QUERY_FILE) are sent with
     it: they are read here, and the server keeps them with the query."""
     from queries.errors import QueryError
     from queries.explain import find_query_file
@@ -71,7 +75,10 @@ def submit(query_file, name, params, sets, outputs, fmt, schema_files, client) -
                           params=dict(_pairs(params, "--param")),
                           sets=dict(_pairs(sets, "--set")),
                           outputs=dict(_pairs(outputs, "--output")), format=fmt,
-                          schemas=schemas)
+                          schemas=schemas,
+                          # only when given: a server without --link-map still takes the rest
+                          **({"link_map": dict(_pairs(link_map, "--link-map"))}
+                             if link_map else {}))
     click.echo(reply["message"])
     for q, out in reply["outputs"].items():
         click.echo(f"  {q} -> {out}/ (a directory of part files, one per micro-batch)")

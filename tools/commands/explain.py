@@ -37,7 +37,7 @@ def explain(query_files: tuple[str, ...], sets: tuple[str, ...], params: tuple[s
 
     QUERY_FILE is a path, or the name of a shipped query (`q8_1` finds
     queries/library/q8_1.gsql); several files are one query set, as in GS-lite (a query may
-    read a query of another file). Record protocols come from schema files: --schema, and
+    read a query of another file). Record protocols come from schema files: --schema, else
     the packet_schema.txt beside a query file (as in GS-lite); the plan names the files
     read and, per record protocol, its record format and clock. User-defined functions:
     --functions (declarations) and --udf (their Python module).

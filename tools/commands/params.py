@@ -152,13 +152,14 @@ COUNT = Count()
 def schema_option(fn):
     """`--schema FILE` (repeatable) as the `schema_files` argument: GS-lite schema files
     declaring record protocols (queries.schemafile). Commands build the schema with
-    `queries.schemafile.schema_for(query_paths, schema_files)`, which also reads the
-    packet_schema.txt beside each query file."""
+    `queries.schemafile.schema_for(query_paths, schema_files)`, which reads the
+    packet_schema.txt beside each query file when no --schema is given."""
     return click.option(
         "--schema", "schema_files", multiple=True, metavar="FILE",
         type=click.Path(exists=True, dir_okay=False),
         help="A schema file (GS-lite's packet_schema.txt format) declaring record protocols "
-             "(repeatable). The packet_schema.txt beside the query file is read too.")(fn)
+             "(repeatable). Without --schema, the packet_schema.txt beside the query file is "
+             "read (as in GS-lite); with it, only the files named.")(fn)
 
 
 def functions_option(fn):

@@ -122,7 +122,8 @@ def live_options(command):
 @click.option("--csv-separator", "csv_separator", default=None, metavar="CHAR",
               help="The field separator of CSV record links: one character, or tab, comma, "
                    "pipe, semicolon, space (default: detected from the first line among , | "
-                   "tab ;).")
+                   "tab ; else space). A link whose every record is malformed fails the "
+                   "run, naming the separator that reads its first line.")
 @click.option("--interface", "interfaces", multiple=True, metavar="NAME=IFACE",
               help="Capture live on IFACE as link NAME (repeatable; a bare IFACE names the "
                    "link after it). Needs root or CAP_NET_RAW.")

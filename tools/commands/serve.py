@@ -25,7 +25,7 @@ from tools.commands.params import Duration, Size
                    "schema files, `submit --schema`, replace its protocols).")
 @click.option("--csv-separator", "csv_separator", default=None, metavar="CHAR",
               help="The field separator of CSV record links (default: detected from the "
-                   "first line among , | tab ;).")
+                   "first line among , | tab ; else space).")
 @click.option("--speed", type=click.FloatRange(min=0.001), default=1.0, show_default=True,
               help="Replay --link files (and --records files) at this many times real "
                    "time.")

@@ -254,39 +254,62 @@ def _label(paths) -> str:
 
 
 def plan_text(text: str, path: str, links: list[str], params: dict, overrides: dict, *,
-              option: dict | None = None, subset: bool = False, schema=None, files=None):
+              option: dict | None = None, subset: bool = False, schema=None, files=None,
+              link_map: dict | None = None):
     """Parse and plan query text over `links` (`plan_tree`)."""
     from queries.parser import parse
 
     return plan_tree(parse(text, path=path), text, path, links, params, overrides,
-                     option=option, subset=subset, schema=schema, files=files)
+                     option=option, subset=subset, schema=schema, files=files,
+                     link_map=link_map)
 
 
 def plan_tree(tree, text: str | None, path: str, links: list[str], params: dict,
               overrides: dict, *, option: dict | None = None, subset: bool = False,
-              schema=None, functions=None, files=None):
+              schema=None, functions=None, files=None, link_map: dict | None = None):
     """Plan a parsed query set over `links`. The links the FROM clauses name must
     be among them; with `subset` (a server's links, of which a query reads some) the set is
     planned over the links it names only, else every given link must be one of the set's.
     `option`: the command-line option that gave each link (for the message); `files`: which
-    files the queries may read (`common.datafiles.DataFiles`; None: any its user names)."""
-    from queries.explain import mentioned_links
+    files the queries may read (`common.datafiles.DataFiles`; None: any its user names);
+    `link_map`: the query's link names -> those it reads instead (`submit --link-map`)."""
+    from queries.explain import mentioned_links, rename_links
     from queries.planner import plan_file
 
-    wanted = mentioned_links(tree)
     name = " + ".join(Path(p).name for p in path.split(" + "))
+    if link_map:
+        stray = [k for k in link_map if k not in mentioned_links(tree)]
+        if stray:
+            raise RunLinkError(f"{name}: --link-map {stray[0]}=...: the query reads no link "
+                               f"{stray[0]}; its links are "
+                               f"{', '.join(mentioned_links(tree)) or 'none'}")
+        tree = rename_links(tree, link_map)
+    wanted = mentioned_links(tree)
     missing = [n for n in wanted if n not in links]
     unknown = [] if subset else [n for n in links if wanted and n not in wanted]
+    unmapped = [(k, v) for k, v in (link_map or {}).items() if v in missing]
+    if unmapped:
+        given, to = unmapped[0]
+        raise RunLinkError(f"{name}: --link-map {given}={to}: no link {to} "
+                           f"{'on this server' if subset else 'given'}; the links are "
+                           f"{', '.join(links) or 'none'}")
     if wanted and missing and subset:
+        hint = ""
+        if len(links) == 1 and len(missing) == 1:
+            hint = (f" (submit --link-map {missing[0]}={links[0]} reads {links[0]} where the "
+                    f"query says {missing[0]})")
+        elif links:
+            hint = (f" (submit --link-map {missing[0]}=LINK reads one of them where the query "
+                    f"says {missing[0]})")
         raise RunLinkError(f"{name}: no link {', '.join(missing)} on this server; its links "
-                           f"are {', '.join(links)}")
+                           f"are {', '.join(links) or 'none'}{hint}")
     if wanted and (unknown or missing):
         opt = (option or {}).get(unknown[0] if unknown else "", "--link")
         what = (f"{opt} {', '.join(unknown)} is not a link of the query file"
                 if unknown else f"no source given for link {', '.join(missing)}")
+        target = missing[0] if missing else wanted[0]
         raise RunLinkError(f"{name}: {what}; its links are {', '.join(wanted)} "
-                           f"(write --link {wanted[0]}=PCAP or --interface "
-                           f"{wanted[0]}=IFACE)")
+                           f"(write {_link_syntax(tree, target, schema)})")
     if subset and wanted:
         links = [n for n in links if n in wanted]
     extra = {} if files is None else {"files": files}
@@ -295,6 +318,26 @@ def plan_tree(tree, text: str | None, path: str, links: list[str], params: dict,
                          **extra)
     return plan_file(tree, links, params, overrides, source=text, schema=schema,
                      functions=functions, **extra)
+
+
+def _link_syntax(tree, link: str, schema) -> str:
+    """How the command line gives `link`: a records file when the queries read a record
+    protocol on it, else a capture file or an interface."""
+    from capture.schema import BUILTIN
+    from queries import expressions as E
+
+    for src in tree.find_all(E.Source):
+        if link not in (src.links or ()) or not src.protocol:
+            continue
+        try:
+            fmt = (schema or BUILTIN).record_format(src.protocol)
+        except KeyError:
+            continue
+        if fmt is not None:
+            kind = "GDAT" if fmt.kind.lower() == "gdat" else "CSV"
+            return (f"--link {link}=RECORDS.{kind.lower()}: a {kind} file of "
+                    f"{fmt.protocol} records, - or a FIFO")
+    return f"--link {link}=PCAP or --interface {link}=IFACE"
 
 
 def choose_queries(plan, config: RunConfig) -> list[tuple[QueryPlan, str]]:

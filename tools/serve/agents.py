@@ -135,9 +135,12 @@ class Agents:
 
     # --- work items ----------------------------------------------------------------------------
     def publish(self, sub) -> None:
+        from queries.explain import mapped_text
+
         rec = sub.record
         item = WorkItem(name=rec.name, generation=rec.generation, file=Path(rec.file).name,
-                        text=rec.text, params=dict(rec.params), sets=dict(rec.sets),
+                        text=mapped_text(rec.text, rec.link_map, rec.file),
+                        params=dict(rec.params), sets=dict(rec.sets),
                         queries=[qp.name for qp in sub.chosen], links=list(sub.spool_links),
                         agents=dict(sub.remote), spool=str(sub.spool_dir),
                         start_ns=int(rec.first_window_ns),

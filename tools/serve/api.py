@@ -4,7 +4,7 @@
 |---|---|
 | `GET /api/status` | links (rates, drops, punctuation), Spark, gaps |
 | `GET /api/queries` | every query with its state and counters |
-| `POST /api/queries` | submit: JSON `{text, file, name?, params?, sets?, outputs?, format?, schemas?}` (`schemas`: `[[path, text], ...]` of schema files) |
+| `POST /api/queries` | submit: JSON `{text, file, name?, params?, sets?, outputs?, format?, schemas?, link_map?}` (`schemas`: `[[path, text], ...]` of schema files; `link_map`: the query's link names -> the server's) |
 | `DELETE /api/queries/NAME` | cancel: open windows closed and written, outputs kept |
 | `GET /api/queries/NAME/rows?limit=N` | the latest rows written |
 | `GET /api/queries/NAME/tail` | JSON lines: `{"event": "rows", ...}` as windows close, `{"event": "missed", "rows": N}` when the reader fell behind, `{"event": "end"}`; of a query that ended, its last rows (`?limit=N`, default 20) and the end |

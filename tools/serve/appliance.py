@@ -83,9 +83,10 @@ class Appliance:
 
     # --- queries -------------------------------------------------------------------------------
     def submit(self, *, text: str, file: str, name: str | None = None, params=None, sets=None,
-               outputs=None, fmt: str | None = None, schemas=None) -> dict:
+               outputs=None, fmt: str | None = None, schemas=None, link_map=None) -> dict:
         return self._submissions.submit(text=text, file=file, name=name, params=params,
-                                       sets=sets, outputs=outputs, fmt=fmt, schemas=schemas)
+                                       sets=sets, outputs=outputs, fmt=fmt, schemas=schemas,
+                                       link_map=link_map)
 
     def cancel(self, name: str) -> dict:
         return self._submissions.cancel(name)

@@ -23,7 +23,11 @@ SUBMISSION_FIELDS = {
     "outputs": "an object of query name -> directory string",
     "format": "a string (csv, jsonl or parquet) or null",
     "schemas": "a list of [path, text] string pairs",
+    "link_map": "an object of the query's link name -> the server's link name (names of 1 "
+                "to 64 characters)",
 }
+#: the longest link name a link map may hold (a link name's limit, queries.tokens)
+MAX_LINK_NAME = 64
 #: rows a `GET /api/queries/NAME/rows` may ask for
 MAX_ROWS = 10_000
 #: the longest query or stream name a path may carry (`NAME.QUERY`: 64 + 1 + a query name)
@@ -58,6 +62,9 @@ def submission(raw: bytes) -> dict:
     for key in ("params", "sets"):
         _mapping(key, body.get(key), _scalar)
     _mapping("outputs", body.get("outputs"), lambda v: isinstance(v, str))
+    _mapping("link_map", body.get("link_map"), _link_name)
+    if not all(_link_name(k) for k in body.get("link_map") or {}):
+        raise _wrong("link_map", body["link_map"])
     schemas = body.get("schemas")
     if schemas is not None and not (isinstance(schemas, list) and all(
             isinstance(f, list) and len(f) == 2 and all(isinstance(x, str) for x in f)
@@ -71,7 +78,7 @@ def submission(raw: bytes) -> dict:
     return {"text": body["text"], "file": body.get("file") or "query.gsql",
             "name": body.get("name"), "params": body.get("params"), "sets": body.get("sets"),
             "outputs": body.get("outputs"), "fmt": body.get("format"),
-            "schemas": schemas or []}
+            "schemas": schemas or [], "link_map": body.get("link_map") or {}}
 
 
 def login(raw: bytes) -> str:
@@ -124,6 +131,10 @@ def _mapping(key: str, value, ok) -> None:
     if odd:
         raise ServeError(f"`{key}` must be {SUBMISSION_FIELDS[key]}, not an object holding "
                          f"{_shallow(odd[0])}")
+
+
+def _link_name(value) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_LINK_NAME
 
 
 def _scalar(value) -> bool:

@@ -94,6 +94,8 @@ class Record:
     first_generation: int = 1
     #: its counters as of the last save, carried across restarts (`carryover.Tally`)
     counted: dict = field(default_factory=dict)
+    #: the query's link names -> the server's links it reads (`submit --link-map main=L`)
+    link_map: dict = field(default_factory=dict)
 
     def save(self, state_dir: Path) -> None:
         d = state_dir / "queries"
@@ -226,6 +228,7 @@ _FIELD_SHAPES: dict[str, tuple[Callable[[Any], bool], str]] = {
         x, lambda y: _is_int(y) or (isinstance(y, list) and len(y) == 3
                                     and all(_is_int(z) for z in y)))),
                 "an object of counters"),
+    "link_map": (lambda v: _str_dict(v, lambda x: isinstance(x, str)), "an object of links"),
 }
 _SHAPES = {k: f for k, (f, _) in _FIELD_SHAPES.items()}
 _SHAPE_NAMES = {k: n for k, (_, n) in _FIELD_SHAPES.items()}
@@ -254,7 +257,8 @@ class Submission:
 
             schema = layered_schema(self.schema_layers)
         self.plan = plan_text(record.text, record.file, list(link_names), dict(record.params),
-                              dict(record.sets), subset=True, schema=schema, files=files)
+                              dict(record.sets), subset=True, schema=schema, files=files,
+                              link_map=record.link_map)
         names = list(record.outputs) or [qp.name for qp in self.plan.queries
                                           if not qp.read_by]
         for q in names:

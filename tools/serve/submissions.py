@@ -125,7 +125,7 @@ class Submissions:
 
     # --- submit --------------------------------------------------------------------------------
     def submit(self, *, text: str, file: str, name: str | None = None, params=None, sets=None,
-               outputs=None, fmt: str | None = None, schemas=None) -> dict:
+               outputs=None, fmt: str | None = None, schemas=None, link_map=None) -> dict:
         fmt = fmt or "csv"
         if fmt not in FORMATS:
             raise ServeError(f"--format {fmt}: allowed {', '.join(FORMATS)}")
@@ -133,7 +133,8 @@ class Submissions:
         with self._lock:
             schemas = [[str(p), str(t)] for p, t in (schemas or [])]
             probe = Record(name=name or "probe", file=file, text=text, params=dict(params or {}),
-                           sets=dict(sets or {}), format=fmt, schemas=schemas)
+                           sets=dict(sets or {}), format=fmt, schemas=schemas,
+                           link_map=dict(link_map or {}))
             names, remote = self._remote.available(self.config.link_names)
             try:
                 sub = Submission(probe, self.state_dir, names, remote, self._remote.fanned,
@@ -162,6 +163,7 @@ class Submissions:
                 out_dirs[q] = str(self._output_path(path))
             record = Record(name=name, file=file, text=text, params=dict(params or {}),
                             sets=dict(sets or {}), format=fmt, schemas=schemas,
+                            link_map=dict(link_map or {}),
                             generation=(old.generation + 1) if old else 1)
             record.first_generation = record.generation
             if sub.remote:
