@@ -315,6 +315,16 @@ def hll_position(h, bits):
 
 
 @ngjit_inline
+def _update_ip(tu, s, dst, h, lo, smallest):
+    """An address's MIN (`smallest`) or MAX state, two words (hi, lo) compared hi first,
+    unsigned, takes (h, lo) when it is smaller (larger)."""
+    sh, sl = tu[s, dst], tu[s, dst + 1]
+    if (h < sh or h == sh and lo < sl) if smallest else (h > sh or h == sh and lo > sl):
+        tu[s, dst] = h
+        tu[s, dst + 1] = lo
+
+
+@ngjit_inline
 def update_slot(ti, tu, tf, th, s, i, ops, ts, ai, au, af, ad):
     """Fold packet i into the state of slot s (the `append` step of every sub-aggregate)."""
     for a in range(ops.shape[0]):
@@ -381,12 +391,7 @@ def update_slot(ti, tu, tf, th, s, i, ops, ts, ai, au, af, ad):
                 tf[s, dst] = vf
             ti[s, aux] = t
         elif op == OP_MIN_IP or op == OP_MAX_IP:
-            h, lo = au[i, src], au[i, src + 1]
-            sh, sl = tu[s, dst], tu[s, dst + 1]
-            if (h < sh or h == sh and lo < sl) if op == OP_MIN_IP else \
-                    (h > sh or h == sh and lo > sl):
-                tu[s, dst] = h
-                tu[s, dst + 1] = lo
+            _update_ip(tu, s, dst, au[i, src], au[i, src + 1], op == OP_MIN_IP)
         else:  # OP_DISTINCT: the argument bank holds lowlevel.hll.hash64 of the values
             reg, rank = hll_position(ad[i, src], ops[a, 3])
             if rank > th[s, dst + reg]:
@@ -460,12 +465,7 @@ def update_op(ti, tu, tf, th, s, i, op, src, dst, aux, ts, ai, au, af, ad):
             tf[s, dst] = vf
         ti[s, aux] = t
     elif op == OP_MIN_IP or op == OP_MAX_IP:
-        h, lo = au[i, src], au[i, src + 1]
-        sh, sl = tu[s, dst], tu[s, dst + 1]
-        if (h < sh or h == sh and lo < sl) if op == OP_MIN_IP else \
-                (h > sh or h == sh and lo > sl):
-            tu[s, dst] = h
-            tu[s, dst + 1] = lo
+        _update_ip(tu, s, dst, au[i, src], au[i, src + 1], op == OP_MIN_IP)
     else:  # OP_DISTINCT: the argument bank holds lowlevel.hll.hash64 of the values
         reg, rank = hll_position(ad[i, src], aux)
         if rank > th[s, dst + reg]:

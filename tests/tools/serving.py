@@ -18,6 +18,20 @@ __all__ = ["Server", "Sender", "free_port", "wait_for", "read_output", "per_wind
            "burst_truth"]
 
 
+def metric_samples(client) -> dict:
+    """`/metrics` as {(sample name, sorted labels): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    conn, resp = client._open("GET", "/metrics")
+    try:
+        assert resp.status == 200
+        text = resp.read().decode()
+    finally:
+        conn.close()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
 def read_output(directory: Path) -> tuple[pa.Table | None, list[Path]]:
     """Every part file of an output directory (CSV), in name order, and the files."""
     files = sorted(Path(directory).glob("part-*.csv"))

@@ -10,29 +10,16 @@ import subprocess
 import sys
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO
 from tests.tools.conftest import PER_SECOND
-from tests.tools.serving import Server, free_port, per_window, read_output, wait_for
+from tests.tools.serving import Server, free_port, metric_samples, per_window, read_output, wait_for
 from tools.serve.client import Client, ControlError
 from tools.serve.tail import Hub, Subscriber
 
 TOKEN = "s3cret-token-of-this-test-0123456789"
 
 
-def _metrics(client: Client) -> dict:
-    conn, resp = client._open("GET", "/metrics")
-    try:
-        assert resp.status == 200
-        text = resp.read().decode()
-    finally:
-        conn.close()
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
 
 
 @pytest.mark.slow
@@ -73,7 +60,7 @@ def test_metrics_token_output_root_and_clean_restart(ten_seconds_pcap, tmp_path)
         # cancelled, persec's counters stop: the metrics must equal them, and its files
         server.client.cancel("persec")
         before = server.client.status()
-        m = _metrics(server.client)
+        m = metric_samples(server.client)
         after = server.client.status()
         q = next(q for q in server.client.queries() if q["name"] == "persec")
         assert q["state"] == "cancelled"

@@ -10,22 +10,9 @@ import json
 import time
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.tools.conftest import PER_SECOND
-from tests.tools.serving import Server, per_window, read_output, wait_for
-from tools.serve.client import Client
-
-
-def _metrics(client: Client) -> dict:
-    conn, resp = client._open("GET", "/metrics")
-    try:
-        assert resp.status == 200
-        text = resp.read().decode()
-    finally:
-        conn.close()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+from tests.tools.serving import Server, metric_samples, per_window, read_output, wait_for
 
 
 def _query(server: Server, name: str = "persec") -> dict:
@@ -98,7 +85,7 @@ def test_counters_agree_with_the_outputs_after_kill9_and_restart(ten_seconds_pca
         assert f"({rows} rows in all since its submission at {_day(since)} UTC)" in \
             res.stdout, (rows, res.stdout)
         q = _query(server)
-        m = _metrics(server.client)
+        m = metric_samples(server.client)
         assert q["state"] == "cancelled" and q["rows_out"] == rows
         assert m[("oopscope_query_rows_total", (("query", "persec"),))] == rows
         assert m[("oopscope_query_partial_rows_total", (("query", "persec"),))] == \
