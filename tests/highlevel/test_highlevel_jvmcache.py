@@ -248,6 +248,14 @@ def test_warmup_writes_the_archive_and_remembers_the_launch(tmp_path):
     archives = list(cache.glob("spark-*.jsa"))
     assert len(archives) == 1 and archives[0].stat().st_size > 10**6
     assert "q8_1 compiled and run" in proc.stdout
+    # progress on stderr: each step as it starts, then its time, in order
+    steps = [line for line in proc.stderr.splitlines() if line.startswith("oopscope warmup: step")]
+    assert [line.split(": ")[1] for line in steps] == ["step 1/3", "step 1/3", "step 2/3",
+                                                       "step 2/3", "step 3/3", "step 3/3"], steps
+    assert all(a.endswith(" ...") and b.startswith(a[:-4] + ": done in ")
+               for a, b in zip(steps[::2], steps[1::2])), steps
+    assert "a tiny capture" in steps[0] and "q8_1 over it" in steps[2] \
+        and "q8_1 again" in steps[4], steps
     assert "the driver JVM wrote the class-data archive" in proc.stdout
     # the check run's JVM, launched as runs launch it, mapped the archive and was remembered
     assert f"the driver JVM maps {archives[0]}" in proc.stdout, proc.stdout
