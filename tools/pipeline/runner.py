@@ -135,7 +135,7 @@ class Run:
         self.starter.start()
         log.debug("Spark session start asked %.2f s into the run",
                   time.perf_counter() - self.started)
-        self.outputs = RunOutputs(config, self.chosen, self.checkpoint, self.resume)
+        self.outputs = RunOutputs(config, self.chosen, self.checkpoint, self.resume, self.plan)
         # every output is opened before any packet is read
         self.outputs.open()
         try:
