@@ -301,7 +301,7 @@ def test_late_packets_are_dropped_and_counted(spark_session, tmp_path):
 
 def test_table_format_on_stdout_and_bare_link(capture, spark_session, tmp_path, capsys):
     code, out, err = run_cli(["run", "top_talkers", "--link", str(capture),
-                              "--set", "query_name=tt", "--param", "min_bytes=3000000"], capsys)
+                              "--set", "query_name=tt", "--param", "min_bytes=20000"], capsys)
     # a bare PCAP is named after its stem: the capture is main.pcap
     assert code == 0, err
     lines = out.splitlines()
