@@ -24,7 +24,7 @@ import pytest
 from tests.conftest import REPO
 
 #: smaller captures than the README's (its numbers are for a person, not a test run)
-SIZES = {"-n 500k": "-n 100k", "-n 200k": "-n 20k"}
+SIZES = {"-n 500k": "-n 250k", "-n 200k": "-n 20k"}
 
 
 def readme_blocks() -> list[list[str]]:
