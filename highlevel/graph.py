@@ -166,8 +166,9 @@ class StageGraph:
         text = getattr(analysed, "defines", {}).get("order_by")
         if not text:
             return ()
-        window = getattr(qp.high.window, "column", None)
-        return ((window, False),) * (window is not None) + tuple(row_order(text))
+        window: str | None = getattr(qp.high.window, "column", None)
+        first = () if window is None else ((window, False),)
+        return first + tuple(row_order(text))
 
     # --- building ----------------------------------------------------------------------------
     def inputs_of(self, qp) -> list[str]:
