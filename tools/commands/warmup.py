@@ -4,14 +4,17 @@ A first run pays three things once: the low level's Numba kernels are compiled (
 tens of seconds per query; cached on disk after), the driver JVM is launched through
 spark-submit (its `java` command is remembered after, `highlevel.jvm`), and the JVM has no
 class-data archive of Spark's classes yet (`highlevel.jvmcache`). The warm-up pays them on a
-tiny generated capture, in two processes that run queries as `oopscope run` does:
+tiny generated capture, in three processes that run queries as `oopscope run` does:
 
 1. every QUERY over the capture, in one process: its kernels are compiled and cached, and
    the driver JVM, holding the archive's lock, writes the archive as it exits (the process
    waits for that and renames it into place);
 2. the first QUERY again, in a new process: its JVM is launched with the options later runs
    give it (the archive mapped), so that launch is remembered under the key they look up;
-   the JVM's memory map tells whether the archive is really mapped.
+   the JVM's memory map tells whether the archive is really mapped;
+3. the first QUERY paced, in a new process: paced and live runs and `serve` launch their
+   JVM with other options (they last: the optimising compiler is kept), so their launch is
+   remembered under a key of its own.
 
 Each process is `main` below (`python -c` with this package first on sys.path, in the
 temporary directory of the capture).
@@ -25,6 +28,8 @@ import click
 DEFAULT_QUERIES = ("top_talkers", "q8_1", "netflow")
 #: packets of the tiny capture (every code path of a run, in well under a second of data work)
 TINY_PACKETS = 3000
+#: the paced run's speed: the tiny capture's 150 s in a fraction of a second
+PACED_SPEED = 1000.0
 
 
 @click.command()
@@ -62,7 +67,7 @@ def warmup(queries: tuple[str, ...]) -> None:
     if why is not None:
         raise CacheError(f"cache directory {cache} {why}: nothing was warmed up (runs go "
                          f"without the caches; `chmod 700 {cache}` or remove it)")
-    steps = Steps(len(queries) + 2)
+    steps = Steps(len(queries) + 3)
     with tempfile.TemporaryDirectory(prefix="oopscope-warmup-") as work:
         from tools.gen.traffic import TrafficConfig, generate
 
@@ -88,12 +93,21 @@ def warmup(queries: tuple[str, ...]) -> None:
             click.echo("oopscope warmup: another process is still writing the class-data "
                        "archive", err=True)
         started = time.perf_counter()
-        steps.number = steps.total - 1
+        steps.number = 1 + len(queries)
         check = _child(Path(work), pcap, ran[:1], steps, check=True)
         if check["errors"]:
             raise HighLevelError(f"the warm-up's check run failed: {check['errors'][ran[0]]}")
-    click.echo(f"oopscope warmup: check run in {time.perf_counter() - started:.1f} s; "
-               f"{_archive_state(check)}; {_launch_state(check)}")
+        click.echo(f"oopscope warmup: check run in {time.perf_counter() - started:.1f} s; "
+                   f"{_archive_state(check)}; {_launch_state(check)}")
+        # paced and live runs and `serve` start their JVM with other options (the optimising
+        # compiler kept: they last): their launch is remembered too, or their first start
+        # pays spark-submit's (seconds more before any window can be written)
+        started = time.perf_counter()
+        paced = _child(Path(work), pcap, ran[:1], steps, paced=True)
+        if paced["errors"]:
+            raise HighLevelError(f"the warm-up's paced run failed: {paced['errors'][ran[0]]}")
+    click.echo(f"oopscope warmup: paced run in {time.perf_counter() - started:.1f} s; "
+               f"{_archive_state(paced)}; {_launch_state(paced)}")
     if failed is not None:
         more = len(first["errors"]) - 1
         raise HighLevelError(f"the warm-up could not run {failed[0]}: {failed[1]}"
@@ -160,10 +174,12 @@ def _err(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _child(work, pcap, queries, steps: Steps | None = None, check: bool = False) -> dict:
+def _child(work, pcap, queries, steps: Steps | None = None, check: bool = False,
+           paced: bool = False) -> dict:
     """Run `queries` over `pcap` in a new process (`main`); returns what it reported.
     `steps`: the child prints a step line per query, numbered on from there; `check`: the
-    run is the check run of the JVM's launch."""
+    run is the check run of the JVM's launch; `paced`: the runs are paced (`PACED_SPEED`),
+    their JVM launched as paced runs and `serve` launch theirs."""
     import json
     import logging
     import os
@@ -186,7 +202,7 @@ def _child(work, pcap, queries, steps: Steps | None = None, check: bool = False)
     progress = [] if steps is None else ["--steps", f"{steps.number}/{steps.total}"]
     proc = subprocess.run([sys.executable, "-c", code, str(pcap), str(result), *queries,
                            "--log-level", str(level), *progress,
-                           *(["--check"] if check else [])],
+                           *(["--check"] if check else []), *(["--paced"] if paced else [])],
                           cwd=work, stdout=subprocess.DEVNULL, env=dict(os.environ),
                           check=False)
     if steps is not None:
@@ -215,6 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log-level", type=int, default=logging.WARNING)
     parser.add_argument("--steps", default=None, help="N/TOTAL: the steps done before ours")
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--paced", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="oopscope: %(levelname)s: %(message)s",
                         stream=sys.stderr)
@@ -225,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.steps is not None:
         done, total = (int(n) for n in args.steps.split("/"))
         steps = Steps(total, done)
-    out = _tiny_runs(args.pcap, args.queries, steps, args.check)
+    out = _tiny_runs(args.pcap, args.queries, steps, args.check, args.paced)
     Path(args.result).write_text(json.dumps(out))
     if steps is not None and str(out["options"]).startswith("-XX:ArchiveClassesAtExit"):
         # the JVM's exit takes seconds more: say why the step is not over yet
@@ -233,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _tiny_runs(pcap: str, queries: list[str], steps: Steps | None = None,
-               check: bool = False) -> dict:
+               check: bool = False, paced: bool = False) -> dict:
     import time
 
     from common.errors import OopscopeError
@@ -243,7 +260,9 @@ def _tiny_runs(pcap: str, queries: list[str], steps: Steps | None = None,
 
     times, errors = {}, {}
     for i, query in enumerate(queries):
-        what = (f"{query} again in a new process: the JVM launched as `oopscope run` launches "
+        what = (f"{query} paced, in a new process: the JVM launched as paced runs and "
+                f"`serve` launch it" if paced else
+                f"{query} again in a new process: the JVM launched as `oopscope run` launches "
                 f"it, the class-data archive mapped" if check else
                 f"{query} over it: its kernels compiled and cached"
                 + ("; Spark started, its class-data archive written at exit" if i == 0 else ""))
@@ -251,7 +270,8 @@ def _tiny_runs(pcap: str, queries: list[str], steps: Steps | None = None,
         started = time.perf_counter()
         try:
             links = tuple((name, pcap) for name in _links_of(query))
-            run(RunConfig(query_file=query, links=links, progress=False, keep_results=False))
+            run(RunConfig(query_file=query, links=links, progress=False, keep_results=False,
+                          speed=PACED_SPEED if paced else None))
         except OopscopeError as exc:
             errors[query] = str(exc)
             if label is not None:
