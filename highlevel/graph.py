@@ -144,6 +144,7 @@ class StageGraph:
             for name, make in self._makers:
                 stage = make()
                 stage.prune_spool = self.prune_spool
+                stage.row_order = self._row_order(name)
                 if self.sublinks:
                     stage.sublinks = self.sublinks
                 stages.append((name, stage))
@@ -152,6 +153,22 @@ class StageGraph:
             stages.sort(key=lambda s: (order[s[0].split("@")[0]], "@" not in s[0]))
             self._stages = stages
         return self._stages
+
+    def _row_order(self, name: str) -> tuple[tuple[str, bool], ...]:
+        """The order of a query's rows in each batch: its window, then DEFINE order_by
+        (none for a side stage `query@alias`, or without order_by: the stage's own)."""
+        from queries.definitions import row_order
+
+        if "@" in name:
+            return ()
+        qp = self.plan.query(name)
+        analysed = getattr(qp, "analysed", None)
+        text = getattr(analysed, "defines", {}).get("order_by")
+        if not text:
+            return ()
+        window: str | None = getattr(qp.high.window, "column", None)
+        first = () if window is None else ((window, False),)
+        return first + tuple(row_order(text))
 
     # --- building ----------------------------------------------------------------------------
     def inputs_of(self, qp) -> list[str]:

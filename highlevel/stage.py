@@ -112,6 +112,10 @@ class Stage:
     open_on_driver = False
     #: an aggregation's small batches are combined on the driver (`highlevel.smallbatch`)
     small_on_driver = False
+    #: (column, descending) pairs: the order of the rows each batch gives the display sinks
+    #: (DEFINE order_by, the window column first; `StageGraph` sets it). A window closes in
+    #: one batch, so its rows come out in this order; by default, (window, keys) ascending
+    row_order: tuple[tuple[str, bool], ...] = ()
 
     def __init__(self, spec, spool: str | os.PathLike, checkpoint: str | os.PathLike,
                  sinks: Sequence[Sink], *, spark=None, master: str | None = None,
@@ -269,6 +273,8 @@ class Stage:
             if sink.raw not in made:
                 table = raw if sink.raw else display
                 made[sink.raw] = table if isinstance(table, pa.Table) else table()
+                if not sink.raw and self.row_order:
+                    made[False] = ordered(made[False], self.row_order)
             sink.write(batch_id, made[sink.raw])
 
     # --- punctuation in file order -----------------------------------------------------------
@@ -315,3 +321,14 @@ class Stage:
             state.next_seq[link] = nxt
         return due
 
+
+def ordered(table: pa.Table, order) -> pa.Table:
+    """`table`'s rows by (column, descending) pairs (`Stage.row_order`), ties in the order
+    they came; a column the table lacks is left out."""
+    import pyarrow.compute as pc
+
+    keys = [(name, "descending" if desc else "ascending") for name, desc in order
+            if name in table.column_names]
+    if table.num_rows < 2 or not keys:
+        return table
+    return table.take(pc.sort_indices(table, sort_keys=keys))

@@ -37,6 +37,7 @@ from queries.definitions import (
     define_refs,
     is_gslite_key,
     parse_param_value,
+    row_order,
     substitute_refs,
 )
 from queries.errors import QueryError
@@ -225,7 +226,21 @@ class Analyser:
         aq.param_values = self.cur_values
         if self.flow_mode:
             self._check_flow_query(q, aq)
+        self._check_row_order(q, aq)
         return aq
+
+    def _check_row_order(self, q: E.Query, aq: AnalysedQuery) -> None:
+        """DEFINE order_by names output columns (the rows of each window are written in
+        that order: `highlevel.stage.Stage.row_order`)."""
+        if "order_by" not in aq.defines:
+            return
+        names = [o.name for o in aq.outputs]
+        for name, _ in row_order(aq.defines["order_by"]):
+            if name not in names:
+                lit = (q.defines or {}).get("order_by")
+                where = lit if isinstance(lit, E.Node) else q
+                raise self.error(where, f"DEFINE order_by: {name!r} is not an output column "
+                                        f"(the query's are {', '.join(names)})")
 
     def _check_flow_query(self, q: E.Query, aq: AnalysedQuery) -> None:
         """Flow mode (DEFINE idle_timeout / flow_end) is for a tumbling aggregation of packets."""

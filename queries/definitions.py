@@ -33,6 +33,7 @@ DEFINE_KEYS = {
     "flow_end": " | ".join(FLOW_ENDS),
     "comment": "text",
     "title": "text",
+    "order_by": "output columns, each with ASC or DESC if wanted ('bytes DESC, srcIP')",
 }
 
 
@@ -124,6 +125,9 @@ def check_define(key: str, value) -> tuple[str, object]:
             raise ConfigError(f"DEFINE late: {value!r} is not one of {', '.join(LATE_POLICIES)}"
                               f"{did_you_mean(v, LATE_POLICIES)}")
         return k, v
+    if k == "order_by":
+        order = row_order(value)
+        return k, ", ".join(f"{name} DESC" if desc else name for name, desc in order)
     if k == "query_name":
         v = str(value)
         if len(v) > MAX_NAME_LENGTH:
@@ -133,6 +137,23 @@ def check_define(key: str, value) -> tuple[str, object]:
             raise ConfigError(f"DEFINE query_name: {value!r} is not a name (letters, digits, _)")
         return k, v
     return k, str(value)
+
+
+_ORDER_ITEM = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)(?:\s+(ASC|DESC))?\s*$", re.IGNORECASE)
+
+
+def row_order(value) -> list[tuple[str, bool]]:
+    """DEFINE order_by's (column, descending) pairs from `bytes DESC, srcIP` (our extension:
+    GSQL has no ORDER BY; the rows of each window are written in this order)."""
+    items = str(value).split(",")
+    order = []
+    for item in items:
+        m = _ORDER_ITEM.match(item)
+        if m is None:
+            raise ConfigError(f"DEFINE order_by: {value!r} is not a list of output columns, "
+                              f"each with ASC or DESC if wanted ('bytes DESC, srcIP')")
+        order.append((m.group(1), (m.group(2) or "").upper() == "DESC"))
+    return order
 
 
 def is_gslite_key(key: str) -> bool:

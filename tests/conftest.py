@@ -83,7 +83,7 @@ def nfcapd(flowdir: Path):
 
 
 #: the longest modules (measured: minutes each), handed out first; the rest follow
-HEAVY = ("highlevel/test_highlevel_graph.py", "tools/test_tools_bench_iop_oop.py",
+HEAVY = ("tools/test_tools_readme_tour.py", "highlevel/test_highlevel_graph.py", "tools/test_tools_bench_iop_oop.py",
          "tools/test_tools_run_closing.py", "tools/test_tools_run.py",
          "tools/test_tools_run_resume_variants.py", "lowlevel/test_lowlevel_specialize.py",
          "highlevel/test_highlevel_jvmcache.py", "tools/test_tools_run_udaf.py",

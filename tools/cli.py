@@ -17,6 +17,7 @@ import click
 COMMANDS: dict[str, tuple[str, str]] = {
     "decode": ("tools.commands.decode", "decode"),
     "gen": ("tools.commands.gen", "gen"),
+    "example": ("tools.commands.example", "example"),
     "explain": ("tools.commands.explain", "explain"),
     "run": ("tools.commands.run", "run"),
     "bench": ("tools.commands.bench", "bench"),

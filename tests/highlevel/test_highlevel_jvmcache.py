@@ -248,10 +248,21 @@ def test_warmup_writes_the_archive_and_remembers_the_launch(tmp_path):
     archives = list(cache.glob("spark-*.jsa"))
     assert len(archives) == 1 and archives[0].stat().st_size > 10**6
     assert "q8_1 compiled and run" in proc.stdout
+    # progress on stderr: each step as it starts, then its time, in order
+    steps = [line for line in proc.stderr.splitlines() if line.startswith("oopscope warmup: step")]
+    assert [line.split(": ")[1] for line in steps] == \
+        [f"step {n}/4" for n in (1, 1, 2, 2, 3, 3, 4, 4)], steps
+    assert all(a.endswith(" ...") and b.startswith(a[:-4] + ": done in ")
+               for a, b in zip(steps[::2], steps[1::2])), steps
+    assert "a tiny capture" in steps[0] and "q8_1 over it" in steps[2] \
+        and "q8_1 again" in steps[4] and "q8_1 paced" in steps[6], steps
+    # the paced run's JVM (paced and live runs, `serve`) is launched and remembered too
+    assert "oopscope warmup: paced run in " in proc.stdout
+    assert proc.stdout.count("its java command is remembered for the next runs") == 2
     assert "the driver JVM wrote the class-data archive" in proc.stdout
     # the check run's JVM, launched as runs launch it, mapped the archive and was remembered
     assert f"the driver JVM maps {archives[0]}" in proc.stdout, proc.stdout
     assert "its java command is remembered for the next runs" in proc.stdout
-    assert len(list(cache.glob("jvm-launch-*.json"))) == 1
+    assert len(list(cache.glob("jvm-launch-*.json"))) == 2
     assert _leftovers(cache) == [] and not list(Path(tmp_path).glob("oopscope-*"))
     assert cache.stat().st_mode & 0o777 == 0o700

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -300,13 +301,24 @@ def test_late_packets_are_dropped_and_counted(spark_session, tmp_path):
 
 def test_table_format_on_stdout_and_bare_link(capture, spark_session, tmp_path, capsys):
     code, out, err = run_cli(["run", "top_talkers", "--link", str(capture),
-                              "--set", "query_name=tt", "--param", "min_bytes=3000000"], capsys)
+                              "--set", "query_name=tt", "--param", "min_bytes=20000"], capsys)
     # a bare PCAP is named after its stem: the capture is main.pcap
     assert code == 0, err
     lines = out.splitlines()
-    assert lines[0].split() == ["tb", "srcIP", "bytes", "packets"]
+    # a table shows each window's start in UTC after the window column
+    assert lines[0].split() == ["tb", "window", "start", "(UTC)", "srcIP", "bytes", "packets"]
     assert "link main:" in err
     assert len(lines) - 1 == int(err.split("query tt: ")[1].split(" rows")[0])
+    # top_talkers ranks each minute's sources, the most bytes first (DEFINE order_by)
+    rows = [line.split() for line in lines[1:]]
+    windows: dict[int, list[int]] = {}
+    for tb, day, hms, _ip, nbytes, _packets in rows:
+        start = datetime.strptime(f"{day} {hms}", "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
+        assert int(start.timestamp()) == int(tb) * 60
+        windows.setdefault(int(tb), []).append(int(nbytes))
+    assert list(windows) == sorted(windows)
+    assert all(b == sorted(b, reverse=True) for b in windows.values()), windows
+    assert any(b != sorted(b) for b in windows.values()), "no window to rank"
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])

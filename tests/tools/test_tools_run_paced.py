@@ -179,3 +179,81 @@ def test_speed_and_sources_are_checked(one_link, capsys):
     assert code == 1 and "not both" in err
     code, _, err = run_cli(["run", str(one_link["query"])], capsys)
     assert code == 2 and "--interface" in err
+
+
+THREE_WINDOWS_QUERY = """
+DEFINE { query_name per15s; }
+SELECT tb, protocol, COUNT(*) AS packets, SUM(ip_len) AS bytes
+FROM main.IP
+GROUP BY time/15 AS tb, protocol;
+"""
+
+
+@pytest.mark.slow
+def test_a_paced_run_writes_each_window_as_it_closes(tmp_path):
+    """A paced replay of three windows writes the first ones while the replay still runs,
+    and its progress line counts them. Before, oop_lazy held a window's groups in the table
+    until max_lfta_disorder (2) windows later, so a run of three windows wrote every row at
+    its end and the progress line said "0 result rows" throughout. Asserted on the order of
+    events (rows in the file, then the replay's last packet), never on seconds: the windows
+    are 15 s of wall time each, so a slow Spark start still leaves the last window's."""
+    import threading
+
+    from capture.reader import read_all
+    from tests.tools.test_tools_run import expected_rows
+    from tools.gen.traffic import TrafficConfig, generate
+
+    pcap = generate(TrafficConfig(packets=30_000, duration_ns=45 * NS, groups=200, seed=23)
+                    .validate(), tmp_path / "three.pcap")["l0"]
+    query = tmp_path / "per15s.gsql"
+    query.write_text(THREE_WINDOWS_QUERY)
+    full = read_all(pcap, "main")
+    last_second = int(full["timestamp"].max()) // NS          # of the last packet
+    out = tmp_path / "per15s.csv"
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "run", str(query), "--link",
+                             f"main={pcap}", "--speed", "1", "--output", f"per15s={out}",
+                             "--progress"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                            cwd=Path(__file__).resolve().parents[2])
+    progress: list[tuple[int, int | None]] = []       # (result rows, clock second) per line
+    err_lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            err_lines.append(line)
+            if " result rows, " in line:
+                rows = int(line.split(" result rows")[0].rsplit(", ", 1)[1].replace(",", ""))
+                clock = line.split(", clock ")[1][:8] if ", clock " in line else None
+                progress.append((rows, None if clock is None else _second_of(clock)))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    seen_early = None           # (data rows in the file, clock of the progress line then)
+    while proc.poll() is None:
+        if out.exists() and seen_early is None:
+            rows = max(0, len(out.read_text().splitlines()) - 1)
+            clocks = [c for _, c in progress if c is not None]
+            if rows and proc.poll() is None and clocks:
+                seen_early = (rows, clocks[-1])
+        time.sleep(0.1)
+    reader.join(timeout=10)
+    assert proc.returncode == 0, "".join(err_lines)[-3000:]
+
+    # rows were in the file while the run went on, before the last packet's second was
+    # replayed (the clock of the progress line is the capture time read so far)
+    assert seen_early is not None, "no row before the run ended:\n" + "".join(err_lines)[-3000:]
+    rows, clock = seen_early
+    assert clock % 86400 < last_second % 86400, (seen_early, last_second)
+    # the progress line counted them as they were written, before the replay's end
+    assert any(r > 0 and c is not None and c % 86400 < last_second % 86400
+               for r, c in progress), progress
+    plan, want = _reference(query, {"main": full})
+    assert_same_rows(out, want["per15s"], plan.query("per15s"))
+    assert rows < len(expected_rows(want["per15s"], plan.query("per15s")))
+
+
+def _second_of(clock: str) -> int:
+    h, m, s = (int(x) for x in clock.split(":"))
+    return h * 3600 + m * 60 + s

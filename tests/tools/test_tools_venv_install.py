@@ -137,6 +137,13 @@ def test_the_installed_package_holds_every_source_file(venv):
     library, static = (Path(p) for p in out.stdout.split())
     assert library.is_relative_to(site) and (library / "q8_1.gsql").is_file()
     assert static.is_relative_to(site) and (static / "index.html").is_file()
+    # the README tour's GS-lite example comes with the package: the installed command writes it
+    res = subprocess.run([str(venv / "bin" / "oopscope"), "example", "ex"], capture_output=True,
+                         text=True, cwd=venv.parent, env=bare_environment(venv))
+    assert res.returncode == 0, res.stderr
+    for name in ("example.gsql", "packet_schema.txt", "records.csv"):
+        assert (venv.parent / "ex" / name).read_bytes() == \
+            (REPO / "tools" / "gen" / "gslite" / name).read_bytes()
 
 
 @pytest.mark.slow

@@ -131,7 +131,7 @@ def _collect(config, run_config, plan, links, fanout, checkpoint: Path, stop, st
 
     spool = Path(config.spool)
     chosen = choose_queries(plan, run_config)
-    outputs = RunOutputs(run_config, chosen, checkpoint)
+    outputs = RunOutputs(run_config, chosen, checkpoint, plan=plan)
     outputs.open()
     try:
         try:

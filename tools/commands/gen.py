@@ -134,6 +134,14 @@ def gen(out, packets, rate, duration, groups, flows, tcp, udp, icmp, sizes, ipv6
         cfg.validate()
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
+    from pathlib import Path
+
+    # `oopscope gen demo/demo.pcap` (the README's): the folder is made, as a new file would be
+    try:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {out}: cannot create its folder {Path(out).parent}: "
+                          f"{exc.strerror or exc}") from None
     t0 = time.perf_counter()
     paths = generate(cfg, out)
     secs = time.perf_counter() - t0

@@ -16,12 +16,15 @@ log = logging.getLogger(__name__)
 
 
 def output_for(config: RunConfig, qp, out: str, several: bool, checkpoint,
-               resume) -> QueryOutput:
+               resume, plan=None) -> QueryOutput:
     """A query's output. In a resumable run, one that can be cut back to its last whole batch
     logs its batches; a Parquet output (no footer until closed) or one written whole at the
-    end keeps its batches as part files under the checkpoint (`tools.results.parts`)."""
+    end keeps its batches as part files under the checkpoint (`tools.results.parts`). A
+    table shows when each window starts (`plan`: the query's file, whose sources say whether
+    its windows are times)."""
     from tools.pipeline.resume import output_log, output_parts
-    from tools.results.formats import arrow_schema
+    from tools.pipeline.windows import window_starts
+    from tools.results.formats import TableWriter, arrow_schema
     from tools.results.parts import PartFiles
 
     fmt = output_format(config, out)
@@ -32,21 +35,25 @@ def output_for(config: RunConfig, qp, out: str, several: bool, checkpoint,
             parts = PartFiles(output_parts(checkpoint, qp.name))
         elif out != "-":
             resume_log = output_log(checkpoint, qp.name)
+    window = getattr(qp.high.window, "column", None)
+    writer = None
+    if fmt == "table" and plan is not None:
+        writer = TableWriter(window, window_starts(plan, qp))
     return QueryOutput(qp.name, qp.high.outputs, fmt, out,
                        arrow_schema(qp.name, qp.high.outputs), buffered=buffered,
                        title=qp.name if several and out == "-" else None,
-                       keep=config.keep_results,
-                       window=getattr(qp.high.window, "column", None),
-                       resume_log=resume_log, parts=parts)
+                       keep=config.keep_results, window=window,
+                       resume_log=resume_log, parts=parts, writer=writer)
 
 
 class RunOutputs(Mapping[str, QueryOutput]):
     """Query name -> its output, for the `chosen` (query plan, output) pairs of a run
     (`resume`: a resumable run's, whose outputs log their batches under `checkpoint`)."""
 
-    def __init__(self, config: RunConfig, chosen, checkpoint, resume=None):
+    def __init__(self, config: RunConfig, chosen, checkpoint, resume=None, plan=None):
         several = sum(1 for _, out in chosen if out == "-") > 1
-        self._outputs = {qp.name: output_for(config, qp, out, several, checkpoint, resume)
+        self._outputs = {qp.name: output_for(config, qp, out, several, checkpoint, resume,
+                                             plan)
                          for qp, out in chosen}
 
     def __getitem__(self, name: str) -> QueryOutput:

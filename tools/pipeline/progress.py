@@ -14,9 +14,10 @@ from collections.abc import Callable
 
 
 class Progress(threading.Thread):
-    """Polls `sample()` -> (packets, rows out, drops, clock text) and draws the line."""
+    """Polls `sample()` -> (packets, rows out, drops, clock text, note) and draws the line;
+    the note says what the rows wait for (`Spark starting`), empty when nothing."""
 
-    def __init__(self, sample: Callable[[], tuple[int, int, int, str]], *,
+    def __init__(self, sample: Callable[[], tuple[int, int, int, str, str]], *,
                  every: float = 0.5, stream=None):
         super().__init__(name="oopscope-progress", daemon=True)
         self.sample = sample
@@ -28,14 +29,14 @@ class Progress(threading.Thread):
         self._last = (time.monotonic(), 0)
 
     def line(self) -> str:
-        packets, rows, drops, clock = self.sample()
+        packets, rows, drops, clock, note = self.sample()
         now = time.monotonic()
         t0, p0 = self._last
         rate = (packets - p0) / (now - t0) if now > t0 else 0.0
         self._last = (now, packets)
         text = (f"oopscope: {packets:,} packets ({_rate(rate)}), {rows:,} result rows, "
                 f"{drops:,} drops")
-        return text + (f", clock {clock}" if clock else "")
+        return text + (f", clock {clock}" if clock else "") + (f" ({note})" if note else "")
 
     def run(self) -> None:
         while not self._halt.wait(self.every):

@@ -135,7 +135,7 @@ class Run:
         self.starter.start()
         log.debug("Spark session start asked %.2f s into the run",
                   time.perf_counter() - self.started)
-        self.outputs = RunOutputs(config, self.chosen, self.checkpoint, self.resume)
+        self.outputs = RunOutputs(config, self.chosen, self.checkpoint, self.resume, self.plan)
         # every output is opened before any packet is read
         self.outputs.open()
         try:
@@ -264,14 +264,18 @@ class Run:
             return None
         from tools.pipeline.progress import Progress
 
-        outputs = self.outputs
+        outputs, starter, asked = self.outputs, self.starter, self.started
 
         def sample():
             rows = sum(o.rows for o in outputs.values())
             seen = low.clock()
             clock = time.strftime("%H:%M:%S", time.gmtime(seen / NS)) if seen is not None \
                 else ""
-            return low.packets, rows, sources.lost(), clock
+            # rows come once Spark is up: say so while it starts (seconds; more on a busy
+            # machine), so "0 result rows" reads as waiting, not as nothing
+            note = "" if starter.ready() else \
+                f"Spark starting, {time.perf_counter() - asked:.0f} s"
+            return low.packets, rows, sources.lost(), clock, note
 
         progress = Progress(sample)
         progress.start()

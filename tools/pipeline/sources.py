@@ -66,10 +66,16 @@ class LowLevel:
         self.config = config
         self.starts: dict = dict(starts or {})
         self.per_link: dict[str, list[OperatorFeed]] = {n: [] for n in config.link_names}
+        # a paced or live run shows each window as it closes: a pane's groups leave the
+        # table when punctuation closes it (as in the appliance), not up to
+        # max_lfta_disorder windows later (oop_lazy's bound, which held every window of a
+        # 3-minute paced replay until its end). A replay at full speed keeps the smoothed
+        # flush: no one waits for its windows one by one
         try:
             for lp in low_plans:
                 self.per_link[lp.link].append(
                     OperatorFeed(lp, spool, summaries[query_of(lp)], codec,
+                                 punctuation_flush=config.streaming,
                                  complete_only=complete_only,
                                  start_ns=self.starts.get((lp.query, lp.link))))
         except OSError as exc:           # the spool's directories (a read-only --spool)

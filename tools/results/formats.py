@@ -250,17 +250,33 @@ class ParquetFormatWriter(FormatWriter):
 
 
 class TableWriter(FormatWriter):
+    """The aligned text table, for people: `window_starts` (a function from window column
+    values to their start as UTC text, `tools.pipeline.windows.window_starts`) adds the
+    column `window start (UTC)` after the window column `window`, so a minute number
+    29453760 reads as 2026-01-01 00:00:00. The other formats keep the query's columns."""
+
     name, ext, title_prefix = "table", "txt", ""
 
-    def __init__(self):
+    def __init__(self, window: str | None = None, window_starts=None):
         self.header = True           # until the first rows: widths fitted to each batch
+        self.window, self.window_starts = window, window_starts
 
     def resumed(self) -> None:
         self.header = False
 
     def rows(self, fh, part) -> None:
-        fh.write(format_table(part, header=self.header).encode())
+        fh.write(format_table(self._with_starts(part), header=self.header).encode())
         self.header = False
+
+    def _with_starts(self, part):
+        import pyarrow as pa
+
+        if self.window_starts is None or self.window not in part.column_names:
+            return part
+        values = part.column(self.window).to_pylist()
+        at = part.column_names.index(self.window) + 1
+        return part.add_column(at, "window start (UTC)",
+                               pa.array(self.window_starts(values), pa.string()))
 
 
 class NetflowWriter(FormatWriter):
