@@ -1,8 +1,8 @@
 """`oopscope example DIR`: write the GS-lite example (query, schema file, CSV records) into DIR.
 
 The files are package data (`tools/gen/gslite/`), so an installed oopscope has them as a
-source tree does: GS-lite's CSVEXAMPLE query and schema file as GS-lite ships them, and a
-few records of our own. The README's tour runs them.
+source tree does: a GS-lite query, the schema file declaring its CSV record protocol
+(`READINGS`), and ten records. The README's tour runs them.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ def example(directory: str, force: bool) -> None:
     """Write a small GS-lite example into DIRECTORY (made if missing; default: here).
 
     \b
-    example.gsql       GS-lite's demo/CSVEXAMPLE query, unchanged
-    packet_schema.txt  GS-lite's schema file, declaring the CSV_EXAMPLE record protocol
-    records.csv        ten CSV_EXAMPLE records
+    example.gsql       per minute and sensor: readings, their sum, peak and alarms
+    packet_schema.txt  a schema file declaring the READINGS record protocol
+    records.csv        ten READINGS records
     Then:
       oopscope run DIR/example.gsql --schema DIR/packet_schema.txt --link csv=DIR/records.csv
     """
