@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -99,6 +100,8 @@ def parquet_rows(path: Path) -> tuple[list[str], list[tuple[str, ...]]]:
 
 
 def table_rows(text: str) -> tuple[list[str], list[tuple[str, ...]]]:
-    """An aligned text table's header and rows (no value holds a space)."""
-    lines = [ln.split() for ln in text.splitlines() if ln.strip()]
-    return lines[0], [tuple(ln) for ln in lines[1:]]
+    """An aligned text table's header and rows (columns two spaces or more apart), without
+    the `window start (UTC)` column the table format adds for people (not a query column)."""
+    lines = [re.split(r"\s{2,}", ln.strip()) for ln in text.splitlines() if ln.strip()]
+    keep = [i for i, name in enumerate(lines[0]) if name != "window start (UTC)"]
+    return [lines[0][i] for i in keep], [tuple(ln[i] for i in keep) for ln in lines[1:]]

@@ -373,7 +373,8 @@ def test_cli_usage_errors(tmp_path, args, status, message):
 
 
 def test_cli_unwritable_output_is_a_runtime_error(tmp_path):
-    res = _oopscope("gen", str(tmp_path / "no" / "such" / "dir.pcap"), "-n", "100", "--groups", "10")
+    (tmp_path / "file").write_text("")          # a folder cannot be made under a file
+    res = _oopscope("gen", str(tmp_path / "file" / "dir.pcap"), "-n", "100", "--groups", "10")
     assert res.returncode == 1
     assert "cannot write" in res.stderr and "dir.pcap" in res.stderr and "Traceback" not in res.stderr
 
