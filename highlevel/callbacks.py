@@ -39,7 +39,7 @@ class CallbackConnection:
     def note(self, spark) -> None:
         """Called on the thread serving a micro-batch's callback: remember its connection.
         The JVM is asked only when the serving Python thread changed (each connection has a
-        Python thread of its own), so a running query pays one call, at its first batch."""
+        Python thread of its own), so a running query pays two calls, at its first batch."""
         thread = threading.current_thread()
         if thread is self._thread:
             return
@@ -48,15 +48,19 @@ class CallbackConnection:
         gateway = spark.sparkContext._gateway  # noqa: SLF001 - pyspark's py4j gateway
         if not isinstance(gateway, ClientServer):
             return                   # not pinned: py4j's callback client cleans up itself
-        self.close()                 # a connection replaced mid-query (its socket broke)
         try:
             client = gateway.java_gateway_server.getCallbackClient()
-            self._connection = client.getPerThreadConnection()
-            self._client = client
+            connection = client.getPerThreadConnection()
+            # only a connection the JVM opened to call Python back: a batch driven from a
+            # Python thread (tests, `highlevel.testing`) runs on that thread's own connection,
+            # which must stay open
+            if connection is None or not connection.isInitiatedFromClient():
+                return
         except Exception as exc:  # noqa: BLE001 - an unexpected py4j: nothing is closed later
             log.debug("stream callback connection not found: %s", exc)
-            self._client = self._connection = None
-        self._thread = thread
+            return
+        self.close()                 # the thread's earlier one (its socket broke mid-query)
+        self._client, self._connection, self._thread = client, connection, thread
 
     def close(self) -> None:
         """Close the noted connection (the query has ended, its JVM thread calls no more)."""
