@@ -5,7 +5,8 @@ schema) and hands each micro-batch to `Stage.process_batch` (`foreachBatch`). Th
 holds what every stage kind does the same way (docs/architecture.md, "The high level"):
 
 - the stream: its start (continuous, every `trigger`), a run over what is there now
-  (`run_available`), its stop;
+  (`run_available`), its stop (which closes the py4j connection its thread called back
+  on, `highlevel.callbacks`);
 - the batch dispatch: a batch whose state version exists is skipped (a replay after a crash),
   a prepared frame is made, the frame is persisted when the kind reads it several times;
 - each link's punctuation applied through Meld in file sequence order (a file whose
@@ -46,6 +47,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from common.spool import partials_dir
 from highlevel.batchfiles import SpoolFileMarker
+from highlevel.callbacks import CallbackConnection
 from highlevel.errors import HighLevelError
 from highlevel.session import get_session, lower_priority
 from highlevel.sinks import Sink
@@ -138,6 +140,9 @@ class Stage:
         self.state = self.store.load_latest(spec.query)
         self.batch_seconds: list[float] = []
         self.query: StreamingQuery | None = None
+        #: the py4j connection the query's thread calls `process_batch` on: closed when the
+        #: query ends, or each query run would leave a thread and a socket behind
+        self.callbacks = CallbackConnection()
         #: batches closed on the driver, without a Spark job (`highlevel.microbatch`)
         self.driver_batches = 0
         self._run_started: float | None = None
@@ -207,15 +212,21 @@ class Stage:
             first = str(exc).strip().splitlines()[0][:300]
             raise HighLevelError(f"query {self.spec.query!r}: Spark stage failed: {first}") \
                 from exc
+        finally:
+            self.callbacks.close()
 
     def stop(self) -> None:
         if self.query is not None:
-            self.query.stop()
-            self.query = None
+            try:
+                self.query.stop()      # returns once the query's thread has ended
+            finally:
+                self.query = None
+                self.callbacks.close()
 
     # --- one micro-batch ---------------------------------------------------------------------
     def process_batch(self, df: DataFrame, batch_id: int) -> None:
         started = self.clock()
+        self.callbacks.note(self.spark)
         if self.nice:
             lower_priority(self.nice)
         if self._run_started is not None:
