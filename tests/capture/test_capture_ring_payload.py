@@ -6,6 +6,7 @@ plain-Python model of the byte rules (the module docstring of capture/ring.py)."
 from __future__ import annotations
 
 import multiprocessing as mp
+import time
 
 import numba
 import numpy as np
@@ -205,13 +206,22 @@ def test_attach_finds_the_payload_area():
         ring.close()
 
 
-def _payload_producer(name: str, rows: int, batch_rows: int, ready, go) -> None:
-    """Attach to ring `name`, offer ids 0 .. rows-1 with their payloads, never waiting."""
+def _payload_producer(name: str, rows: int, batch_rows: int, ready, go,
+                      room: bool = False) -> None:
+    """Attach to ring `name`, offer ids 0 .. rows-1 with their payloads; with `room`, each
+    batch waits until the ring has room for it (a loaded machine may starve the consumer,
+    and what is checked then is what crosses, not a race), else never waiting."""
     ring = PacketRing.attach(name)
     ring.push(id_batch(0, 1), 0, 0)          # warm the kernels before the clock starts
     ready.set()
     go.wait()
     for first in range(0, rows, batch_rows):
+        while room:
+            st = ring.stats()
+            if st.occupancy + batch_rows <= st.capacity and \
+                    st.payload_occupancy <= st.payload_bytes // 2:
+                break
+            time.sleep(0.001)
         ring.push(id_batch(first, min(batch_rows, rows - first)))
         ring.punctuate(min(rows, first + batch_rows))
     ring.finish()
@@ -244,7 +254,8 @@ def test_a_producer_process_through_shared_memory(tight):
     try:
         ctx = mp.get_context("spawn")
         ready, go = ctx.Event(), ctx.Event()
-        proc = ctx.Process(target=_payload_producer, args=(ring.name, rows, batch_rows, ready, go))
+        proc = ctx.Process(target=_payload_producer, args=(ring.name, rows, batch_rows, ready, go,
+                                                                 not tight))
         proc.start()
         assert ready.wait(60), "the producer process did not start"
         go.set()
