@@ -18,15 +18,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO
+from tests.lowlevel.test_lowlevel_ip_min_max import SCHEMA
 
-SCHEMA = """
-PROTOCOL base { uint systemTime get_system_time (increasing); }
-PROTOCOL V6 (base) {
-    uint t get_csv_uint_pos1 (increasing);
-    IPV6 k get_csv_ipv6_pos2;
-    IPV6 v get_csv_ipv6_pos3;
-}
-"""
 QUERIES = """
 DEFINE { query_name tumble; aggregate_slots 4; }
 SELECT tb, k, count(*) AS n, min(v) AS lo, max(v) AS hi FROM [csv].V6 GROUP BY t/10 AS tb, k;
