@@ -40,7 +40,7 @@ joint pair with every spool file (`SpoolSink.joint`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -209,7 +209,7 @@ class JoinStage(RowStage):
         """Outputs over joined rows (mode "LR"), or over one side's unmatched rows ("L"/"R")."""
         sides = [s for t, s in zip("LR", self.sides) if t in mode]
         columns, schema = self.columns, self.out_schema
-        exprs = [(name, self._from_present_side(expr, mode), gsql)
+        exprs = [(name, self._from_present_side(cast(E.Expr, expr), mode), gsql)
                  for name, expr, gsql in self.out_exprs]
         residual = self.join.residual if mode == "LR" else None
         counting, acc = self.zeros.on, self.zeros.acc
@@ -256,7 +256,7 @@ class JoinStage(RowStage):
             pairs.append(self.join.temporal)
         present = 0 if mode == "L" else 1
         partner = {pair[1 - present]: pair[present] for pair in pairs}
-        return expr.transform(lambda n: partner.get(n, n))
+        return cast(E.Expr, expr.transform(lambda n: partner.get(n, n)))
 
     # --- one micro-batch ---------------------------------------------------------------------
     def _condition(self, lf, rf):

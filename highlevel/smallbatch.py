@@ -130,14 +130,14 @@ def combine(table: pa.Table, group_columns: list[str], states, registers: int) -
             continue
         if s.dtype == "ip":     # MIN/MAX over an address: the smallest / largest (hi, lo)
             hi_name, lo_name = ip_words(s.name)
-            hi, lo = (np.asarray(table[w].combine_chunks()).view(np.uint64)
-                      for w in (hi_name, lo_name))
+            hi, lo = (np.asarray(table[word].combine_chunks()).view(np.uint64)
+                      for word in (hi_name, lo_name))
             order = np.lexsort((lo, hi, inverse))      # by group, then hi, then lo
             bounds = np.flatnonzero(np.diff(inverse[order])) + 1
             pick = order[np.r_[0, bounds]] if s.kind == "min" \
                 else order[np.r_[bounds - 1, len(order) - 1]]
-            for w, v in ((hi_name, hi), (lo_name, lo)):
-                out[w] = pa.array(v[pick].view(np.int64), table[w].type)
+            for word, half in ((hi_name, hi), (lo_name, lo)):
+                out[word] = pa.array(half[pick].view(np.int64), table[word].type)
             continue
         col = table[s.name]
         v = np.asarray(col.combine_chunks())

@@ -12,6 +12,7 @@ builds timestamps in one of three arrival orders (in order, band disorder, block
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -227,7 +228,7 @@ def finalize(qp, table) -> pd.DataFrame:
                             table.column(k.name + "__lo").to_numpy())
         else:
             cols[k.name] = table.column(k.name).to_numpy()
-    states = {}
+    states: dict[str, Any] = {}
     for name in table.column_names:
         col = table.column(name).combine_chunks()
         if pa.types.is_fixed_size_binary(col.type):
