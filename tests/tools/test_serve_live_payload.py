@@ -33,6 +33,11 @@ def _query(server, name: str) -> dict:
     return next(q for q in server.client.queries() if q["name"] == name)
 
 
+def _rows(directory) -> list[dict]:
+    table = read_output(directory)[0]
+    return [] if table is None else table.to_pylist()
+
+
 def test_served_interface_captures_payloads_while_a_query_reads_them(pair, tmp_path):
     require_tool("tcpreplay")
     from scapy.all import IP, UDP, Ether, Raw, wrpcap
@@ -64,16 +69,30 @@ def test_served_interface_captures_payloads_while_a_query_reads_them(pair, tmp_p
         pair.run_inside(["tcpreplay", "-q", "-i", pair.inner, "--pps=500", str(pcap)])
         pair.run_inside(["tcpreplay", "-q", "-i", pair.inner, "--pps=500", str(long)])
         # every row written while it runs (a cancel would close the windows with the
-        # packets routed so far: the first batch waits for the payload kernels' compilation)
+        # packets routed so far: the first batch waits for the payload kernels' compilation).
+        # `gets` has a row per (second, destPort): the replay may straddle a second, so its
+        # row count is not known in advance; its sums per destPort are
         # (generous: on a loaded machine the payload kernels' first compilation is slow; the
         # wait ends as soon as the rows are there, and says how far it got if they are not)
-        sent = sum(hellos.values()) + len(gets)
+        def written() -> tuple[Counter, Counter]:
+            h = Counter((r["srcPort"], r["destPort"], r["UDP_data"]) for r in
+                        _rows(tmp_path / "state" / "pl.hellos"))
+            g: Counter = Counter()
+            for r in _rows(tmp_path / "state" / "pl.gets"):
+                g[r["destPort"]] += r["n"]
+            return h, g
+
         try:
-            wait_for(lambda: _query(server, "pl")["rows_out"] == sent, 240,
-                     "the rows of every packet sent")
+            wait_for(lambda: written() == (hellos, gets), 240, "the rows of every packet sent")
         except AssertionError:
-            raise AssertionError(f"{_query(server, 'pl')['rows_out']} of {sent} rows written "
-                                 f"in 240 s:\n{log.read_text()[-4000:]}") from None
+            h, g = written()
+            raise AssertionError(f"{h.total()} of {hellos.total()} hellos and {g.total()} of "
+                                 f"{gets.total()} gets written in 240 s:\n"
+                                 f"{log.read_text()[-4000:]}") from None
+        # the query's row count is the rows its files hold (counted as each batch ends)
+        files_rows = sum(len(_rows(tmp_path / "state" / f"pl.{q}")) for q in ("hellos", "gets"))
+        wait_for(lambda: _query(server, "pl")["rows_out"] == files_rows, 30,
+                 f"the query's row count to reach the {files_rows} rows of its files")
         server.cli("cancel", "pl")
         wait_for(lambda: "payloads no longer captured" in log.read_text(), 15,
                  "the capture to stop copying payloads")
