@@ -174,25 +174,37 @@ def test_full_speed_resume_killed_in_each_level(work, links, query, reference):
     batch kept by then), then resumed to the end."""
     from common.spool import END_OF_INPUT, last_punctuations
 
-    d = work / "max"
-    outs: dict = _outputs(d / "out")
-    outs["both"] = "-"                  # an aligned table on stdout: written at the end
-    spool, ck = d / "spool", d / "ck"
-    cmd = run_command(query, links, outs, speed="max", spool=spool, checkpoint=ck)
-
-    def punctuated() -> dict:
+    def punctuated(spool: Path) -> dict:
         return {link: p for link, (_, p) in last_punctuations(spool, "both").items()
                 if p is not None}
 
-    kill_when(cmd, lambda: len(punctuated()) == 2, poll=0.005)
-    low = punctuated()
-    assert low and all(p != END_OF_INPUT for p in low.values()), \
-        f"killed after the low level had ended: {low}"
-    assert not any(Path(ck, "outputs").glob("*.parts/part-*")), "a stage wrote already"
+    def killed_twice(d: Path) -> tuple[list[str], dict, str | None]:
+        """Both kills; the command, the outputs and, if a kill missed its moment on a busy
+        machine (the low level may end between a poll and the kill), why."""
+        outs: dict = _outputs(d / "out")
+        outs["both"] = "-"              # an aligned table on stdout: written at the end
+        spool, ck = d / "spool", d / "ck"
+        cmd = run_command(query, links, outs, speed="max", spool=spool, checkpoint=ck)
+        kill_when(cmd, lambda: len(punctuated(spool)) == 2, poll=0.005)
+        low = punctuated(spool)
+        if not low or any(p == END_OF_INPUT for p in low.values()):
+            return cmd, outs, f"killed after the low level had ended: {low}"
+        if any(Path(ck, "outputs").glob("*.parts/part-*")):
+            return cmd, outs, "killed after a stage wrote"
+        kill_when(cmd, lambda: _part_rows(ck, "per_min") > 0)
+        assert _part_rows(ck, "both") > 0           # the stages run in file order
+        if csv_windows(outs["per_2min"]) != 0:
+            return cmd, outs, "killed too late: per_2min was written"
+        return cmd, outs, None
 
-    kill_when(cmd, lambda: _part_rows(ck, "per_min") > 0)
-    assert _part_rows(ck, "both") > 0           # the stages run in file order
-    assert csv_windows(outs["per_2min"]) == 0, "killed too late: per_2min was written"
+    missed = []
+    for attempt in range(3):
+        cmd, outs, why = killed_twice(work / f"max{attempt}")
+        if why is None:
+            break
+        missed.append(why)
+    else:
+        raise AssertionError(f"no attempt was killed at its moment: {missed}")
 
     final = run_ok(cmd)
     assert "read past: link link1" in final.stderr, final.stderr[-2000:]
