@@ -146,8 +146,8 @@ def tail(name, fmt, client) -> None:
             click.echo(f"oopscope: query {event.get('query')} is not running ({ended}): "
                        + (f"its last {n} rows" if n else "it wrote no rows"), err=True)
         elif kind == "missed":
-            click.echo(f"oopscope: tail fell behind: {event['rows']} rows not shown",
-                       err=True)
+            click.echo(f"oopscope: {event['rows']} rows not shown (a tail keeps at most "
+                       f"10,000 rows at a time; the output files hold them all)", err=True)
         elif kind == "end":
             if ended is None:
                 click.echo(f"oopscope: query {event.get('query')} ended ({event.get('why')})",

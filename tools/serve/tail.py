@@ -61,8 +61,11 @@ class Subscriber:
     def wants(self, stream: str) -> bool:
         return self.streams is None or stream in self.streams
 
-    def put(self, event: dict, rows: int, size: int = 0) -> None:
+    def put(self, event: dict, rows: int, size: int = 0, missed: int = 0) -> None:
+        """Queue `event` (of `rows` rows, `size` bytes as JSON; `missed` rows of it left out
+        by the sender); the oldest events make room."""
         with self._lock:
+            self.missed += missed
             self.events.append((event, rows, size))
             self.rows += rows
             self.bytes += size
@@ -111,25 +114,35 @@ class Hub:
         with self._lock:
             return sub in self._subs
 
-    def publish(self, kind: str, stream: str | None, data: dict, rows: int = 0) -> None:
+    def publish(self, kind: str, stream: str | None, data: dict, rows: int = 0,
+                cut: int = 0) -> None:
         with self._lock:
             subs = [s for s in self._subs if stream is None or s.wants(stream)]
         if not subs:
             return
         size = len(json.dumps(data, default=str)) if rows else 0
         for s in subs:
-            s.put({"event": kind, **data}, rows, size)
+            s.put({"event": kind, **data}, rows, size, missed=cut)
+
+    def rows_wanted(self) -> int:
+        """The most rows of one batch anyone reads: the page's memory of a stream and the
+        subscribers' queues. The rest of a larger batch is in its file only (a 260K-row
+        window made into Python lists cost the stage's thread 0.3 s, and its JSON the
+        tail 1 s more, for rows no tail queue keeps)."""
+        with self._lock:
+            return max([RECENT_ROWS, *(s.limit for s in self._subs)])
 
     def rows(self, stream: str, columns: list[str], rows: list[list], batch: int,
-             closed_ns: int | None = None) -> None:
-        """A batch of closed windows' rows; `closed_ns`: when the punctuation that closed
-        them reached the server (wall ns), if known."""
+             closed_ns: int | None = None, cut: int = 0) -> None:
+        """A batch of closed windows' rows but its first `cut` (`rows_wanted`);
+        `closed_ns`: when the punctuation that closed them reached the server (wall ns),
+        if known."""
         keep = self.recent.setdefault(stream, deque(maxlen=RECENT_ROWS))
         keep.extend(rows)
         self.columns[stream] = columns
         self.publish("rows", stream, {"query": stream, "batch": batch, "columns": columns,
                                       "rows": rows, "time": time.time(),
-                                      "closed_ns": closed_ns}, len(rows))
+                                      "closed_ns": closed_ns}, len(rows), cut)
 
     def recall(self, stream: str, rows: list[list]) -> None:
         """The latest rows written before this output started (its part files on disk):
@@ -203,8 +216,9 @@ class StreamOutput(Sink):
             seconds = max(0.0, (time.time_ns() - at) / 1e9)
             self.latencies.append(seconds)
             self.on_latency(seconds)
-        rows = [list(r.values()) for r in table.to_pylist()]
-        self.hub.rows(self.stream, table.column_names, rows, batch_id, closed_ns=at)
+        cut = max(0, table.num_rows - self.hub.rows_wanted())
+        rows = [list(r.values()) for r in table.slice(cut).to_pylist()]
+        self.hub.rows(self.stream, table.column_names, rows, batch_id, closed_ns=at, cut=cut)
 
     def quantile(self, q: float) -> float | None:
         if not self.latencies:
