@@ -274,6 +274,11 @@ class HashAggregator:
         `open_pane`); returns the rows a resize let out."""
         if self.sizer is None or self.ctl[C_CUR] == EMPTY:
             return []
+        if not self.sizer.started:
+            # the oldest pane still held is the first one met (nothing has left it yet,
+            # unless evicted, and then a later one: the estimate errs high, so grows)
+            low = min_resident(self.table, self.ctl)
+            self.sizer.start(min(open_pane, int(low)) if low != EMPTY else open_pane)
         slots = self.sizer.choose(self.slots, open_pane, self._created())
         return self.resize(slots, open_pane) if slots != self.slots else []
 

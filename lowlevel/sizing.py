@@ -73,13 +73,21 @@ class TableSizer:
         #: the last estimate of the groups per window (0 before the first window closed)
         self.groups = 0
 
+    @property
+    def started(self) -> bool:
+        return self._pane is not None
+
+    def start(self, pane: int) -> None:
+        """Count the groups from pane `pane` on (the first pane met: the entries created so
+        far are all of it or later)."""
+        self._pane, self._created = pane, 0
+
     def choose(self, slots: int, open_pane: int, created: int) -> int:
         """The slot count for the windows from `open_pane` on (the first pane still open),
         given the entries created so far; `slots` when nothing should change."""
         if self._pane is None:
-            # the first punctuation: what was created so far belongs to the open windows
-            self._pane, self._created = open_pane, 0
-        closed = open_pane - self._pane
+            self.start(open_pane)
+        closed = open_pane - (self._pane if self._pane is not None else open_pane)
         if closed <= 0:
             return slots
         self.groups = (created - self._created) // closed
