@@ -58,8 +58,8 @@ class TableSizer:
     """Chooses an adaptive table's slot count between windows (module docstring).
 
     `allow(slots) -> bool`, when given, says whether a table of that many slots fits the
-    memory budget (the appliance's); a growth it refuses is halved until it fits or is no
-    growth at all.
+    memory budget (the appliance's, `tools.serve.budget`), which counts it from then on; a
+    growth it refuses is halved until it fits or is no growth at all.
     """
 
     def __init__(self, slots: int, max_slots: int, *, min_slots: int = MIN_SLOTS,
@@ -101,6 +101,8 @@ class TableSizer:
             return max(want, slots)
         settled = min(self.max_slots, max(self.min_slots, slots_for(max(self._recent))))
         if len(self._recent) == HISTORY and settled * 4 <= slots:
+            if self.allow is not None:
+                self.allow(settled)         # the budget counts the smaller table
             return settled
         return slots
 

@@ -278,6 +278,9 @@ class Submission:
         #: each
         self.remote = {n: h for n, h in (remote or {}).items() if n in self.spool_links}
         self.summaries = {q: QuerySummary(q, "", record.format) for q in self.plan.names}
+        #: lp -> allow(slots): the memory budget's grant for an adaptive table (the server
+        #: sets it before `build`; None: no budget but the plan's cap)
+        self.allow_slots: Callable | None = None
         self.outputs: dict[str, StreamOutput] = {}
         self.feeds: dict[str, AttachedFeed] = {}
         self.graph: Any = None                  # highlevel.graph.StageGraph once built
@@ -392,7 +395,9 @@ class Submission:
                 continue
             summary = self.summaries[self.graph.query_of(lp)]
             # latency first: a pane's groups leave the table as its punctuation closes it
-            feed = OperatorFeed(lp, spool, summary, "snappy", punctuation_flush=True)
+            feed = OperatorFeed(lp, spool, summary, "snappy", punctuation_flush=True,
+                                allow_slots=self.allow_slots(lp)
+                                if self.allow_slots is not None and lp.max_slots else None)
             feed.spool_queue = self.spool_queue
             per_link[lp.link].append(feed)
         start = self.record.suppress[-1][1] if self.record.suppress else None
