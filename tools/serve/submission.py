@@ -504,6 +504,11 @@ class Submission:
                 "suppressed_rows": suppressed, "zero_divisor_packets": low["zero_divisors"],
                 "zero_divisor_rows": zero_rows}
 
+    def table_slots(self) -> int:
+        """The slots of this process's hash tables for the submission, now."""
+        return sum(int(f.op.counters.get("slots", 0)) for feed in self.feeds.values()
+                   for f in feed.feeds)
+
     def _batch_ended(self, stream: str, batch_id: int) -> None:
         tally, out = self.tally, self.outputs.get(stream)
         if tally is not None and out is not None:
@@ -537,6 +542,11 @@ class Submission:
                 "columns": first.get("columns", []), "numeric": first.get("numeric", []),
                 "rows_out": sum(s["rows"] for s in streams),
                 **counters,
+                # the tables' size now (adaptive ones change between windows) and how much
+                # the low level reduces: partial rows per result row (1.0: once per group)
+                "slots": self.table_slots(),
+                "partials_per_row": round(counters["partial_rows"] / rows, 3)
+                if (rows := sum(s["rows"] for s in streams)) else None,
                 "counted_since_ns": rec.submitted_ns,
                 "latency_p50_s": first.get("latency_p50_s"),
                 "latency_p99_s": first.get("latency_p99_s"),
