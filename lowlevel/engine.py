@@ -35,9 +35,14 @@ from lowlevel.aggregates import StateLayout
 from lowlevel.flush import (
     C_CAUSE,
     C_CUR,
+    C_CURSOR,
     C_FORCED,
     C_LATE,
+    C_PACE,
     C_RESIDENT,
+    C_STALE,
+    C_TICK,
+    C_WALKING,
     C_WINDOWS,
     CAUSE_BOUND,
     CAUSES,
@@ -57,6 +62,7 @@ from lowlevel.flush import (
     make_ctl,
 )
 from lowlevel.hashtable import advance, append, finish, min_resident, round_slots
+from lowlevel.sizing import TableSizer, empty_table, flush_closed, rehash
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +94,13 @@ class Partials:
 
 
 class HashAggregator:
-    """Sub-aggregation of one packet stream into a fixed table of `slots` (power of two)."""
+    """Sub-aggregation of one packet stream into a table of `slots` (power of two), fixed, or
+    with `sizer` re-sized when punctuation closes a window (`lowlevel.sizing`)."""
 
     def __init__(self, layout: StateLayout, nkeys: int, slots: int, *, pane_ns: int,
                  offset_ns: int = 0, flush: str = "oop_lazy", slow_flush: int = 160,
                  max_disorder: int = 2, probes: int = 2, hold_rows: int = 0,
-                 punctuation_flush: bool = False):
+                 punctuation_flush: bool = False, sizer: TableSizer | None = None):
         if flush not in POLICIES:
             raise ValueError(f"flush policy {flush!r} is not one of {sorted(POLICIES)}")
         if pane_ns <= 0:
@@ -105,6 +112,9 @@ class HashAggregator:
         self.layout = layout
         self.nkeys = nkeys
         self.slots = round_slots(slots)
+        self.sizer = sizer
+        self.resizes = 0
+        self._probes_asked = probes
         self.probes = min(probes, self.slots)
         self.pane_ns = int(pane_ns)
         self.offset_ns = int(offset_ns)
@@ -118,8 +128,7 @@ class HashAggregator:
         self.params[P_PROBES] = self.probes
         self.params[P_EVERY] = slow_flush
         self.params[P_M] = max_disorder
-        self.params[P_MASK] = self.slots - 1
-        self.params[P_SHIFT] = 64 - (self.slots.bit_length() - 1)
+        self._size_params()
         self.params[P_PANE] = self.pane_ns
         self.params[P_OFFSET] = self.offset_ns
         self.params[P_LATE] = EMPTY
@@ -131,15 +140,8 @@ class HashAggregator:
             from lowlevel.specialize import specialized
 
             self._append = specialized(append, self.ops, layout.udafs)
-        width = len(self.ident)
-        rec = np.zeros((self.slots, width), np.uint64)
-        rec[:, 0] = np.uint64(1 << 63)  # EMPTY as uint64 bits
-        self.table = (rec.view(np.int64), rec, rec.view(np.float64),
-                      np.zeros((self.slots, layout.width["h"]), np.uint8))
-        cap = self.slots + 2 + DRAIN_ROWS
-        orec = np.zeros((cap, width), np.uint64)
-        self.out = (orec.view(np.int64), orec, orec.view(np.float64),
-                    np.zeros((cap, layout.width["h"]), np.uint8), np.zeros(cap, np.uint8))
+        self.table = empty_table(self.slots, len(self.ident), layout.width["h"])
+        self.out = self._out_buffer()
         self.in_punct: int | None = None
         self.out_punct: int | None = None
         self.rows_out = 0     # rows drained (the rows still held are `held`)
@@ -151,6 +153,18 @@ class HashAggregator:
         self._homes = np.empty(0, np.int64)
 
     # --- helpers -----------------------------------------------------------------------------
+    def _size_params(self) -> None:
+        self.params[P_PROBES] = self.probes
+        self.params[P_MASK] = self.slots - 1
+        self.params[P_SHIFT] = 64 - (self.slots.bit_length() - 1)
+
+    def _out_buffer(self) -> tuple:
+        """The output buffer of the table's size (module docstring)."""
+        cap = self.slots + 2 + DRAIN_ROWS
+        orec = np.zeros((cap, len(self.ident)), np.uint64)
+        return (orec.view(np.int64), orec, orec.view(np.float64),
+                np.zeros((cap, self.layout.width["h"]), np.uint8), np.zeros(cap, np.uint8))
+
     @property
     def late(self) -> int:
         """Late packets dropped."""
@@ -245,8 +259,58 @@ class HashAggregator:
             # beyond the held rows, which `out` has room for
             self.held = flush_below(self.table, self.out, self.ctl, int(self.pane_of(p_ns)),
                                     self.held, CAUSE_BOUND)
-        chunks = [self._drain(self.held)] if self.held else []
+        chunks = self._adapt(int(self.pane_of(p_ns)))
+        if self.held:
+            chunks.append(self._drain(self.held))
         return chunks, self._raise_out(p_ns)
+
+    def _created(self) -> int:
+        """Entries created so far: each is resident or has left once as a partial row."""
+        c = self.ctl
+        return int(c[C_RESIDENT]) + sum(int(c[C_CAUSE + k]) for k in range(len(CAUSES)))
+
+    def _adapt(self, open_pane: int) -> list[Partials]:
+        """Re-choose the table's size when punctuation has closed a window (windows before
+        `open_pane`); returns the rows a resize let out."""
+        if self.sizer is None or self.ctl[C_CUR] == EMPTY:
+            return []
+        if not self.sizer.started:
+            # the oldest pane still held is the first one met (nothing has left it yet,
+            # unless evicted, and then a later one: the estimate errs high, so grows)
+            low = min_resident(self.table, self.ctl)
+            self.sizer.start(min(open_pane, int(low)) if low != EMPTY else open_pane)
+        slots = self.sizer.choose(self.slots, open_pane, self._created())
+        return self.resize(slots, open_pane) if slots != self.slots else []
+
+    def resize(self, slots: int, open_pane: int) -> list[Partials]:
+        """Move the table to `slots` slots at a window boundary (`lowlevel.sizing`): the
+        entries of panes before `open_pane` (closed: no packet reaches them) leave first,
+        the others move with their state. Returns the rows that left (held ones first)."""
+        slots = round_slots(slots)
+        cur = int(self.ctl[C_CUR])
+        # iop keeps its output in window order: every entry older than the current window
+        # leaves now (older panes first), so any eviction below is of the current window
+        limit = max(open_pane, cur) if self.flush == "iop_slow" else open_pane
+        n = flush_closed(self.table, self.out, self.ctl, limit, self.held, CAUSE_BOUND)
+        self.slots, self.probes = slots, min(self._probes_asked, slots)
+        self._size_params()
+        new = empty_table(slots, len(self.ident), self.layout.width["h"])
+        n = rehash(self.table, new, self.out, self.ctl, self.nkeys, self.probes, slots - 1,
+                   int(self.params[P_SHIFT]), n)
+        chunks = [self._drain(n)] if n else []
+        self.table, self.out = new, self._out_buffer()
+        self.resizes += 1
+        # the walks went by slot positions of the old table: start them again over this one
+        c = self.ctl
+        c[C_STALE] = 0
+        old = min_resident(self.table, c)
+        c[C_WALKING] = int(self.flush != "oop_lazy" and old != EMPTY and old < cur)
+        c[C_CURSOR] = 0
+        c[C_TICK] = 0
+        c[C_PACE] = 0 if self.flush != "iop_slow" else slots
+        log.debug("table resized to %d slots (%d groups per window)", slots,
+                  self.sizer.groups if self.sizer else 0)
+        return chunks
 
     def _raise_out(self, bound: int) -> int | None:
         low = min_resident(self.table, self.ctl)
@@ -284,6 +348,8 @@ class HashAggregator:
             "forced_full_flushes": int(c[C_FORCED]),
             "windows": int(c[C_WINDOWS]),
             "resident": int(c[C_RESIDENT]),
+            "slots": self.slots,
+            "resizes": self.resizes,
             **causes,
         }
 

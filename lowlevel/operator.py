@@ -45,6 +45,7 @@ from lowlevel.engine import HashAggregator, Partials
 from lowlevel.errors import LowLevelError
 from lowlevel.flowtable import FlowAggregator
 from lowlevel.partials import KeySpec, PartialSchema, encode_key, key_width
+from lowlevel.sizing import TableSizer
 from lowlevel.strings import StringOrder, move_ranks
 from lowlevel.values import StringCodes, promote_ip
 from queries.plan import FLUSH_POLICIES, LowLevelPlan
@@ -97,8 +98,11 @@ class LowLevelOperator:
 
     def __init__(self, plan: LowLevelPlan, *, probes: int = 2,
                  evaluate: Callable | None = None, hold_rows: int = 0,
-                 punctuation_flush: bool = False):
+                 punctuation_flush: bool = False,
+                 allow_slots: Callable[[int], bool] | None = None):
         self.plan = plan
+        # allow_slots(n): whether the memory budget lets this operator's table grow to n
+        # slots (an adaptive table's, `lowlevel.sizing`; None: no budget but the plan's cap)
         # hold_rows > 0: `process` keeps the rows that leave the table until this many are
         # held, and `punctuate`/`finish` hand out what is held before their own rows; one
         # Arrow conversion per `hold_rows` rows instead of one per packet batch (a fixed
@@ -167,7 +171,9 @@ class LowLevelOperator:
                     offset_ns=w.offset_ns, flush=plan.flush, slow_flush=plan.slow_flush,
                     max_disorder=plan.max_disorder, probes=probes,
                     hold_rows=self.hold_rows if plan.late != "correct" else 0,
-                    punctuation_flush=punctuation_flush)
+                    punctuation_flush=punctuation_flush,
+                    sizer=TableSizer(plan.slots, plan.max_slots, allow=allow_slots)
+                    if plan.max_slots else None)
             except ValueError as exc:
                 raise LowLevelError(f"{where}: {exc}") from None
         self._engine_holds = self.engine is not None and self._flow is None \

@@ -25,6 +25,8 @@ FLOW_KEYS = ("idle_timeout", "flow_end")
 DEFINE_KEYS = {
     "query_name": "a name",
     "aggregate_slots": "a positive integer",
+    "expected_groups": "a positive integer",
+    "max_aggregate_slots": "a positive integer",
     "flush": " | ".join(FLUSH_POLICIES),
     "slow_flush": "a positive integer",
     "max_lfta_disorder": "a positive integer",
@@ -51,7 +53,8 @@ GSLITE_DEFINE_KEYS = frozenset({
 
 #: the largest value of each integer DEFINE key: the table's slots are allocated at once
 #: (2^30 slots take tens of GB already); the others are counts the kernels keep in int64
-DEFINE_MAX = {"aggregate_slots": 1 << 30, "slow_flush": 2**31 - 1,
+DEFINE_MAX = {"aggregate_slots": 1 << 30, "max_aggregate_slots": 1 << 30,
+              "expected_groups": 1 << 29, "slow_flush": 2**31 - 1,
               "max_lfta_disorder": 2**31 - 1}
 
 
@@ -103,7 +106,8 @@ def check_define(key: str, value) -> tuple[str, object]:
         raise ConfigError(f"unknown DEFINE key {key!r}{did_you_mean(k, DEFINE_KEYS)} (allowed: "
                           f"{', '.join(DEFINE_KEYS)}; GS-lite's own keys are accepted with a "
                           f"warning, and any key the query reads as #{k} holds a literal)")
-    if k in ("aggregate_slots", "slow_flush", "max_lfta_disorder"):
+    if k in ("aggregate_slots", "expected_groups", "max_aggregate_slots", "slow_flush",
+             "max_lfta_disorder"):
         return k, _positive(k, value)
     if k == "flush":
         v = str(value).lower()

@@ -99,7 +99,11 @@ def format_low(p: LowLevelPlan) -> list[str]:
             f"[{s.dtype}{' x ' + str(p.distinct_registers) if s.kind == 'distinct' else ''}]"
             for s in p.subaggs))
         if p.source_kind == "link":
-            out.append(f"  hash table: {p.slots} slots; flush {p.flush} "
+            # an adaptive table's rule: lowlevel.sizing (flow tables stay fixed)
+            size = (f"{p.slots} slots at start, adaptive (between windows: a power of two "
+                    f">= 2 x the groups per window, up to {p.max_slots})"
+                    if p.max_slots and p.flow is None else f"{p.slots} slots")
+            out.append(f"  hash table: {size}; flush {p.flush} "
                        f"(i = {p.slow_flush}, m = {p.max_disorder})")
     if p.projections:
         out.append("  project: " + ", ".join(f"{k.name} {k.type} = {format_expr(k.expr)}"

@@ -137,7 +137,10 @@ class LowLevelPlan:
     keys: tuple[KeyColumn, ...]         # group keys other than the window
     subaggs: tuple[SubAggregate, ...]
     projections: tuple[KeyColumn, ...] = ()   # selection queries: columns passed through
-    slots: int = 1 << 16                # hash-table size, a power of two
+    slots: int = 1 << 16                # hash-table size, a power of two (the first one)
+    #: > 0: the table is re-sized between windows from the groups it meets, up to this many
+    #: slots (`lowlevel.sizing`); 0: `slots` stays (DEFINE aggregate_slots, experiments)
+    max_slots: int = 0
     flush: str = "oop_lazy"             # FLUSH_POLICIES
     slow_flush: int = 160               # i: one old group every i packets (oop_slow, iop_slow)
     max_disorder: int = 2               # m: windows an old group may linger (oop_*)

@@ -51,6 +51,9 @@ from queries.typekinds import SIGNED
 from queries.udf import FunctionLibrary
 
 DEFAULT_SLOTS = 1 << 16
+#: the largest table an adaptive operator grows to unless DEFINE max_aggregate_slots says
+#: otherwise (1M slots: about 100 MB for a few keys and sums, table and output buffer)
+DEFAULT_MAX_SLOTS = 1 << 20
 DEFAULT_SLOW_FLUSH = {"oop_slow": 160, "iop_slow": 1, "oop_lazy": 160}
 DEFAULT_MAX_DISORDER = 2
 JOIN_TYPES = {"INNER_JOIN": "inner", "LEFT_OUTER_JOIN": "left", "RIGHT_OUTER_JOIN": "right",
@@ -303,8 +306,18 @@ def _int_literal(v: int) -> E.Expr:
 
 def _flush_settings(defines: dict) -> dict:
     flush = defines.get("flush", "oop_lazy")
-    slots = int(defines.get("aggregate_slots", DEFAULT_SLOTS))
-    return dict(slots=1 << max(0, (slots - 1).bit_length()), flush=flush,
+    if "aggregate_slots" in defines:
+        # a fixed table: the operator's (and the IOP-vs-OOP experiments') override
+        slots, max_slots = int(defines["aggregate_slots"]), 0
+    else:
+        # adaptive (`lowlevel.sizing`): the first size from the declared group count at the
+        # load factor 1/2 the table keeps, re-chosen between windows up to the cap
+        max_slots = int(defines.get("max_aggregate_slots", DEFAULT_MAX_SLOTS))
+        expected = defines.get("expected_groups")
+        slots = DEFAULT_SLOTS if expected is None else 2 * int(expected)
+        slots = min(slots, max_slots)
+        max_slots = 1 << max(0, (max_slots - 1).bit_length())
+    return dict(slots=1 << max(0, (slots - 1).bit_length()), max_slots=max_slots, flush=flush,
                 slow_flush=int(defines.get("slow_flush", DEFAULT_SLOW_FLUSH[flush])),
                 max_disorder=int(defines.get("max_lfta_disorder", DEFAULT_MAX_DISORDER)))
 

@@ -90,6 +90,12 @@ def test_counters_agree_with_the_outputs_after_kill9_and_restart(ten_seconds_pca
         assert m[("oopscope_query_rows_total", (("query", "persec"),))] == rows
         assert m[("oopscope_query_partial_rows_total", (("query", "persec"),))] == \
             q["partial_rows"] >= saved["partial_rows"]
+        # the table's size and the reduction: the same in `queries` and the metrics
+        assert q["slots"] >= 1024
+        assert m[("oopscope_query_table_slots", (("query", "persec"),))] == q["slots"]
+        assert q["partials_per_row"] == pytest.approx(q["partial_rows"] / rows, abs=1e-3)
+        assert m[("oopscope_query_partials_per_row", (("query", "persec"),))] == \
+            q["partials_per_row"] >= 1
         assert m[("oopscope_query_counted_since_seconds", (("query", "persec"),))] == \
             pytest.approx(since / 1e9)
         assert m[("oopscope_start_time_seconds", ())] == \

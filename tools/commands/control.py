@@ -87,19 +87,22 @@ def submit(query_file, name, params, sets, outputs, fmt, link_map, schema_files,
 @click.command()
 @_client_options
 def queries(client) -> None:
-    """Every query on the server: state, links, rows out, late packets, evictions, latency,
-    first window, gaps.
+    """Every query on the server: state, links, rows out, partial rows (and per result row),
+    its tables' slots now, late packets, evictions, latency, first window, gaps.
 
     The counters count from each query's submission (SINCE), across restarts; times are
     UTC."""
     listed = client.queries()
-    rows = [("NAME", "STATE", "LINKS", "ROWS", "PARTIALS", "LATE", "EVICTIONS", "P50 LAT",
+    rows = [("NAME", "STATE", "LINKS", "ROWS", "PARTIALS", "PER ROW", "SLOTS", "LATE",
+             "EVICTIONS", "P50 LAT",
              "SINCE (UTC)", "FIRST WINDOW (UTC)", "GAPS")]
     for q in listed:
         lat = q.get("latency_p50_s")
         first = q.get("first_window_ns")
         rows.append((q["name"], q["state"], ",".join(q["links"]) or "-", str(q["rows_out"]),
-                     str(q["partial_rows"]), str(q["late_packets"]), str(q["evictions"]),
+                     str(q["partial_rows"]),
+                     "-" if q.get("partials_per_row") is None else f"{q['partials_per_row']:.2f}",
+                     str(q.get("slots", "-")), str(q["late_packets"]), str(q["evictions"]),
                      "-" if lat is None else f"{lat:.2f}s", _when(q.get("counted_since_ns")),
                      "first record" if first == 0 else _when(first),
                      str(len(q.get("gaps") or []))))

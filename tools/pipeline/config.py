@@ -118,6 +118,16 @@ class QuerySummary:
     # rows written (high level) whose values met one
     zero_divisor_packets: int = 0
     zero_divisor_rows: int = 0
+    #: the hash tables' slots at the end (over the query's links) and the times an adaptive
+    #: one was re-sized (`lowlevel.sizing`)
+    slots: int = 0
+    resizes: int = 0
+
+    @property
+    def partials_per_row(self) -> float:
+        """Partial rows per result row: how much the low level reduced (1.0: a group left
+        its table once per window)."""
+        return self.partial_rows / self.rows if self.rows else 0.0
 
 
 @dataclass
@@ -169,6 +179,9 @@ class RunSummary:
                          f"{q.evictions} evictions, {q.flushed} flushed, "
                          f"{q.forced_full_flushes} forced full flushes, "
                          f"{q.late_packets} late packets, {q.late_partial_rows} late partials"
+                         + (f"; table {q.slots:,} slots ({q.resizes} resizes), "
+                            f"{q.partials_per_row:.2f} partial rows per result row"
+                            if q.slots else "")
                          + (f", {q.late_corrected} late packets corrected in "
                             f"{q.correction_rows} correction rows"
                             if q.late_corrected or q.correction_rows else "")

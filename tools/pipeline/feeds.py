@@ -84,12 +84,12 @@ class OperatorFeed:
 
     def __init__(self, plan, spool_root, summary, compression: str = "snappy", *,
                  punctuation_flush: bool = False, complete_only: bool = False,
-                 start_ns: int | None = None):
+                 start_ns: int | None = None, allow_slots=None):
         from common.spool import SpoolWriter
         from lowlevel.operator import HOLD_ROWS, LowLevelOperator
 
         self.op = LowLevelOperator(plan, hold_rows=HOLD_ROWS,
-                                   punctuation_flush=punctuation_flush)
+                                   punctuation_flush=punctuation_flush, allow_slots=allow_slots)
         # flow records are closed on the driver of this process (highlevel.flowrecords),
         # which takes their rows from memory
         flows = plan.flow is not None

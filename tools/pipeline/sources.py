@@ -144,6 +144,8 @@ class LowLevel:
                 q.late_packets += c.get("late", 0)
                 q.late_corrected += c.get("late_corrected", 0)
                 q.zero_divisor_packets += c.get("zero_divisors", 0)
+                q.slots += c.get("slots", 0)
+                q.resizes += c.get("resizes", 0)
 
 
 class LocalSources:

@@ -11,13 +11,21 @@ link it runs on (a link captured by N fanout members: N), plus what the running 
 already hold. Links whose low level a capture agent runs are the agent's memory, not the
 server's. The high level's memory (Spark's) is not part of the estimate: it is bounded by
 the Spark session's own settings.
+
+An adaptive table (`lowlevel.sizing`) is admitted at its first size and may grow between
+windows only while the budget holds it: each such table gets a grant (`MemoryBudget.grant`)
+it asks before it grows; the bytes granted beyond the estimate count as held until the
+query ends (`release`).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from common.datafiles import size_text
@@ -84,13 +92,51 @@ class MemoryBudget:
 
     def __init__(self, total: int | None = None):
         self.total = int(total) if total else default_budget()
+        self._lock = threading.Lock()
+        #: submission name -> {grant: bytes beyond its table's estimate}
+        self._grown: dict[str, dict[int, int]] = {}
+        self._keys = itertools.count()
+
+    def grown(self) -> int:
+        """Bytes the adaptive tables hold beyond the running queries' estimates."""
+        with self._lock:
+            return sum(sum(g.values()) for g in self._grown.values())
+
+    def grant(self, name: str, print_: Footprint,
+              running: Callable[[], Iterable[Submission]]) -> Callable[[int], bool]:
+        """`allow(slots)` for one adaptive table of submission `name` (estimated as
+        `print_`): True, and the bytes counted, when a table of that many slots fits
+        beside what `running()` and the other grants hold; shrinking always fits."""
+        with self._lock:
+            key = next(self._keys)
+            self._grown.setdefault(name, {})[key] = 0
+
+        def allow(slots: int) -> bool:
+            extra = max(0, replace(print_, slots=slots).bytes - print_.bytes)
+            held = sum(estimate(sub) for sub in running())
+            with self._lock:
+                mine = self._grown.setdefault(name, {})
+                others = sum(sum(g.values()) for g in self._grown.values()) - mine.get(key, 0)
+                if extra > mine.get(key, 0) and held + others + extra > self.total:
+                    log.info("query %s: its table stays below %d slots: the memory budget "
+                             "of %s is held", print_.query, slots, size_text(self.total))
+                    return False
+                mine[key] = extra
+                return True
+
+        return allow
+
+    def release(self, name: str) -> None:
+        """A submission ended: what its tables were granted is free again."""
+        with self._lock:
+            self._grown.pop(name, None)
 
     def check(self, sub: Submission, running: Iterable[Submission]) -> int:
         """The submission's estimate, or ServeError (413) naming the setting that sizes it,
         its value, the estimate and the budget."""
         prints = footprints(sub)
         need = sum(f.bytes for f in prints)
-        held = sum(estimate(other) for other in running)
+        held = sum(estimate(other) for other in running) + self.grown()
         if need == 0 or need + held <= self.total:
             return need
         big = max(prints, key=lambda f: f.bytes)

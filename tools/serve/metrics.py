@@ -11,7 +11,9 @@ Names (Prometheus conventions: `_total` counters, base units, `link` / `query` l
 `oopscope_query_rows_total`, `oopscope_query_partial_rows_total`,
 `oopscope_query_evictions_total`, `oopscope_query_flushes_total`,
 `oopscope_query_late_packets_total`, `oopscope_query_zero_divisor_packets_total`,
-`oopscope_query_zero_divisor_rows_total`, `oopscope_query_running`,
+`oopscope_query_zero_divisor_rows_total`, `oopscope_query_table_slots` and
+`oopscope_query_partials_per_row` (gauges: the low-level tables' size now, partial rows per
+result row), `oopscope_query_running`,
 `oopscope_query_output_latency_seconds` (histogram), `oopscope_query_counted_since_seconds`;
 `oopscope_spark_up`, `oopscope_uptime_seconds`, `oopscope_start_time_seconds`.
 
@@ -92,12 +94,20 @@ class _Collector:
         def per_query(name, doc, key):
             return _family(name, doc, "query", queries, key)
 
+        def gauge_per_query(name, doc, key):
+            return _family(name, doc, "query", queries, key, GaugeMetricFamily)
+
         yield per_query("oopscope_query_rows", "Result rows written", "rows_out")
         yield per_query("oopscope_query_partial_rows", "Partial rows the low level wrote",
                         "partial_rows")
         yield per_query("oopscope_query_evictions", "Low-level hash table evictions",
                         "evictions")
         yield per_query("oopscope_query_flushes", "Low-level table entries flushed", "flushes")
+        yield gauge_per_query("oopscope_query_table_slots",
+                              "Slots of the query's low-level hash tables now", "slots")
+        yield gauge_per_query("oopscope_query_partials_per_row",
+                              "Partial rows per result row (1: each group left its table "
+                              "once per window)", "partials_per_row")
         yield per_query("oopscope_query_late_packets", "Packets dropped as late",
                         "late_packets")
         yield per_query("oopscope_query_zero_divisor_packets",
@@ -130,9 +140,10 @@ class _Collector:
         yield start
 
 
-def _family(name: str, doc: str, label: str, items: list[dict], key: str):
+def _family(name: str, doc: str, label: str, items: list[dict], key: str,
+            kind=CounterMetricFamily):
     """A counter with one sample per link or query (`items`: status or query dicts)."""
-    fam = CounterMetricFamily(name, doc, labels=[label])
+    fam = kind(name, doc, labels=[label])
     for item in items:
         if item.get(key) is not None:
             fam.add_metric([item["name"]], float(item[key]))

@@ -235,7 +235,10 @@ def summary(appliance) -> str:
                      f"{link['kernel_drops']} kernel drops [{link['source']}]")
     for q in appliance.queries():
         lines.append(f"query {q['name']}: {q['state']}, {q['rows_out']} rows, "
-                     f"{q['partial_rows']} partial rows, {q['evictions']} evictions, "
+                     f"{q['partial_rows']} partial rows"
+                     + (f" ({q['partials_per_row']:.2f} per row)"
+                        if q.get("partials_per_row") is not None else "")
+                     + f", {q.get('slots', 0)} table slots, {q['evictions']} evictions, "
                      f"{q['late_packets']} late packets"
                      + (f"; gap {when(q['gaps'][-1]['from_ns'])} to {when(q['gaps'][-1]['to_ns'])}"
                         if q.get("gaps") and q["gaps"][-1]["from_ns"] is not None else ""))

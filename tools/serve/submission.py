@@ -278,6 +278,9 @@ class Submission:
         #: each
         self.remote = {n: h for n, h in (remote or {}).items() if n in self.spool_links}
         self.summaries = {q: QuerySummary(q, "", record.format) for q in self.plan.names}
+        #: lp -> allow(slots): the memory budget's grant for an adaptive table (the server
+        #: sets it before `build`; None: no budget but the plan's cap)
+        self.allow_slots: Callable | None = None
         self.outputs: dict[str, StreamOutput] = {}
         self.feeds: dict[str, AttachedFeed] = {}
         self.graph: Any = None                  # highlevel.graph.StageGraph once built
@@ -392,7 +395,9 @@ class Submission:
                 continue
             summary = self.summaries[self.graph.query_of(lp)]
             # latency first: a pane's groups leave the table as its punctuation closes it
-            feed = OperatorFeed(lp, spool, summary, "snappy", punctuation_flush=True)
+            feed = OperatorFeed(lp, spool, summary, "snappy", punctuation_flush=True,
+                                allow_slots=self.allow_slots(lp)
+                                if self.allow_slots is not None and lp.max_slots else None)
             feed.spool_queue = self.spool_queue
             per_link[lp.link].append(feed)
         start = self.record.suppress[-1][1] if self.record.suppress else None
@@ -499,6 +504,11 @@ class Submission:
                 "suppressed_rows": suppressed, "zero_divisor_packets": low["zero_divisors"],
                 "zero_divisor_rows": zero_rows}
 
+    def table_slots(self) -> int:
+        """The slots of this process's hash tables for the submission, now."""
+        return sum(int(f.op.counters.get("slots", 0)) for feed in self.feeds.values()
+                   for f in feed.feeds)
+
     def _batch_ended(self, stream: str, batch_id: int) -> None:
         tally, out = self.tally, self.outputs.get(stream)
         if tally is not None and out is not None:
@@ -532,6 +542,11 @@ class Submission:
                 "columns": first.get("columns", []), "numeric": first.get("numeric", []),
                 "rows_out": sum(s["rows"] for s in streams),
                 **counters,
+                # the tables' size now (adaptive ones change between windows) and how much
+                # the low level reduces: partial rows per result row (1.0: once per group)
+                "slots": self.table_slots(),
+                "partials_per_row": round(counters["partial_rows"] / rows, 3)
+                if (rows := sum(s["rows"] for s in streams)) else None,
                 "counted_since_ns": rec.submitted_ns,
                 "latency_p50_s": first.get("latency_p50_s"),
                 "latency_p99_s": first.get("latency_p99_s"),

@@ -238,6 +238,11 @@ class Submissions:
         just before, and the record is saved again after it), and start the stages when
         Spark is up."""
         if not built:
+            from lowlevel.footprint import footprint
+
+            # an adaptive table grows only while the memory budget holds it
+            sub.allow_slots = lambda lp: self.budget.grant(
+                sub.name, footprint(lp), lambda: list(self._running.values()))
             try:
                 sub.build(self._hub, self._links.punctuated_at)
             except BaseException:
@@ -383,6 +388,7 @@ class Submissions:
             sub.close_outputs()
             sub.record.save(self.state_dir)
             self._running.pop(sub.name, None)
+            self.budget.release(sub.name)
             # its spool on a shared directory stays: its agents, withdrawn, may still write
             remove_generation(self.state_dir, sub.name, sub.record.generation)
             self._hub.publish("queries", None, {})
@@ -405,6 +411,7 @@ class Submissions:
             sub.keep_counters()
             sub.record.save(self.state_dir)
             self._running.pop(name)
+            self.budget.release(name)
             sub.release()
             remove_generation(self.state_dir, name, sub.record.generation,
                               sub.record.spool_root)
