@@ -159,11 +159,11 @@ class AggregateStage(Stage):
         state.late_rows += late_rows
         parts = None
         if batch.kept:
-            source = self._spool_files(files) if from_footers else None
+            source = self.spool_frame(files) if from_footers else None
             parts = (df if source is None else source).where(keep).select(*columns)
         close_in_spark(self.context(), batch, parts, corrections)
 
-    def _spool_files(self, files: list[SpoolFileMarker]) -> DataFrame | None:
+    def spool_frame(self, files: list[SpoolFileMarker]) -> DataFrame | None:
         """The batch's spool files read as Parquet files by Spark (markers from the footers:
         each file's path known), or None (the stream's own frame, `df`).
 
