@@ -157,8 +157,26 @@ class AggregateStage(Stage):
                 corrections = self.corrections(df.where(late).select(*columns),
                                                prev.punctuation)
         state.late_rows += late_rows
-        parts = df.where(keep).select(*columns) if batch.kept else None
+        parts = None
+        if batch.kept:
+            source = self.spool_frame(files) if from_footers else None
+            parts = (df if source is None else source).where(keep).select(*columns)
         close_in_spark(self.context(), batch, parts, corrections)
+
+    def spool_frame(self, files: list[SpoolFileMarker]) -> DataFrame | None:
+        """The batch's spool files read as Parquet files by Spark (markers from the footers:
+        each file's path known), or None (the stream's own frame, `df`).
+
+        foreachBatch hands the batch over as an RDD of rows (`Scan ExistingRDD`): each row
+        leaves the vectorized Parquet reader, is copied into the RDD and read back by the
+        combine's partial aggregation, outside its generated code. Read as files, the scan
+        feeds that aggregation in one generated stage, and still in tasks on the executors
+        (the spool is where the stream lists it)."""
+        paths = [str(f.path) for f in files if f.rows]
+        if any(f.rows and f.path is None for f in files) or not paths:
+            return None
+        schema = self.spec.spool_schema()
+        return self.spark.read.schema(schema).parquet(*paths)
 
     def _markers(self, df: DataFrame, batch_id: int,
                  prev: StageState) -> tuple[list[SpoolFileMarker], Any, Any]:

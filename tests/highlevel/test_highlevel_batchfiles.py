@@ -98,3 +98,33 @@ def test_rows_kept_in_memory_stay_for_a_look_ahead_and_go_with_their_reader(tmp_
     assert cached_rows(path, keep=True).equals(ahead)
     assert cached_rows(path).equals(ahead)
     assert cached_rows(path) is None and cached_rows(path, keep=True) is None
+
+
+@pytest.mark.slow
+def test_spark_path_reads_the_batch_files_as_parquet(spark, tmp_path):
+    """With markers from the footers, the Spark path's frame is the batch's spool files read
+    as Parquet (a file scan, not foreachBatch's RDD of rows), holding exactly their rows."""
+    rng = np.random.default_rng(13)
+    spec = demo_spec(query="pq", links=("a", "b"), registers=4)
+    writers = {link: SpoolWriter(tmp_path / "spool", "pq", link) for link in spec.links}
+    for i in range(4):
+        rows = random_partials(rng, [10 + i, 11 + i], 30, registers=4, query="pq")
+        writers["ab"[i % 2]].write([rows], (10 + i) * SECOND)
+    for w in writers.values():
+        w.write([], (1 << 63) - 1)
+    sink = ListSink()
+    stage = AggregateStage(spec, tmp_path / "spool", tmp_path / "ck", [sink], spark=spark)
+    stage.run_available()
+    assert sum(t.num_rows for t in sink.tables.values()) > 0
+    files = batch_markers(tmp_path / "ck" / "stream", 0, lambda pane: (pane + 1) * SECOND, None)
+    assert files is not None and all(f.path is not None for f in files)
+    frame = stage.spool_frame(files)
+    assert frame is not None
+    plan = frame._jdf.queryExecution().executedPlan().toString()
+    assert "FileScan parquet" in plan and "ExistingRDD" not in plan
+    columns = [f.name for f in spec.partial_schema().fields]
+    got = frame.where("window IS NOT NULL").select(*columns).toArrow()
+    want = pa.concat_tables([pq.read_table(f.path, columns=columns) for f in files if f.rows])
+    want = want.filter(want.column("window").is_valid())
+    key = [(c, "ascending") for c in columns]
+    assert got.sort_by(key).to_pylist() == want.cast(got.schema).sort_by(key).to_pylist()

@@ -174,3 +174,26 @@ def test_a_table_is_never_part_files(tmp_path):
         make_sink("table", tmp_path)
     with pytest.raises(SinkError, match="allowed: console, csv, parquet, jsonl"):
         make_sink("xml", tmp_path)
+
+
+def test_display_table_writes_ipv4_outputs_as_dotted_quads():
+    """An `ipv4` output column (an integer) is written as the dotted quad `ipaddress` gives,
+    nulls stay null, every chunk is converted, other columns are left as they are."""
+    import ipaddress
+
+    from tools.results.formats import display_table
+
+    values = [0, 1, 0x0A000001, 0xC0A80101, 0x7F000001, 0xFFFFFFFF, 0x01020304, None]
+    table = pa.Table.from_batches([
+        pa.record_batch({"src": pa.array(values[:3], pa.int64()),
+                         "n": pa.array([1, 2, 3], pa.int64())}),
+        pa.record_batch({"src": pa.array(values[3:6], pa.int64()),
+                         "n": pa.array([4, 5, 6], pa.int64())}),
+        pa.record_batch({"src": pa.array(values[6:], pa.int64()),
+                         "n": pa.array([7, 8], pa.int64())})])
+    outputs = [SimpleNamespace(name="src", type="IPV4"), SimpleNamespace(name="n", type="int")]
+    shown = display_table(table, outputs)
+    assert shown.column("src").type == pa.string()
+    assert shown.column("src").to_pylist() == \
+        [None if v is None else str(ipaddress.IPv4Address(v)) for v in values]
+    assert shown.column("n").to_pylist() == list(range(1, 9))
