@@ -14,6 +14,7 @@ from common.spool import LINK, PUNCT, SEQ, SpoolWriter, list_spool
 from highlevel.aggregate import AggregateStage
 from highlevel.batchfiles import batch_files, batch_markers, file_markers
 from highlevel.testing import ListSink, demo_spec, random_partials
+from tests.highlevel.conftest import in_write_order
 
 SECOND = 10**9
 
@@ -70,6 +71,7 @@ def test_possible_late_rows_and_foreign_files_go_to_the_spark_job(spark, tmp_pat
     late = random_partials(rng, [5, 45], 40, registers=4, query="late")
     n_late = int((np.asarray(late.column("window")) == 5).sum())
     w.write([late], (1 << 63) - 1)
+    in_write_order(tmp_path / "spool")
     stage = AggregateStage(spec, tmp_path / "spool", tmp_path / "ck", [ListSink()], spark=spark,
                   max_files_per_trigger=1)
     stage.run_available()

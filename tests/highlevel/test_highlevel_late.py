@@ -21,6 +21,7 @@ from highlevel.testing import ListSink
 from lowlevel.operator import LATE_MARKER, LowLevelOperator
 from lowlevel.testing import PATENT_MINUTES, patent_segments
 from queries.planner import plan_text
+from tests.highlevel.conftest import in_write_order
 from tests.oracles.reference import evaluate_file
 
 NS = 1_000_000_000
@@ -50,6 +51,7 @@ def reference(qp, plan, keys: list[str]) -> pd.DataFrame:
 
 
 def run_stage(spark, qp, root) -> tuple[pd.DataFrame, AggregateStage]:
+    in_write_order(root / "spool")
     sink = ListSink()
     stage = AggregateStage(from_high_level(qp.high), root / "spool", root / "ck", [sink], spark=spark,
                   max_files_per_trigger=1)

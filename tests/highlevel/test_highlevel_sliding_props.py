@@ -23,6 +23,7 @@ from highlevel.testing import ListSink
 from lowlevel.operator import LowLevelOperator
 from lowlevel.testing import arrival_order, patent_segments
 from queries.planner import plan_text
+from tests.highlevel.conftest import in_write_order
 from tests.oracles.reference import evaluate_file
 from tests.oracles.samples import random_batch
 from tools.experiments.windowgrid import WidOperator, WindowGrid, source_punctuation
@@ -186,6 +187,7 @@ def test_patent_vector_drop_at_the_stage(spark, tmp_path):
             late_rows += int(np.count_nonzero((panes + 1) * 300 * NS <= p_before))
         writer.write(rows, punct)
         p_before = punct
+    in_write_order(tmp_path / "spool")
     sink = ListSink()
     stage = AggregateStage(from_high_level(qp.high), tmp_path / "spool", tmp_path / "ck", [sink],
                   spark=spark, max_files_per_trigger=1)
