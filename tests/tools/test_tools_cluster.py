@@ -165,7 +165,11 @@ def test_a_killed_agent_goes_silent_and_resumes(two_links, reference, tmp_path):
             assert time.monotonic() - killed < 15, log.read_text()[-3000:]
             time.sleep(0.2)
         silent_after = time.monotonic() - killed
-        time.sleep(2)
+        # a few windows closed without l0, past what its spool held at the kill (l0 leads
+        # l1 by the skew): its rows for them, sent once it is back, are late
+        while int(_rows(out)["tb"].max()) <= before + 3:
+            assert time.monotonic() - killed < 40, log.read_text()[-3000:]
+            time.sleep(0.2)
         a = _agent(query, "l0", two_links["l0"], spool, "a", logs["l0"], *pace)
         while "is back" not in log.read_text():
             assert a.poll() is None, logs["l0"].read_text()[-3000:]
