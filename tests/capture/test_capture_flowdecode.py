@@ -54,8 +54,9 @@ def softflowd_datagrams(pcap: Path, version: int) -> list[bytes]:
     return out
 
 
-def nfdump_records(datagrams: list[bytes], tmp: Path) -> pd.DataFrame:
-    """The datagrams sent to a real nfcapd, read back with nfdump: one row per record."""
+def nfdump_records(datagrams: list[bytes], tmp: Path, with_first: bool = False) -> pd.DataFrame:
+    """The datagrams sent to a real nfcapd, read back with nfdump: one row per record (and
+    its flow start, ms, `with_first`)."""
     flowdir = tmp / "nfcapd"
     flowdir.mkdir()
     with nfcapd(flowdir) as port, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -69,9 +70,11 @@ def nfdump_records(datagrams: list[bytes], tmp: Path) -> pd.DataFrame:
     rows = [(r.get("src4_addr") or r["src6_addr"], r.get("dst4_addr") or r["dst6_addr"],
              r.get("src_port", 0),
              r.get("dst_port", r.get("icmp_type", 0) * 256 + r.get("icmp_code", 0)),
-             r["proto"], r["in_packets"], r["in_bytes"])
+             r["proto"], r["in_packets"], r["in_bytes"],
+             int(pd.Timestamp(r["first"], tz="UTC").value // 10**6))
             for r in json.loads(proc.stdout or "[]") if r["type"] == "FLOW"]
-    return pd.DataFrame(rows, columns=KEY + ["packets", "bytes"])
+    df = pd.DataFrame(rows, columns=KEY + ["packets", "bytes", "first_ms"])
+    return df if with_first else df.drop(columns="first_ms")
 
 
 def decoded(cols: dict) -> pd.DataFrame:

@@ -59,6 +59,10 @@ class RunConfig:
     udf_module: str | None = None
     # the field separator of CSV record links (None: detected from the first line)
     csv_separator: str | None = None
+    #: links given by --netflow-in: read as NETFLOW records only
+    netflow_links: tuple[str, ...] = ()
+    #: the exporters' active timeout of NETFLOW links (capture.flowreader)
+    flow_timeout_ns: int = 30 * 60 * NS
     # the other files of the query set (`oopscope run a.gsql b.gsql`): one set, as GS-lite's
     # translate_fta takes several files
     more_query_files: tuple[str, ...] = ()

@@ -46,7 +46,7 @@ class FileLink:
     def __init__(self, name: str, path: str, batch_size: int = 65536,
                  columns: tuple[str, ...] | None = None, prefetch: int | None = None,
                  stop=None, skip_before: int | None = None, record=None,
-                 separator: str | None = None):
+                 separator: str | None = None, flow_timeout_ns: int | None = None):
         self.name, self.path = name, str(path)
         if prefetch is None:
             prefetch = READ_AHEAD if (os.cpu_count() or 1) > 1 else 0
@@ -59,8 +59,11 @@ class FileLink:
         if record is not None:
             from capture.records import open_records
 
+            extra = {} if flow_timeout_ns is None or record.kind != "netflow" else \
+                {"active_timeout_ns": flow_timeout_ns}
             self.reader = open_records(path, record, link=name, batch_size=batch_size,
-                                       columns=columns, stop=stop, separator=separator)
+                                       columns=columns, stop=stop, separator=separator,
+                                       **extra)
             self.wall_clock = self.reader.stream and record.system_clock
             self.reader.idle_batches = self.wall_clock
         else:

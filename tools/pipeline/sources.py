@@ -92,6 +92,9 @@ class LowLevel:
         config = self.config
         for name, f in self.feeds.items():
             fmt = f.record                  # RunLinkError when its queries disagree
+            if name in config.netflow_links and (fmt is None or fmt.kind != "netflow"):
+                raise RunLinkError(f"--netflow-in {name}: the link carries flow records; its "
+                                   f"queries read it as NETFLOW (FROM {name}.NETFLOW)")
             if fmt is None:
                 continue
             if name in dict(config.interfaces):
@@ -319,7 +322,8 @@ def open_sources(config: RunConfig, feeds: dict, stop=None, skip: dict | None = 
             links[name] = FileLink(name, path, config.batch_size,
                                    columns=feeds[name].read_columns, stop=stop,
                                    skip_before=(skip or {}).get(name),
-                                   record=feeds[name].record, separator=config.csv_separator)
+                                   record=feeds[name].record, separator=config.csv_separator,
+                                   flow_timeout_ns=config.flow_timeout_ns)
     except BaseException:
         for link in links.values():
             link.close()
