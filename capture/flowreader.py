@@ -23,8 +23,8 @@ import numpy as np
 
 from capture.batch import RecordBatch
 from capture.flowdecode import FlowDecoder, FlowStats
-from capture.flowsource import Datagrams, read_datagrams
-from capture.recordsource import field_columns
+from capture.flowsource import Datagrams, UdpCollector, read_datagrams
+from capture.recordsource import RecordError, field_columns
 from capture.schema import RecordFormat
 
 log = logging.getLogger(__name__)
@@ -113,30 +113,55 @@ class FlowReorder:
         return released
 
 
+def collector_address(source: str) -> tuple[str, int] | None:
+    """(host, port) when `source` names a UDP collector (`HOST:PORT`, `[V6]:PORT`) rather
+    than an existing file, else None."""
+    from pathlib import Path
+
+    if Path(source).exists():
+        return None
+    host, sep, port = source.rpartition(":")
+    if not sep or not port.isdigit() or not host or int(port) > 65535:
+        return None
+    return host.strip("[]"), int(port)
+
+
 class FlowReader:
     """Iterate over the flow records of a capture file of exported datagrams (UDP payloads
-    to any port, or to `port`) as `RecordBatch`es, released by punctuation (module
-    docstring); the datagrams are taken in capture order, DATAGRAMS_PER_CALL at a time."""
+    to any port, or to `port`), or of a UDP collector (`HOST:PORT`: a stream, ended by
+    `stop`), as `RecordBatch`es released by punctuation (module docstring); a file's
+    datagrams are taken in capture order, DATAGRAMS_PER_CALL at a time."""
 
     WHAT = "flow records"
 
     def __init__(self, path, fmt: RecordFormat, link: str | None = None,
                  batch_size: int = 65536, *, port: int | None = None,
                  active_timeout_ns: int = DEFAULT_ACTIVE_TIMEOUT_NS,
-                 decoder: FlowDecoder | None = None, **_options):
+                 decoder: FlowDecoder | None = None, stop=None, **_options):
         from pathlib import Path
 
         self.path = str(path)
         self.link = link if link is not None else Path(path).stem
         self.format = fmt
         self.batch_size = batch_size
-        self.stream = False
         self.idle_batches = False
         self.decoder = decoder if decoder is not None else FlowDecoder()
         self.decoder.stats = FlowReaderStats()
         self.reorder = FlowReorder(active_timeout_ns)
-        self._datagrams: Datagrams = read_datagrams(path, port)
+        self._stop = stop
         self._closed = False
+        address = collector_address(self.path)
+        self.stream = address is not None
+        self._collector: UdpCollector | None = None
+        self._datagrams = Datagrams()
+        if address is not None:
+            try:
+                self._collector = UdpCollector(*address)
+            except OSError as exc:
+                raise RecordError(f"{self.path}: cannot receive NetFlow there: {exc}") from None
+            log.info("link %s: collecting NetFlow/IPFIX on UDP %s", self.link, self.path)
+        else:
+            self._datagrams = read_datagrams(path, port)
 
     @property
     def stats(self) -> FlowReaderStats:
@@ -153,8 +178,16 @@ class FlowReader:
 
     def close(self) -> None:
         self._closed = True
+        if self._collector is not None:
+            self._collector.close()
+
+    def _stopped(self) -> bool:
+        return self._closed or (self._stop is not None and self._stop())
 
     def __iter__(self):
+        if self._collector is not None:
+            yield from self._collect()
+            return
         dg = self._datagrams
         for start in range(0, len(dg), DATAGRAMS_PER_CALL):
             if self._closed:
@@ -162,6 +195,22 @@ class FlowReader:
             stop = start + DATAGRAMS_PER_CALL
             cols = self.decoder.decode(dg.payloads[start:stop], dg.exporters[start:stop],
                                        dg.arrivals[start:stop])
+            out = self.reorder.push(cols, self.reorder.punctuation(self.decoder))
+            if out is not None:
+                yield from self._batches(out)
+        self.decoder.drop_pending()
+        out = self.reorder.flush()
+        if out is not None:
+            yield from self._batches(out)
+
+    def _collect(self):
+        """A collector's records until `stop` says so (then every record held)."""
+        assert self._collector is not None
+        while not self._stopped():
+            dg = self._collector.receive(0.1)
+            if not len(dg):
+                continue
+            cols = self.decoder.decode(dg.payloads, dg.exporters, dg.arrivals)
             out = self.reorder.push(cols, self.reorder.punctuation(self.decoder))
             if out is not None:
                 yield from self._batches(out)

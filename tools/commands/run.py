@@ -42,15 +42,12 @@ def _links(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 
 
 def _flow_links(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    """--netflow-in NAME=FILE.pcap pairs (a UDP collector, HOST:PORT, is not taken yet)."""
+    """--netflow-in NAME=FILE.pcap or NAME=HOST:PORT pairs."""
     out = []
     for item in values:
         name, sep, source = item.partition("=")
         if not sep or not name.strip() or not source.strip():
-            raise click.BadParameter(f"{item!r} is not NAME=FILE.pcap", param_hint="--netflow-in")
-        if not Path(source.strip()).exists() and ":" in source:
-            raise click.BadParameter(f"{item!r}: a UDP collector (HOST:PORT) is not supported "
-                                     f"yet; give a capture file of the datagrams",
+            raise click.BadParameter(f"{item!r} is not NAME=FILE.pcap or NAME=HOST:PORT",
                                      param_hint="--netflow-in")
         out.append((name.strip(), source.strip()))
     return tuple(out)
@@ -184,9 +181,10 @@ def live_options(command):
               default="9", show_default=True, help="NetFlow v5, v9 or IPFIX (10).")
 @click.option("--netflow-query", "netflow_query", default="netflow", show_default=True,
               help="The query whose rows are the flow records.")
-@click.option("--netflow-in", "netflow_in", multiple=True, metavar="NAME=FILE.pcap",
+@click.option("--netflow-in", "netflow_in", multiple=True, metavar="NAME=FILE.pcap|HOST:PORT",
               help="A link of NetFlow v5/v9/IPFIX flow records: the exported datagrams of a "
-                   "capture file, replayed by capture time (repeatable). Its queries read it "
+                   "capture file, replayed by capture time, or a UDP collector on HOST:PORT "
+                   "(until SIGTERM or Ctrl-C; repeatable). Its queries read it "
                    "as NETFLOW (SELECT ... FROM NAME.NETFLOW).")
 @click.option("--netflow-in-active-timeout", "netflow_in_timeout", type=Duration(),
               default="30min", show_default=True,

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 #: batches read ahead per link on a machine with more than one core (`capture.prefetch`):
 #: reading and decoding (a quarter of a flow query's low level) move off the operators' core
 READ_AHEAD = 2
+#: a bound above every time (the rest of a link)
+END = (1 << 63) - 1
 
 
 class FileLink:
@@ -173,6 +175,12 @@ class FileLink:
     def stats(self):
         return self.reader.stats
 
+    @property
+    def holds_on_stop(self) -> bool:
+        """A NETFLOW collector: records held for punctuation are released at a stop."""
+        return self.record is not None and self.record.kind == "netflow" and \
+            bool(getattr(self.reader, "stream", False))
+
     def close(self) -> None:
         if not self.exhausted:
             self._end()
@@ -193,6 +201,12 @@ def replay(links: dict, feeds: dict, *, speed: float | None, period_ns: int,
                                {} if info is None else info)
     if reason == "end of input" and stop():
         reason = "stopped"      # a stream ended by the stop itself (capture.reader: stop=)
+    if reason == "stopped":
+        for name, link in links.items():
+            if link.holds_on_stop and not feeds[name].finished:
+                # a NETFLOW collector releases the records it held (capture.flowreader)
+                while (batch := link.take_until(END)) is not None:
+                    feeds[name].process(batch)
     for name in links:
         links[name].close()
         feeds[name].finish()

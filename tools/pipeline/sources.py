@@ -40,7 +40,11 @@ def check_sources(config: RunConfig) -> None:
     stdin = [name for name, path in config.links if path == STDIN]
     if len(stdin) > 1:
         raise RunLinkError(f"--link {', '.join(stdin)}: standard input (-) can feed one link only")
+    from capture.flowreader import collector_address
+
     for name, path in config.links:
+        if name in config.netflow_links and collector_address(path) is not None:
+            continue                    # a UDP collector, not a file
         kind, why = classify(path)
         if kind is None:
             raise RunLinkError(f"--link {name}={path}: {why}")
