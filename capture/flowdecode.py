@@ -169,8 +169,10 @@ class FlowDecoder:
         self._held: deque[_Held] = deque()
         self._next_seq: dict[tuple[str, int, int], int] = {}
         self._pairs: dict[str, tuple[int, int]] = {}
-        #: each (exporter, domain)'s latest export time (ns): the punctuation of its records
+        #: each (exporter, domain)'s latest export time (ns, its clock): its punctuation
         self.latest_export: dict[tuple[str, int], int] = {}
+        #: each (exporter, domain)'s latest arrival (ns, ours): whether it has gone silent
+        self.latest_arrival: dict[tuple[str, int], int] = {}
         #: held data sets whose template just came (decoded at the end of the call)
         self._ready: list[_Held] = []
         #: IPFIX data records walked (for the sequence step of a message)
@@ -235,10 +237,12 @@ class FlowDecoder:
                 self.stats.gaps[g] = self.stats.gaps.get(g, 0) + 1
         self._next_seq[key] = (seq << 32) | (step & 0xFFFF_FFFF)
 
-    def _export(self, exporter: str, domain: int, export_ns: int) -> None:
+    def _export(self, exporter: str, domain: int, export_ns: int, arrival: int) -> None:
         key = (exporter, domain)
         if export_ns > self.latest_export.get(key, -1):
             self.latest_export[key] = export_ns
+        if arrival > self.latest_arrival.get(key, -(1 << 63)):
+            self.latest_arrival[key] = arrival
 
     def _v5(self, data, exporter, arrival, sets, ctx) -> None:
         if len(data) < _V5_HEADER:
@@ -252,7 +256,7 @@ class FlowDecoder:
             return
         self._sequence(exporter, domain, 5, seq, count)
         export_ns = secs * 10**9 + nsecs
-        self._export(exporter, domain, export_ns)
+        self._export(exporter, domain, export_ns, arrival)
         ctx.append((exporter, domain, export_ns, arrival, 5))
         interval = sampling & 0x3FFF
         sets.add(data[_V5_HEADER:_V5_HEADER + count * _V5_RECORD], V5_TEMPLATE_ROW,
@@ -265,7 +269,7 @@ class FlowDecoder:
         _count, uptime, secs, seq, domain = struct.unpack_from(">HIIII", data, 2)
         self._sequence(exporter, domain, 9, seq, 1)
         export_ns = secs * 10**9
-        self._export(exporter, domain, export_ns)
+        self._export(exporter, domain, export_ns, arrival)
         ctx.append((exporter, domain, export_ns, arrival, 9))
         self._sets(data, _V9_HEADER, 9, exporter, domain, secs * 1000, uptime, sets, ctx)
 
@@ -279,7 +283,7 @@ class FlowDecoder:
             return
         data = data[:length]
         export_ns = secs * 10**9
-        self._export(exporter, domain, export_ns)
+        self._export(exporter, domain, export_ns, arrival)
         ctx.append((exporter, domain, export_ns, arrival, 10))
         n_before = self._ipfix_records
         self._sets(data, _IPFIX_HEADER, 10, exporter, domain, secs * 1000, 0, sets, ctx)

@@ -6,8 +6,8 @@ disordered on flow start by up to the exporter's active timeout (a router purges
 in blocks). Its punctuation for `first` is the export time of its latest datagram minus the
 active timeout (`active_timeout_ns`, or the exporter's own, learned from its options). The
 link melds its sub-links OOP-style: a record is released once the smallest punctuation of
-the sub-links heard from within the last active timeout has passed its `first` (an exporter
-silent for longer no longer holds the others back), in order of `first`, so the run's
+the sub-links heard from within the last active timeout (by arrival time: the exporters' clocks differ) has
+passed its `first` (an exporter silent for longer no longer holds the others back), in order of `first`, so the run's
 windows on `first` close on punctuation rather than a fixed slack. A record that comes with
 a `first` below what was released already is late: it is released at once and counted
 (`FlowReaderStats.late`), and the low level counts or corrects it as for packets. The end of
@@ -66,12 +66,15 @@ class FlowReorder:
         latest = decoder.latest_export
         if not latest:
             return None
-        newest = max(latest.values())
+        # silence is measured on our clock (arrival), the punctuation on the exporter's own
+        # (export time): exporters' clocks differ
+        arrived = decoder.latest_arrival
+        newest = max(arrived.values())
         marks = []
         for (exporter, domain), t in latest.items():
             timeout_s = decoder.templates.option(exporter, domain, "active_timeout_s")
             timeout = timeout_s * 10**9 if timeout_s else self.active_timeout_ns
-            if newest - t <= timeout:          # a sub-link silent longer does not hold back
+            if newest - arrived[(exporter, domain)] <= timeout:   # silent longer: no hold
                 marks.append(t - timeout)
         return min(marks)
 
