@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -140,15 +141,20 @@ class FlowReader:
     def __init__(self, path, fmt: RecordFormat, link: str | None = None,
                  batch_size: int = 65536, *, port: int | None = None,
                  active_timeout_ns: int = DEFAULT_ACTIVE_TIMEOUT_NS,
-                 decoder: FlowDecoder | None = None, stop=None, **_options):
-        from pathlib import Path
-
+                 decoder: FlowDecoder | None = None, stop=None, state_path=None,
+                 **_options):
         self.path = str(path)
         self.link = link if link is not None else Path(path).stem
         self.format = fmt
         self.batch_size = batch_size
         self.idle_batches = False
-        self.decoder = decoder if decoder is not None else FlowDecoder()
+        #: where the templates and options are kept across restarts (a resumable run's
+        #: checkpoint), so that a restarted collector decodes at once
+        self._state_path = None if state_path is None else Path(state_path)
+        if decoder is None:
+            decoder = self._load_state() or FlowDecoder()
+        self.decoder = decoder
+        self._saved = self.decoder.templates.revision
         self.decoder.stats = FlowReaderStats()
         self.reorder = FlowReorder(active_timeout_ns)
         self._stop = stop
@@ -184,6 +190,38 @@ class FlowReader:
         if self._collector is not None:
             self._collector.close()
 
+    def _load_state(self) -> FlowDecoder | None:
+        import json
+
+        if self._state_path is None or not self._state_path.exists():
+            return None
+        try:
+            dec = FlowDecoder.from_state(json.loads(self._state_path.read_text()))
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            log.warning("link %s: the saved templates in %s cannot be read (%s); waiting for "
+                        "the exporters to send them again", self.link, self._state_path, exc)
+            return None
+        log.info("link %s: %d templates known from the run's state", self.link,
+                 len(dec.templates))
+        return dec
+
+    def _save_state(self) -> None:
+        """Write the decoder's state when its templates or options changed (atomically)."""
+        import json
+        import os
+
+        if self._state_path is None or self.decoder.templates.revision == self._saved:
+            return
+        self._saved = self.decoder.templates.revision
+        tmp = self._state_path.with_suffix(".tmp")
+        try:
+            self._state_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(self.decoder.state()))
+            os.replace(tmp, self._state_path)
+        except OSError as exc:
+            log.warning("link %s: cannot save the templates to %s: %s", self.link,
+                        self._state_path, exc)
+
     def _stopped(self) -> bool:
         return self._closed or (self._stop is not None and self._stop())
 
@@ -214,6 +252,7 @@ class FlowReader:
             if not len(dg):
                 continue
             cols = self.decoder.decode(dg.payloads, dg.exporters, dg.arrivals)
+            self._save_state()
             out = self.reorder.push(cols, self.reorder.punctuation(self.decoder))
             if out is not None:
                 yield from self._batches(out)

@@ -77,6 +77,8 @@ class TemplateCache:
         self.f_kind = np.zeros((0, width), np.int8)
         self.f_len = np.zeros((0, width), np.int32)
         self._rows: dict[Template, int] = {}
+        #: bumped whenever a template or an option changes (a run saves its state then)
+        self.revision = 0
         self._compile(Template(tuple((ie, ln, 0) for ie, ln in V5_FIELDS)))
 
     def __len__(self) -> int:
@@ -111,17 +113,24 @@ class TemplateCache:
     def learn(self, exporter: str, domain: int, template_id: int, t: Template) -> None:
         """Add or replace a template."""
         row = -1 if t.options else self._compile(t)
-        self._templates[(exporter, domain, template_id)] = (t, row)
+        key = (exporter, domain, template_id)
+        if self._templates.get(key) != (t, row):
+            self._templates[key] = (t, row)
+            self.revision += 1
 
     def withdraw(self, exporter: str, domain: int, template_id: int) -> None:
-        self._templates.pop((exporter, domain, template_id), None)
+        if self._templates.pop((exporter, domain, template_id), None) is not None:
+            self.revision += 1
 
     def find(self, exporter: str, domain: int, template_id: int) -> tuple[Template, int] | None:
         """(template, kernel row; -1 for an options template) or None when unknown."""
         return self._templates.get((exporter, domain, template_id))
 
     def note_option(self, exporter: str, domain: int, name: str, value: int) -> None:
-        self.options.setdefault((exporter, domain), {})[name] = int(value)
+        opts = self.options.setdefault((exporter, domain), {})
+        if opts.get(name) != int(value):
+            opts[name] = int(value)
+            self.revision += 1
 
     def option(self, exporter: str, domain: int, name: str) -> int | None:
         return self.options.get((exporter, domain), {}).get(name)

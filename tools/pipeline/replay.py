@@ -48,7 +48,8 @@ class FileLink:
     def __init__(self, name: str, path: str, batch_size: int = 65536,
                  columns: tuple[str, ...] | None = None, prefetch: int | None = None,
                  stop=None, skip_before: int | None = None, record=None,
-                 separator: str | None = None, flow_timeout_ns: int | None = None):
+                 separator: str | None = None, flow_timeout_ns: int | None = None,
+                 flow_state=None):
         self.name, self.path = name, str(path)
         if prefetch is None:
             prefetch = READ_AHEAD if (os.cpu_count() or 1) > 1 else 0
@@ -61,8 +62,11 @@ class FileLink:
         if record is not None:
             from capture.records import open_records
 
-            extra = {} if flow_timeout_ns is None or record.kind != "netflow" else \
-                {"active_timeout_ns": flow_timeout_ns}
+            extra = {}
+            if record.kind == "netflow":
+                extra["state_path"] = flow_state
+                if flow_timeout_ns is not None:
+                    extra["active_timeout_ns"] = flow_timeout_ns
             self.reader = open_records(path, record, link=name, batch_size=batch_size,
                                        columns=columns, stop=stop, separator=separator,
                                        **extra)

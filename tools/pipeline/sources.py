@@ -327,12 +327,20 @@ def open_sources(config: RunConfig, feeds: dict, stop=None, skip: dict | None = 
                                    columns=feeds[name].read_columns, stop=stop,
                                    skip_before=(skip or {}).get(name),
                                    record=feeds[name].record, separator=config.csv_separator,
-                                   flow_timeout_ns=config.flow_timeout_ns)
+                                   flow_timeout_ns=config.flow_timeout_ns,
+                                   flow_state=_flow_state(config, name))
     except BaseException:
         for link in links.values():
             link.close()
         raise
     return links
+
+
+def _flow_state(config: RunConfig, name: str) -> Path | None:
+    """Where a NETFLOW link keeps its templates: a resumable run's checkpoint."""
+    if config.spool is None or config.checkpoint is None:
+        return None
+    return Path(config.checkpoint) / "netflow" / f"{name}.json"
 
 
 def drive(config: RunConfig, sources: dict, feeds: dict, stop, info: dict) -> str:
