@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -61,9 +63,12 @@ def read_datagrams(path, port: int | None = None) -> Datagrams:
 
 
 class UdpCollector:
-    """A bound UDP socket handing out the datagrams waiting on it (`receive`)."""
+    """A bound UDP socket drained by a thread of its own into a queue, so that the socket's
+    buffer empties while the link decodes and the queries work (`receive` takes what came).
+    The queue is bounded (`max_queued` datagrams): past it datagrams are counted as
+    `dropped` rather than growing memory without end."""
 
-    def __init__(self, host: str, port: int, rcvbuf: int = RCVBUF):
+    def __init__(self, host: str, port: int, rcvbuf: int = RCVBUF, max_queued: int = 1 << 18):
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
         try:
@@ -72,29 +77,50 @@ class UdpCollector:
         except OSError:
             self.sock.close()
             raise
+        self.sock.settimeout(0.1)
         self.address = self.sock.getsockname()[:2]
+        self.max_queued = max_queued
+        self.dropped = 0
+        self._queue: deque = deque()
+        self._ready = threading.Event()
+        self._closing = False
+        self._thread = threading.Thread(target=self._drain, name="oopscope-netflow-udp",
+                                        daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        recv, put, queue = self.sock.recvfrom, self._queue.append, self._queue
+        while not self._closing:
+            try:
+                data, addr = recv(_MAX_DATAGRAM)
+            except (TimeoutError, InterruptedError):
+                continue
+            except OSError:
+                return                          # closed
+            if len(queue) >= self.max_queued:
+                self.dropped += 1
+                continue
+            put((data, addr[0], time.time_ns()))
+            self._ready.set()
 
     def receive(self, timeout_s: float, max_datagrams: int = 4096) -> Datagrams:
-        """The datagrams that arrive within `timeout_s` (at least the first one's wait), at
-        most `max_datagrams`."""
+        """The datagrams that came (waiting up to `timeout_s` for the first), at most
+        `max_datagrams`."""
         out = Datagrams()
-        self.sock.settimeout(timeout_s)
-        try:
-            data, addr = self.sock.recvfrom(_MAX_DATAGRAM)
-        except TimeoutError:
-            return out
-        self.sock.setblocking(False)
-        try:
-            while True:
-                out.payloads.append(data)
-                out.exporters.append(addr[0])
-                out.arrivals.append(time.time_ns())
-                if len(out) >= max_datagrams:
-                    break
-                data, addr = self.sock.recvfrom(_MAX_DATAGRAM)
-        except (BlockingIOError, InterruptedError):
-            pass
+        if not self._queue:
+            self._ready.wait(timeout_s)
+        self._ready.clear()
+        queue = self._queue
+        while queue and len(out.payloads) < max_datagrams:
+            data, exporter, arrival = queue.popleft()
+            out.payloads.append(data)
+            out.exporters.append(exporter)
+            out.arrivals.append(arrival)
+        if queue:
+            self._ready.set()
         return out
 
     def close(self) -> None:
+        self._closing = True
+        self._thread.join(timeout=1.0)
         self.sock.close()
