@@ -51,6 +51,14 @@ class FlowReaderStats(FlowStats):
     def packets(self) -> int:        # the name generic progress code reads
         return self.records
 
+    @property
+    def notes(self) -> str:
+        """`13 datagrams (v9: 13), 0 sequence gaps, 0 late records` for the run summary."""
+        versions = ", ".join(f"v{v}: {n}" for v, n in sorted(self.versions.items()))
+        gaps = ", ".join(f"{e}/{d}: {n}" for (e, d), n in self.gaps.items())
+        return (f"{self.datagrams} datagrams ({versions or 'none'}), {self.sequence_gaps} "
+                f"sequence gaps{f' ({gaps})' if gaps else ''}, {self.late} late records")
+
 
 class FlowReorder:
     """The records held until the meld's punctuation passes their `first` (module

@@ -101,6 +101,8 @@ class LinkSummary:
     kind: str = "packets"
     #: a record link's malformed records by reason, with line numbers (`RecordStats.describe`)
     malformed_detail: str = ""
+    #: what a link's reader adds to its summary (a NETFLOW link: datagrams, sequence gaps)
+    notes: str = ""
 
 
 @dataclass
@@ -159,6 +161,8 @@ class RunSummary:
                     lines.append(f"link {s.name}: {s.malformed} malformed records skipped: "
                                  f"{s.malformed_detail}")
                 lines += [f"link {s.name}: problem: {p}" for p in s.problems]
+                if s.notes:
+                    lines.append(f"link {s.name}: {s.notes}")
                 continue
             bad = ", ".join(f"{k} {v}" for k, v in sorted(s.reasons.items())
                             if k not in benign) or "none"

@@ -244,6 +244,7 @@ class LocalSources:
             s.problems = list(stats.problems)
             if getattr(source, "record", None) is not None:
                 s.kind, s.malformed_detail = "records", stats.describe()
+                s.notes = getattr(stats, "notes", "")
             if not config.live and source.problem and source.problem not in s.problems:
                 s.problems.append(source.problem)
             s.punctuations = feeds[name].timer.count
