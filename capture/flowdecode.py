@@ -391,10 +391,11 @@ class FlowDecoder:
         if version == 10:
             # IPFIX's uptime fields count from the exporter's boot (an options record)
             init = self.templates.option(exporter, domain, "system_init_ms")
-            uptime = unix_ms - init if init is not None else 0
+            # as a 32-bit uptime, as the flows' own uptime fields wrap (the kernel unwraps)
+            uptime = (unix_ms - init) & 0xFFFF_FFFF if init is not None else 0
             if t.fixed_length:
                 self._ipfix_records += len(body) // t.fixed_length
-        sampling = self.templates.option(exporter, domain, "sampling") or 0
+        sampling = min(self.templates.option(exporter, domain, "sampling") or 0, 0xFFFF_FFFF)
         sets.add(body, row, unix_ms, uptime, len(ctx) - 1, sampling)
 
     def _options_data(self, body: bytes, t: Template, exporter: str, domain: int) -> int:

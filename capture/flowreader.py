@@ -82,10 +82,12 @@ class FlowReorder:
         marks = []
         for (exporter, domain), t in latest.items():
             timeout_s = decoder.templates.option(exporter, domain, "active_timeout_s")
-            timeout = timeout_s * 10**9 if timeout_s else self.active_timeout_ns
+            # an exporter's own timeout, when sane (a day at most)
+            timeout = timeout_s * 10**9 if timeout_s and timeout_s <= 86400 \
+                else self.active_timeout_ns
             if newest - arrived[(exporter, domain)] <= timeout:   # silent longer: no hold
                 marks.append(t - timeout)
-        return min(marks)
+        return max(min(marks), -(1 << 62))
 
     def flush(self) -> dict[str, np.ndarray] | None:
         """Every record held, in order of `first` (the input ended)."""
