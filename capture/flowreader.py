@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 DEFAULT_ACTIVE_TIMEOUT_NS = 30 * 60 * 10**9
 #: datagrams decoded per kernel call when reading a capture
 DATAGRAMS_PER_CALL = 512
+#: a capture's datagrams are decoded (and the punctuation advanced) per this much capture time
+PUNCTUATE_NS = 10**9
 
 
 @dataclass
@@ -240,10 +242,15 @@ class FlowReader:
             yield from self._collect()
             return
         dg = self._datagrams
-        for start in range(0, len(dg), DATAGRAMS_PER_CALL):
+        # a call per second of capture time (at most DATAGRAMS_PER_CALL datagrams): the
+        # punctuation advances as the datagrams arrived, as it would have live
+        second = np.asarray(dg.arrivals, np.int64) // PUNCTUATE_NS
+        cuts = np.flatnonzero(np.diff(second) != 0) + 1
+        edges = sorted({0, len(dg), *cuts.tolist(),
+                        *range(0, len(dg), DATAGRAMS_PER_CALL)})
+        for start, stop in zip(edges, edges[1:]):
             if self._closed:
                 return
-            stop = start + DATAGRAMS_PER_CALL
             cols = self.decoder.decode(dg.payloads[start:stop], dg.exporters[start:stop],
                                        dg.arrivals[start:stop])
             out = self.reorder.push(cols, self.reorder.punctuation(self.decoder))
