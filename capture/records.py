@@ -305,9 +305,14 @@ class RecordReader(RecordSource):
 
 
 def open_records(path: str | os.PathLike, fmt: RecordFormat, link: str | None = None,
-                 batch_size: int = 65536, **options) -> RecordReader | GdatReader:
+                 batch_size: int = 65536, **options):
     """A reader over a file, `-` (standard input) or a FIFO: a `RecordReader` for CSV
     records, a `capture.gdat.GdatReader` for GDAT records (see the classes)."""
+    if fmt.kind.lower() == "netflow":
+        from capture.flowreader import FlowReader
+
+        return FlowReader(path, fmt, link, batch_size, **options)
+    options.pop("active_timeout_ns", None)
     if fmt.kind.lower() == "gdat":
         return GdatReader(path, fmt, link, batch_size, **options)
     return RecordReader(path, fmt, link, batch_size, **options)

@@ -250,6 +250,43 @@ PROTOCOLS: dict[str, Protocol] = {
 }
 
 
+def _nf(name: str, type_: str, doc: str, columns: tuple[str, ...] | None = None,
+        increasing: bool = False) -> Field:
+    return Field(name, type_, (name,) if columns is None else columns, doc,
+                 properties=frozenset({"increasing"}) if increasing else frozenset())
+
+
+#: The flow records routers export (NetFlow v5/v9, IPFIX), decoded by `capture.flowdecode`: a
+#: record protocol built in, read from a `--netflow-in` link. Its clock is `first` (flow start,
+#: ns): windows are on `first`, released by the link in order of `first` once the exporters'
+#: punctuation (export time minus the active timeout) has passed them.
+NETFLOW = Protocol("NETFLOW", None, 0, (
+    _nf("first", "llong", "flow start, ns since the epoch (the clock: windows)", increasing=True),
+    _nf("last", "llong", "flow end, ns since the epoch"),
+    _nf("time", "uint", "flow start in whole seconds", ("time_s",)),
+    _nf("export", "llong", "export time of the record's datagram, ns"),
+    _nf("exporter", "ip", "the exporter's address", ("exporter_hi", "exporter_lo")),
+    _nf("domain", "uint", "observation domain (IPFIX), source id (v9), engine (v5)"),
+    _nf("version", "uint", "NetFlow version of the datagram: 5, 9 or 10 (IPFIX)"),
+    _nf("ipversion", "uint", "4 or 6"),
+    _nf("srcIP", "ip", "source address", ("srcIP_hi", "srcIP_lo")),
+    _nf("destIP", "ip", "destination address", ("destIP_hi", "destIP_lo")),
+    _nf("srcPort", "uint", "source port"),
+    _nf("destPort", "uint", "destination port (ICMP: type * 256 + code)"),
+    _nf("protocol", "uint", "transport protocol number"),
+    _nf("tcp_flags", "uint", "TCP flags seen over the flow (OR)"),
+    _nf("tos", "uint", "TOS / traffic class"),
+    _nf("packets", "ullong", "packets of the flow"),
+    _nf("bytes", "ullong", "bytes of the flow (IP lengths)"),
+    _nf("input", "uint", "input interface index"),
+    _nf("output", "uint", "output interface index"),
+    _nf("src_as", "uint", "source AS"),
+    _nf("dst_as", "uint", "destination AS"),
+    _nf("next_hop", "ip", "next-hop address", ("next_hop_hi", "next_hop_lo")),
+    _nf("sampling", "uint", "the exporter's sampling interval (0 when it sends none)"),
+), record="netflow")
+
+
 def record_column(field: str) -> str:
     """The record-batch column of a record protocol's field (prefixed, so that no field name
     can collide with the columns every batch has: `timestamp`, `layers`, `reason`)."""
@@ -402,8 +439,8 @@ class Schema:
         return Schema(merged, self.files + files)
 
 
-#: the built-in packet protocols only
-BUILTIN = Schema(PROTOCOLS)
+#: the built-in protocols: the packet protocols and NETFLOW
+BUILTIN = Schema({**PROTOCOLS, NETFLOW.name: NETFLOW})
 
 
 def protocol_fields(protocol: str, schema: Schema = BUILTIN) -> dict[str, Field]:

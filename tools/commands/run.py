@@ -41,6 +41,18 @@ def _links(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def _flow_links(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """--netflow-in NAME=FILE.pcap or NAME=HOST:PORT pairs."""
+    out = []
+    for item in values:
+        name, sep, source = item.partition("=")
+        if not sep or not name.strip() or not source.strip():
+            raise click.BadParameter(f"{item!r} is not NAME=FILE.pcap or NAME=HOST:PORT",
+                                     param_hint="--netflow-in")
+        out.append((name.strip(), source.strip()))
+    return tuple(out)
+
+
 def _interfaces(values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     out = []
     for item in values:
@@ -169,13 +181,24 @@ def live_options(command):
               default="9", show_default=True, help="NetFlow v5, v9 or IPFIX (10).")
 @click.option("--netflow-query", "netflow_query", default="netflow", show_default=True,
               help="The query whose rows are the flow records.")
+@click.option("--netflow-in", "netflow_in", multiple=True, metavar="NAME=FILE.pcap|HOST:PORT",
+              help="A link of NetFlow v5/v9/IPFIX flow records: the exported datagrams of a "
+                   "capture file, replayed by capture time, or a UDP collector on HOST:PORT "
+                   "(until SIGTERM or Ctrl-C; repeatable). Its queries read it "
+                   "as NETFLOW (SELECT ... FROM NAME.NETFLOW).")
+@click.option("--netflow-in-active-timeout", "netflow_in_timeout", type=Duration(),
+              default="30min", show_default=True,
+              help="The exporters' active timeout: a NETFLOW link releases a record once "
+                   "every exporter's latest export time minus this has passed its flow start "
+                   "(an exporter that sends its own timeout is taken at its word).")
 @click.option("--netflow-pace", "netflow_pace", type=click.IntRange(0), default=2000,
               show_default=True, help="Datagrams per second at most (0: no pacing; a local "
                                       "nfcapd drops when flooded).")
 def run(query_files: tuple[str, ...], links, schema_files, function_files, udf_module,
         csv_separator, interfaces, outputs, fmt, speed, duration, sets, params, master, spool,
         checkpoint, punctuate_every: int, lull_slack: int, progress, fanout, capture_options,
-        netflow, netflow_version, netflow_query, netflow_pace) -> None:
+        netflow, netflow_version, netflow_query, netflow_pace, netflow_in,
+        netflow_in_timeout) -> None:
     """Run QUERY_FILE (a path or a shipped query name such as q8_1) over capture files or
     live interfaces. Several query files are one query set, as in GS-lite: a query may read
     a query of another file.
@@ -205,7 +228,8 @@ def run(query_files: tuple[str, ...], links, schema_files, function_files, udf_m
     if punctuate_every <= 0:
         raise click.BadParameter("must be positive", param_hint="--punctuate-every")
     separator = _separator(csv_separator)
-    if not links and not interfaces:
+    flow_links = _flow_links(netflow_in)
+    if not links and not interfaces and not flow_links:
         raise click.UsageError("give --link NAME=PCAP (capture files) or --interface "
                                "NAME=IFACE (live capture)")
     extra: tuple = ()                  # (query, Sink) pairs (RunConfig.extra_sinks)
@@ -216,7 +240,9 @@ def run(query_files: tuple[str, ...], links, schema_files, function_files, udf_m
         exporter = NetflowSink(netflow, int(netflow_version), pace=netflow_pace)
         extra = ((netflow_query, exporter),)
     config = RunConfig(query_file=query_files[0], more_query_files=query_files[1:],
-                       links=_links(links), interfaces=_interfaces(interfaces),
+                       links=_links(links) + flow_links, interfaces=_interfaces(interfaces),
+                       netflow_links=tuple(n for n, _ in flow_links),
+                       flow_timeout_ns=netflow_in_timeout,
                        outputs=_pairs(outputs, "--output"), format=fmt,
                        overrides=_pairs(sets, "--set"), params=_pairs(params, "--param"),
                        master=master, spool=spool, checkpoint=checkpoint,

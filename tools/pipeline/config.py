@@ -59,6 +59,10 @@ class RunConfig:
     udf_module: str | None = None
     # the field separator of CSV record links (None: detected from the first line)
     csv_separator: str | None = None
+    #: links given by --netflow-in: read as NETFLOW records only
+    netflow_links: tuple[str, ...] = ()
+    #: the exporters' active timeout of NETFLOW links (capture.flowreader)
+    flow_timeout_ns: int = 30 * 60 * NS
     # the other files of the query set (`oopscope run a.gsql b.gsql`): one set, as GS-lite's
     # translate_fta takes several files
     more_query_files: tuple[str, ...] = ()
@@ -97,6 +101,8 @@ class LinkSummary:
     kind: str = "packets"
     #: a record link's malformed records by reason, with line numbers (`RecordStats.describe`)
     malformed_detail: str = ""
+    #: what a link's reader adds to its summary (a NETFLOW link: datagrams, sequence gaps)
+    notes: str = ""
 
 
 @dataclass
@@ -165,6 +171,8 @@ class RunSummary:
                     lines.append(f"link {s.name}: {s.malformed} malformed records skipped: "
                                  f"{s.malformed_detail}")
                 lines += [f"link {s.name}: problem: {p}" for p in s.problems]
+                if s.notes:
+                    lines.append(f"link {s.name}: {s.notes}")
                 continue
             bad = ", ".join(f"{k} {v}" for k, v in sorted(s.reasons.items())
                             if k not in benign) or "none"

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 #: batches read ahead per link on a machine with more than one core (`capture.prefetch`):
 #: reading and decoding (a quarter of a flow query's low level) move off the operators' core
 READ_AHEAD = 2
+#: a bound above every time (the rest of a link)
+END = (1 << 63) - 1
 
 
 class FileLink:
@@ -46,7 +48,8 @@ class FileLink:
     def __init__(self, name: str, path: str, batch_size: int = 65536,
                  columns: tuple[str, ...] | None = None, prefetch: int | None = None,
                  stop=None, skip_before: int | None = None, record=None,
-                 separator: str | None = None):
+                 separator: str | None = None, flow_timeout_ns: int | None = None,
+                 flow_state=None):
         self.name, self.path = name, str(path)
         if prefetch is None:
             prefetch = READ_AHEAD if (os.cpu_count() or 1) > 1 else 0
@@ -59,8 +62,14 @@ class FileLink:
         if record is not None:
             from capture.records import open_records
 
+            extra = {}
+            if record.kind == "netflow":
+                extra["state_path"] = flow_state
+                if flow_timeout_ns is not None:
+                    extra["active_timeout_ns"] = flow_timeout_ns
             self.reader = open_records(path, record, link=name, batch_size=batch_size,
-                                       columns=columns, stop=stop, separator=separator)
+                                       columns=columns, stop=stop, separator=separator,
+                                       **extra)
             self.wall_clock = self.reader.stream and record.system_clock
             self.reader.idle_batches = self.wall_clock
         else:
@@ -170,6 +179,12 @@ class FileLink:
     def stats(self):
         return self.reader.stats
 
+    @property
+    def holds_on_stop(self) -> bool:
+        """A NETFLOW collector: records held for punctuation are released at a stop."""
+        return self.record is not None and self.record.kind == "netflow" and \
+            bool(getattr(self.reader, "stream", False))
+
     def close(self) -> None:
         if not self.exhausted:
             self._end()
@@ -190,6 +205,12 @@ def replay(links: dict, feeds: dict, *, speed: float | None, period_ns: int,
                                {} if info is None else info)
     if reason == "end of input" and stop():
         reason = "stopped"      # a stream ended by the stop itself (capture.reader: stop=)
+    if reason == "stopped":
+        for name, link in links.items():
+            if link.holds_on_stop and not feeds[name].finished:
+                # a NETFLOW collector releases the records it held (capture.flowreader)
+                while (batch := link.take_until(END)) is not None:
+                    feeds[name].process(batch)
     for name in links:
         links[name].close()
         feeds[name].finish()

@@ -40,7 +40,11 @@ def check_sources(config: RunConfig) -> None:
     stdin = [name for name, path in config.links if path == STDIN]
     if len(stdin) > 1:
         raise RunLinkError(f"--link {', '.join(stdin)}: standard input (-) can feed one link only")
+    from capture.flowreader import collector_address
+
     for name, path in config.links:
+        if name in config.netflow_links and collector_address(path) is not None:
+            continue                    # a UDP collector, not a file
         kind, why = classify(path)
         if kind is None:
             raise RunLinkError(f"--link {name}={path}: {why}")
@@ -92,6 +96,9 @@ class LowLevel:
         config = self.config
         for name, f in self.feeds.items():
             fmt = f.record                  # RunLinkError when its queries disagree
+            if name in config.netflow_links and (fmt is None or fmt.kind != "netflow"):
+                raise RunLinkError(f"--netflow-in {name}: the link carries flow records; its "
+                                   f"queries read it as NETFLOW (FROM {name}.NETFLOW)")
             if fmt is None:
                 continue
             if name in dict(config.interfaces):
@@ -239,6 +246,7 @@ class LocalSources:
             s.problems = list(stats.problems)
             if getattr(source, "record", None) is not None:
                 s.kind, s.malformed_detail = "records", stats.describe()
+                s.notes = getattr(stats, "notes", "")
             if not config.live and source.problem and source.problem not in s.problems:
                 s.problems.append(source.problem)
             s.punctuations = feeds[name].timer.count
@@ -321,12 +329,21 @@ def open_sources(config: RunConfig, feeds: dict, stop=None, skip: dict | None = 
             links[name] = FileLink(name, path, config.batch_size,
                                    columns=feeds[name].read_columns, stop=stop,
                                    skip_before=(skip or {}).get(name),
-                                   record=feeds[name].record, separator=config.csv_separator)
+                                   record=feeds[name].record, separator=config.csv_separator,
+                                   flow_timeout_ns=config.flow_timeout_ns,
+                                   flow_state=_flow_state(config, name))
     except BaseException:
         for link in links.values():
             link.close()
         raise
     return links
+
+
+def _flow_state(config: RunConfig, name: str) -> Path | None:
+    """Where a NETFLOW link keeps its templates: a resumable run's checkpoint."""
+    if config.spool is None or config.checkpoint is None:
+        return None
+    return Path(config.checkpoint) / "netflow" / f"{name}.json"
 
 
 def drive(config: RunConfig, sources: dict, feeds: dict, stop, info: dict) -> str:

@@ -1,0 +1,532 @@
+"""The flow-record decoder: NetFlow v5, v9 and IPFIX datagrams in, the NETFLOW protocol's
+columns out (one row per flow record), whatever mix of versions and exporters.
+
+    dec = FlowDecoder()
+    cols = dec.decode(payloads, exporters, arrivals)   # bytes, exporter address, arrival ns
+    dec.stats.reasons                                   # malformed input by reason
+
+The version is read per datagram (5, 9 or 10 = IPFIX). Headers and template sets are walked in
+Python (a few per datagram); the data records of all data sets of a call are decoded by one
+Numba kernel (`capture.flowkernels.decode_sets`) with each set's template as arrays, so no
+Python runs per record. Templates and options live in a `capture.flowtemplates.TemplateCache`
+per (exporter, observation domain, template id); a data set whose template is not known yet is
+held (at most `max_pending` sets, oldest dropped and counted as `no_template`) and decoded in
+the call that brings its template. Sequence numbers are checked per (exporter, domain) as
+nfcapd does: a datagram whose sequence is not the one expected counts a gap.
+
+Malformed input never raises: a datagram (or the rest of it) that cannot be read is counted by
+reason and by exporter (`FlowStats`), and everything else in the call is decoded. Reasons:
+`truncated_header`, `bad_version`, `bad_set_length` (shorter than a set header, or past the
+datagram's end: a zero length would loop for ever), `truncated_template`, `bad_template`
+(no fields, a zero-length field, or a record of no bytes), `truncated_record`, `bad_count`
+(v5: more records than the datagram holds), `no_template`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import struct
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from capture import flowkernels as fk
+from capture.flowtemplates import (
+    OPT_ACTIVE_TIMEOUT,
+    OPT_SAMPLING,
+    OPT_SYSTEM_INIT_MS,
+    V5_TEMPLATE_ROW,
+    Template,
+    TemplateCache,
+)
+
+log = logging.getLogger(__name__)
+
+#: the NETFLOW columns the decoder fills, in order, with their dtypes
+FLOW_COLUMNS: tuple[tuple[str, type], ...] = (
+    ("export", np.int64), ("arrival", np.int64),
+    ("exporter_hi", np.uint64), ("exporter_lo", np.uint64), ("domain", np.uint32),
+    ("version", np.uint8), ("ipversion", np.uint8),
+    ("srcIP_hi", np.uint64), ("srcIP_lo", np.uint64),
+    ("destIP_hi", np.uint64), ("destIP_lo", np.uint64),
+    ("srcPort", np.uint16), ("destPort", np.uint16), ("protocol", np.uint8),
+    ("tcp_flags", np.uint8), ("tos", np.uint8), ("packets", np.uint64), ("bytes", np.uint64),
+    ("first", np.int64), ("last", np.int64), ("input", np.uint32), ("output", np.uint32),
+    ("src_as", np.uint32), ("dst_as", np.uint32),
+    ("next_hop_hi", np.uint64), ("next_hop_lo", np.uint64), ("sampling", np.uint32),
+)
+_SLOT_OF = {"srcIP_hi": fk.S_SRC_HI, "srcIP_lo": fk.S_SRC_LO, "destIP_hi": fk.S_DST_HI,
+            "destIP_lo": fk.S_DST_LO, "srcPort": fk.S_SRCPORT, "destPort": fk.S_DSTPORT,
+            "protocol": fk.S_PROTOCOL, "tcp_flags": fk.S_TCP_FLAGS, "tos": fk.S_TOS,
+            "packets": fk.S_PACKETS, "bytes": fk.S_BYTES, "first": fk.S_FIRST,
+            "last": fk.S_LAST, "input": fk.S_INPUT, "output": fk.S_OUTPUT,
+            "src_as": fk.S_SRC_AS, "dst_as": fk.S_DST_AS, "next_hop_hi": fk.S_NH_HI,
+            "next_hop_lo": fk.S_NH_LO}
+
+REASONS = ("truncated_header", "bad_version", "bad_set_length", "truncated_template",
+           "bad_template", "truncated_record", "bad_count", "no_template")
+#: data sets held for a template not seen yet, at most
+MAX_PENDING = 1024
+_V5_HEADER, _V5_RECORD, _V9_HEADER, _IPFIX_HEADER = 24, 48, 20, 16
+_MAPPED = 0x0000_FFFF_0000_0000
+
+
+def address_pair(text: str) -> tuple[int, int]:
+    """An address as the schema's two 64-bit halves (IPv4-mapped for IPv4)."""
+    a = ipaddress.ip_address(text)
+    if a.version == 4:
+        return 0, _MAPPED | int(a)
+    v = int(a)
+    return v >> 64, v & ((1 << 64) - 1)
+
+
+@dataclass
+class FlowStats:
+    """What a decoder has seen: datagrams, records, malformed input by reason (and by
+    exporter), sequence gaps per (exporter, domain) and the records they lost."""
+
+    datagrams: int = 0
+    records: int = 0
+    bytes: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+    by_exporter: dict[tuple[str, str], int] = field(default_factory=dict)
+    gaps: dict[tuple[str, int], int] = field(default_factory=dict)
+    versions: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def malformed(self) -> int:
+        return sum(self.reasons.values())
+
+    @property
+    def sequence_gaps(self) -> int:
+        return sum(self.gaps.values())
+
+    def note(self, exporter: str, reason: str, count: int = 1) -> None:
+        self.reasons[reason] = self.reasons.get(reason, 0) + count
+        key = (exporter, reason)
+        self.by_exporter[key] = self.by_exporter.get(key, 0) + count
+
+    def describe(self) -> str:
+        """`2 bad_version (192.0.2.1: 2), ...`."""
+        parts = []
+        for reason, count in self.reasons.items():
+            who = ", ".join(f"{e}: {n}" for (e, r), n in self.by_exporter.items() if r == reason)
+            parts.append(f"{count} {reason} ({who})")
+        return ", ".join(parts)
+
+
+@dataclass
+class _Sets:
+    """The data sets of one call, gathered for the kernel (parallel lists)."""
+
+    chunks: list = field(default_factory=list)      # bytes objects, concatenated for the kernel
+    size: int = 0
+    start: list = field(default_factory=list)
+    end: list = field(default_factory=list)
+    row: list = field(default_factory=list)
+    unix_ms: list = field(default_factory=list)
+    uptime_ms: list = field(default_factory=list)
+    dgram: list = field(default_factory=list)       # index into the call's datagram context
+    sampling: list = field(default_factory=list)
+
+    def add(self, body: bytes, row: int, unix_ms: int, uptime_ms: int, ctx: int,
+            sampling: int) -> None:
+        self.chunks.append(body)
+        self.start.append(self.size)
+        self.size += len(body)
+        self.end.append(self.size)
+        self.row.append(row)
+        self.unix_ms.append(unix_ms)
+        self.uptime_ms.append(uptime_ms)
+        self.dgram.append(ctx)
+        self.sampling.append(sampling)
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A data set waiting for its template."""
+
+    exporter: str
+    domain: int
+    template_id: int
+    body: bytes
+    version: int
+    export_ns: int
+    arrival_ns: int
+    uptime_ms: int
+
+
+class FlowDecoder:
+    """Decodes datagrams into NETFLOW columns; owns the templates, the held data sets, the
+    sequence expectations and the statistics of one input (module docstring)."""
+
+    def __init__(self, templates: TemplateCache | None = None, max_pending: int = MAX_PENDING):
+        self.templates = templates if templates is not None else TemplateCache()
+        self.stats = FlowStats()
+        self.max_pending = max_pending
+        self._held: deque[_Held] = deque()
+        self._next_seq: dict[tuple[str, int, int], int] = {}
+        self._pairs: dict[str, tuple[int, int]] = {}
+        #: each (exporter, domain)'s latest export time (ns, its clock): its punctuation
+        self.latest_export: dict[tuple[str, int], int] = {}
+        #: each (exporter, domain)'s latest arrival (ns, ours): whether it has gone silent
+        self.latest_arrival: dict[tuple[str, int], int] = {}
+        #: held data sets whose template just came (decoded at the end of the call)
+        self._ready: list[_Held] = []
+        #: IPFIX data records walked (for the sequence step of a message)
+        self._ipfix_records = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self._held)
+
+    # --- a call ---------------------------------------------------------------------------------
+
+    def decode(self, payloads, exporters, arrivals) -> dict[str, np.ndarray]:
+        """The records of `payloads` (bytes), sent by `exporters` (addresses as text), received
+        at `arrivals` (ns), as NETFLOW columns (`FLOW_COLUMNS`), in datagram order."""
+        sets = _Sets()
+        ctx: list[tuple[str, int, int, int, int]] = []   # exporter, domain, export, arrival, ver
+        for data, exporter, arrival in zip(payloads, exporters, arrivals):
+            self.stats.datagrams += 1
+            self.stats.bytes += len(data)
+            try:
+                self._datagram(bytes(data), str(exporter), int(arrival), sets, ctx)
+            except (struct.error, IndexError, ValueError):     # a cut we did not foresee
+                self.stats.note(str(exporter), "truncated_header")
+        return self._run(sets, ctx)
+
+    def drop_pending(self) -> int:
+        """Count the held data sets as `no_template` (the input ended); how many."""
+        n = len(self._held)
+        for h in self._held:
+            self.stats.note(h.exporter, "no_template")
+        self._held.clear()
+        return n
+
+    def _datagram(self, data: bytes, exporter: str, arrival: int, sets: _Sets, ctx) -> None:
+        if len(data) < 4:
+            self.stats.note(exporter, "truncated_header")
+            return
+        version = (data[0] << 8) | data[1]
+        self.stats.versions[version] = self.stats.versions.get(version, 0) + 1
+        if version == 5:
+            self._v5(data, exporter, arrival, sets, ctx)
+        elif version == 9:
+            self._v9(data, exporter, arrival, sets, ctx)
+        elif version == 10:
+            self._ipfix(data, exporter, arrival, sets, ctx)
+        else:
+            self.stats.note(exporter, "bad_version")
+
+    def _sequence(self, exporter: str, domain: int, version: int, seq: int, step: int) -> None:
+        """Count a gap when `seq` is not the one the previous datagram announced. IPFIX
+        exporters differ on whether a message's sequence counts its own records (RFC 7011:
+        not; softflowd: yes), so either is taken as in order there."""
+        key = (exporter, domain, version)
+        prev = self._next_seq.get(key)
+        if prev is not None:
+            last_seq, last_step = prev >> 32, prev & 0xFFFF_FFFF
+            ok = seq == (last_seq + last_step) & 0xFFFF_FFFF
+            if version == 10 and not ok:
+                ok = seq == (last_seq + step) & 0xFFFF_FFFF
+            if not ok:
+                g = (exporter, domain)
+                self.stats.gaps[g] = self.stats.gaps.get(g, 0) + 1
+        self._next_seq[key] = (seq << 32) | (step & 0xFFFF_FFFF)
+
+    def _export(self, exporter: str, domain: int, export_ns: int, arrival: int) -> None:
+        key = (exporter, domain)
+        if export_ns > self.latest_export.get(key, -1):
+            self.latest_export[key] = export_ns
+        if arrival > self.latest_arrival.get(key, -(1 << 63)):
+            self.latest_arrival[key] = arrival
+
+    def _v5(self, data, exporter, arrival, sets, ctx) -> None:
+        if len(data) < _V5_HEADER:
+            self.stats.note(exporter, "truncated_header")
+            return
+        count, uptime, secs, nsecs, seq, etype, eid, sampling = struct.unpack_from(
+            ">HIIIIBBH", data, 2)
+        domain = (etype << 8) | eid
+        if count > 30 or _V5_HEADER + count * _V5_RECORD > len(data):
+            self.stats.note(exporter, "bad_count")
+            return
+        self._sequence(exporter, domain, 5, seq, count)
+        export_ns = secs * 10**9 + nsecs
+        self._export(exporter, domain, export_ns, arrival)
+        ctx.append((exporter, domain, export_ns, arrival, 5))
+        interval = sampling & 0x3FFF
+        sets.add(data[_V5_HEADER:_V5_HEADER + count * _V5_RECORD], V5_TEMPLATE_ROW,
+                 secs * 1000 + nsecs // 1_000_000, uptime, len(ctx) - 1, interval)
+
+    def _v9(self, data, exporter, arrival, sets, ctx) -> None:
+        if len(data) < _V9_HEADER:
+            self.stats.note(exporter, "truncated_header")
+            return
+        _count, uptime, secs, seq, domain = struct.unpack_from(">HIIII", data, 2)
+        self._sequence(exporter, domain, 9, seq, 1)
+        export_ns = secs * 10**9
+        self._export(exporter, domain, export_ns, arrival)
+        ctx.append((exporter, domain, export_ns, arrival, 9))
+        self._sets(data, _V9_HEADER, 9, exporter, domain, secs * 1000, uptime, sets, ctx)
+
+    def _ipfix(self, data, exporter, arrival, sets, ctx) -> None:
+        if len(data) < _IPFIX_HEADER:
+            self.stats.note(exporter, "truncated_header")
+            return
+        length, secs, seq, domain = struct.unpack_from(">HIII", data, 2)
+        if length < _IPFIX_HEADER or length > len(data):
+            self.stats.note(exporter, "truncated_header")
+            return
+        data = data[:length]
+        export_ns = secs * 10**9
+        self._export(exporter, domain, export_ns, arrival)
+        ctx.append((exporter, domain, export_ns, arrival, 10))
+        n_before = self._ipfix_records
+        self._sets(data, _IPFIX_HEADER, 10, exporter, domain, secs * 1000, 0, sets, ctx)
+        # IPFIX counts data records: the step is this message's, from its sets' fixed
+        # lengths (exact for fixed-length templates, which are what exporters send)
+        self._sequence(exporter, domain, 10, seq, self._ipfix_records - n_before)
+
+    def _sets(self, data, pos, version, exporter, domain, unix_ms, uptime, sets, ctx) -> None:
+        """Walk the sets of a v9 / IPFIX datagram from `pos`."""
+        tmpl_ids, opt_ids = (0, 1) if version == 9 else (2, 3)
+        end = len(data)
+        while pos + 4 <= end:
+            set_id, length = struct.unpack_from(">HH", data, pos)
+            if length < 4 or pos + length > end:
+                self.stats.note(exporter, "bad_set_length")
+                return
+            body = data[pos + 4:pos + length]
+            pos += length
+            if set_id == tmpl_ids:
+                self._templates(body, version, exporter, domain, False)
+            elif set_id == opt_ids:
+                self._templates(body, version, exporter, domain, True)
+            elif set_id >= 256:
+                self._data_set(body, set_id, version, exporter, domain, unix_ms, uptime,
+                               sets, ctx)
+
+    def _templates(self, body: bytes, version: int, exporter: str, domain: int,
+                   options: bool) -> None:
+        """Learn the templates of a (options) template set; IPFIX withdrawals too."""
+        p, end = 0, len(body)
+        while end - p >= 4:
+            tid, count = struct.unpack_from(">HH", body, p)
+            p += 4
+            scope = 0
+            if options and version == 9:       # scope length and option length, in bytes
+                if end - p < 2:
+                    self.stats.note(exporter, "truncated_template")
+                    return
+                tid, scope_len, opt_len = struct.unpack_from(">HHH", body, p - 4)
+                p += 2
+                if scope_len % 4 or opt_len % 4:
+                    self.stats.note(exporter, "bad_template")
+                    return
+                scope, count = scope_len // 4, (scope_len + opt_len) // 4
+            elif options:                      # IPFIX: field count, scope field count
+                if end - p < 2:
+                    self.stats.note(exporter, "truncated_template")
+                    return
+                (scope,) = struct.unpack_from(">H", body, p)
+                p += 2
+            if tid < 256:
+                if tid == 0 and count == 0 and end - p < 4:
+                    return                     # padding
+                self.stats.note(exporter, "bad_template")
+                return
+            if count == 0:
+                if version == 10:              # a withdrawal
+                    self.templates.withdraw(exporter, domain, tid)
+                    continue
+                self.stats.note(exporter, "bad_template")
+                return
+            fields = []
+            for _ in range(count):
+                if end - p < 4:
+                    self.stats.note(exporter, "truncated_template")
+                    return
+                ie, ln = struct.unpack_from(">HH", body, p)
+                p += 4
+                pen = 0
+                if version == 10 and ie & 0x8000:
+                    if end - p < 4:
+                        self.stats.note(exporter, "truncated_template")
+                        return
+                    (pen,) = struct.unpack_from(">I", body, p)
+                    p += 4
+                    ie &= 0x7FFF
+                if ln == 0 or (ln == 65535 and version == 9):
+                    self.stats.note(exporter, "bad_template")
+                    return
+                fields.append((ie, ln, pen))
+            t = Template(tuple(fields), options, scope)
+            if not options and t.fixed_length == 0 and all(ln != 65535 for _, ln, _ in fields):
+                self.stats.note(exporter, "bad_template")
+                return
+            self.templates.learn(exporter, domain, tid, t)
+            self._release(exporter, domain, tid)
+
+    def _data_set(self, body, set_id, version, exporter, domain, unix_ms, uptime, sets,
+                  ctx) -> None:
+        found = self.templates.find(exporter, domain, set_id)
+        if found is None:
+            export_ns, arrival = ctx[-1][2], ctx[-1][3]
+            self._held.append(_Held(exporter, domain, set_id, body, version, export_ns,
+                                    arrival, uptime))
+            while len(self._held) > self.max_pending:
+                old = self._held.popleft()
+                self.stats.note(old.exporter, "no_template")
+            return
+        t, row = found
+        if t.options:
+            records = self._options_data(body, t, exporter, domain)
+            if version == 10:
+                self._ipfix_records += records
+            return
+        if version == 10:
+            # IPFIX's uptime fields count from the exporter's boot (an options record)
+            init = self.templates.option(exporter, domain, "system_init_ms")
+            # as a 32-bit uptime, as the flows' own uptime fields wrap (the kernel unwraps)
+            uptime = (unix_ms - init) & 0xFFFF_FFFF if init is not None else 0
+            if t.fixed_length:
+                self._ipfix_records += len(body) // t.fixed_length
+        sampling = min(self.templates.option(exporter, domain, "sampling") or 0, 0xFFFF_FFFF)
+        sets.add(body, row, unix_ms, uptime, len(ctx) - 1, sampling)
+
+    def _options_data(self, body: bytes, t: Template, exporter: str, domain: int) -> int:
+        """Read the options records we use (few, rare: Python is fine here); how many."""
+        p, end = 0, len(body)
+        fixed = t.fixed_length
+        records = 0
+        while end - p >= max(fixed, 1):
+            records += 1
+            for ie, ln, pen in t.fields:
+                if ln == 65535:
+                    if p >= end:
+                        return records - 1
+                    ln = body[p]
+                    p += 1
+                    if ln == 255:
+                        if end - p < 2:
+                            return records - 1
+                        ln = (body[p] << 8) | body[p + 1]
+                        p += 2
+                if p + ln > end:
+                    return records - 1
+                if not pen and ln <= 8:
+                    v = int.from_bytes(body[p:p + ln], "big")
+                    if ie in OPT_SAMPLING and v:
+                        self.templates.note_option(exporter, domain, "sampling", v)
+                    elif ie == OPT_ACTIVE_TIMEOUT and v:
+                        self.templates.note_option(exporter, domain, "active_timeout_s", v)
+                    elif ie == OPT_SYSTEM_INIT_MS and v:
+                        self.templates.note_option(exporter, domain, "system_init_ms", v)
+                p += ln
+        return records
+
+    def _release(self, exporter: str, domain: int, tid: int) -> None:
+        """Move the held data sets of a template just learned back into the input (they are
+        decoded with the call that brought the template)."""
+        if not self._held:
+            return
+        keep: deque[_Held] = deque()
+        ready: list[_Held] = []
+        for h in self._held:
+            (ready if (h.exporter, h.domain, h.template_id) == (exporter, domain, tid)
+             else keep).append(h)
+        if ready:
+            self._held = keep
+            self._ready.extend(ready)
+
+    # --- the kernel -----------------------------------------------------------------------------
+
+    def _run(self, sets: _Sets, ctx) -> dict[str, np.ndarray]:
+        ready, self._ready = self._ready, []
+        for h in ready:
+            found = self.templates.find(h.exporter, h.domain, h.template_id)
+            if found is None:
+                self.stats.note(h.exporter, "no_template")
+                continue
+            ctx.append((h.exporter, h.domain, h.export_ns, h.arrival_ns, h.version))
+            self._data_set(h.body, h.template_id, h.version, h.exporter, h.domain,
+                           h.export_ns // 1_000_000, h.uptime_ms, sets, ctx)
+        buf = np.frombuffer(b"".join(sets.chunks), np.uint8)
+        n_sets = len(sets.start)
+        tc = self.templates
+        rows = np.asarray(sets.row, np.int32)
+        fixed = np.where(tc.f_len == fk.VARLEN, 1, tc.f_len).sum(axis=1)[rows] \
+            if n_sets else np.zeros(0, np.int64)
+        set_len = np.asarray(sets.end, np.int64) - np.asarray(sets.start, np.int64)
+        cap = int((set_len // np.maximum(fixed, 1)).sum()) if n_sets else 0
+        out = np.zeros((fk.N_SLOTS, cap), np.uint64)
+        out_set = np.zeros(cap, np.int64)
+        status = np.zeros(n_sets, np.int8)
+        n = fk.decode_sets(buf, np.asarray(sets.start, np.int64), np.asarray(sets.end, np.int64),
+                           rows, np.asarray(sets.unix_ms, np.int64),
+                           np.asarray(sets.uptime_ms, np.int64), tc.f_count, tc.f_slot,
+                           tc.f_kind, tc.f_len, out, out_set, status) if n_sets else 0
+        for s in np.flatnonzero(status == fk.ST_TRUNCATED_RECORD):
+            self.stats.note(ctx[sets.dgram[s]][0], "truncated_record")
+        out, rec_set = out[:, :n], out_set[:n]
+        self.stats.records += n
+        return self._columns(out, rec_set, sets, ctx)
+
+    def _columns(self, out, rec_set, sets: _Sets, ctx) -> dict[str, np.ndarray]:
+        n = out.shape[1]
+        d = np.asarray(sets.dgram, np.int64)[rec_set] if n else np.zeros(0, np.int64)
+        exp_codes: dict[str, int] = {}
+        per_ctx_exp = np.zeros(len(ctx), np.int64)
+        for i, c in enumerate(ctx):
+            per_ctx_exp[i] = exp_codes.setdefault(c[0], len(exp_codes))
+        pairs = np.array([self._pair(e) for e in exp_codes] or [(0, 0)], np.uint64)
+        code = per_ctx_exp[d]
+        ctx_arr = np.array([(c[1], c[2], c[3], c[4]) for c in ctx] or [(0, 0, 0, 0)], np.int64)
+        cols: dict[str, np.ndarray] = {}
+        for name, dtype in FLOW_COLUMNS:
+            slot = _SLOT_OF.get(name)
+            if slot is not None:
+                cols[name] = out[slot].astype(dtype)
+        cols["first"] = out[fk.S_FIRST].view(np.int64).copy()
+        cols["last"] = out[fk.S_LAST].view(np.int64).copy()
+        cols["exporter_hi"] = pairs[code, 0]
+        cols["exporter_lo"] = pairs[code, 1]
+        cols["domain"] = ctx_arr[d, 0].astype(np.uint32)
+        cols["export"] = ctx_arr[d, 1]
+        cols["arrival"] = ctx_arr[d, 2]
+        cols["version"] = ctx_arr[d, 3].astype(np.uint8)
+        sampling = out[fk.S_SAMPLING]
+        set_sampling = np.asarray(sets.sampling, np.uint64)[rec_set] if n else sampling
+        cols["sampling"] = np.where(sampling != 0, sampling, set_sampling).astype(np.uint32)
+        v4 = (out[fk.S_SRC_HI] == 0) & ((out[fk.S_SRC_LO] >> np.uint64(32)) == 0xFFFF)
+        ipv = out[fk.S_IPVERSION].astype(np.uint8)
+        cols["ipversion"] = np.where(ipv != 0, ipv, np.where(v4, 4, 6)).astype(np.uint8)
+        return {name: cols[name] for name, _ in FLOW_COLUMNS}
+
+    def _pair(self, exporter: str) -> tuple[int, int]:
+        p = self._pairs.get(exporter)
+        if p is None:
+            try:
+                p = address_pair(exporter)
+            except ValueError:
+                p = (0, 0)
+            self._pairs[exporter] = p
+        return p
+
+    # --- a run's state --------------------------------------------------------------------------
+
+    def state(self) -> dict:
+        """Templates, options and sequence expectations (JSON-able)."""
+        return {"templates": self.templates.state(),
+                "sequences": [[e, d, v, s] for (e, d, v), s in self._next_seq.items()]}
+
+    @classmethod
+    def from_state(cls, state: dict, max_pending: int = MAX_PENDING) -> FlowDecoder:
+        dec = cls(TemplateCache.from_state(state.get("templates", {})), max_pending)
+        for e, d, v, s in state.get("sequences", []):
+            dec._next_seq[(str(e), int(d), int(v))] = int(s)
+        return dec
