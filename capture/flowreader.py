@@ -256,10 +256,7 @@ class FlowReader:
             out = self.reorder.push(cols, self.reorder.punctuation(self.decoder))
             if out is not None:
                 yield from self._batches(out)
-        self.decoder.drop_pending()
-        out = self.reorder.flush()
-        if out is not None:
-            yield from self._batches(out)
+        yield from self._release_held()
 
     def _collect(self):
         """A collector's records until `stop` says so (then every record held)."""
@@ -273,6 +270,11 @@ class FlowReader:
             out = self.reorder.push(cols, self.reorder.punctuation(self.decoder))
             if out is not None:
                 yield from self._batches(out)
+        yield from self._release_held()
+
+    def _release_held(self):
+        """At the end of the input: the sets still waiting for a template are counted, and
+        every record held is released."""
         self.decoder.drop_pending()
         out = self.reorder.flush()
         if out is not None:

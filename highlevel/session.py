@@ -53,6 +53,9 @@ logger.trigger.name = org.apache.spark.sql.execution.streaming.runtime.Processin
 logger.trigger.level = error
 logger.dag.name = org.apache.spark.scheduler.DAGScheduler
 logger.dag.level = error
+# a standalone cluster's executors leaving as the session stops: not news to the user
+logger.standalone.name = org.apache.spark.scheduler.cluster.StandaloneSchedulerBackend$StandaloneDriverEndpoint
+logger.standalone.level = error
 """
 
 DEFAULTS = {

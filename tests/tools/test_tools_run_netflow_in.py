@@ -72,36 +72,13 @@ def test_udp_collector_of_softflowd_equals_nfdump(pcaps_dir, tmp_path, version):
     """softflowd's datagrams sent to `--netflow-in r1=127.0.0.1:PORT` while the run
     collects, then SIGTERM: the held records are released and every window written; the same
     datagrams to nfcapd give the same sums."""
-    import signal
-    import socket
-    import time
-
     from tests.capture.test_capture_flowdecode import softflowd_datagrams
-    from tests.conftest import free_udp_port, udp_port_bound
+    from tests.conftest import free_udp_port
 
     datagrams = softflowd_datagrams(pcaps_dir / "skype.pcap", version)
     (tmp_path / "q.gsql").write_text(QUERY)
     out = tmp_path / "q.csv"
-    port = free_udp_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "run", str(tmp_path / "q.gsql"),
-                             "--netflow-in", f"r1=127.0.0.1:{port}", "--output", f"q={out}"],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while proc.poll() is None and not udp_port_bound(port) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert proc.poll() is None
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            for d in datagrams:
-                s.sendto(d, ("127.0.0.1", port))
-        time.sleep(2)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err
+    err = _collect(tmp_path, free_udp_port(), datagrams, "--output", f"q={out}")
     assert f"link r1: {len(datagrams)} datagrams (v{version}: {len(datagrams)}), 0 sequence " \
         f"gaps, 0 late records" in err
     ours = pd.read_csv(out).astype({"tb": int, "b": int, "p": int})
