@@ -31,10 +31,12 @@ drops; `--plot` draws lag and RSS over time. Not a test: a run takes `--minutes`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -149,20 +151,19 @@ def one_run(pps: int, groups: int, minutes: float, mode: str, workdir: Path) -> 
                                            sizes="fixed:64", seed=5))
     native = packets / TRACE_S
     state = Path(tempfile.mkdtemp(prefix=f"state-{pps}-{groups}-", dir=workdir))
-    sender = None
-    pair = None
-    if mode == "veth":
-        import subprocess
-
-        from tools.gen.veth import VethPair
-
-        pair = VethPair("oopbsu").__enter__()
-        args = ["--interface", f"main={pair.outer}"]
-    else:
-        args = ["--link", f"main={pcap}", "--loop", "--speed", f"{pps / native:.4f}"]
-    server = Server(args, state, workdir / f"serve-{pps}-{groups}.log")
     sampled, stop = Sampled(), threading.Event()
-    try:
+    with contextlib.ExitStack() as undo:
+        pair = None
+        if mode == "veth":
+            from tools.gen.veth import VethPair
+
+            pair = undo.enter_context(VethPair("oopbsu"))
+            args = ["--interface", f"main={pair.outer}"]
+        else:
+            args = ["--link", f"main={pcap}", "--loop", "--speed", f"{pps / native:.4f}"]
+        server = Server(args, state, workdir / f"serve-{pps}-{groups}.log")
+        undo.callback(server.stop)
+        undo.callback(stop.set)             # the tail thread, first
         server.start()
         server.wait_spark()
         if pair is not None:
@@ -170,12 +171,12 @@ def one_run(pps: int, groups: int, minutes: float, mode: str, workdir: Path) -> 
                                                    f"--pps={pps}", "--preload-pcap",
                                                    "--loop=0", str(pcap)]),
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            undo.callback(sender.wait)
+            undo.callback(sender.terminate)
         time.sleep(3)                               # the rate settles
         reply = server.client.submit(text=QUERY, file="pairs.gsql")
-        out = Path(reply["outputs"]["pairs"]) if "outputs" in reply else state / "pairs"
-        tail = threading.Thread(target=_tail, args=(server.client, sampled, stop),
-                                daemon=True)
-        tail.start()
+        out = Path(reply["outputs"]["pairs"])
+        threading.Thread(target=_tail, args=(server.client, sampled, stop), daemon=True).start()
         seen: set = set()
         assert server.proc is not None
         pid = server.proc.pid
@@ -196,15 +197,13 @@ def one_run(pps: int, groups: int, minutes: float, mode: str, workdir: Path) -> 
                          "RSS %.0f MB", minutes * 60 - (ended - time.time()), done.tb,
                          f"{done.rows:,}", _s(done.file_s), _s(done.tail_s), w.rss_mb)
         status = server.client.status()["links"][0]
-    finally:
-        stop.set()
-        if sender is not None:
-            sender.terminate()
-            sender.wait()
-        server.stop()
-        if pair is not None:
-            pair.__exit__(None, None, None)
     return _report(pps, groups, mode, sampled, status, reply["first_window_ns"] // NS)
+
+
+def _p99(values: list[float]) -> float | None:
+    """The 99th percentile (of a few windows: the largest)."""
+    return round(sorted(values)[min(len(values) - 1, int(0.99 * len(values)))], 2) \
+        if values else None
 
 
 def _report(pps, groups, mode, sampled: Sampled, status: dict, first_s: int) -> dict:
@@ -225,11 +224,9 @@ def _report(pps, groups, mode, sampled: Sampled, status: dict, first_s: int) -> 
             "pps_seen": round(status["pps"]), "ring_drops": status["ring_drops"],
             "kernel_drops": status.get("kernel_drops"), "windows": len(ws),
             "file_lag_median_s": round(statistics.median(lags), 2) if lags else None,
-            "file_lag_p99_s": round(sorted(lags)[int(0.99 * (len(lags) - 1))], 2)
-            if lags else None,
+            "file_lag_p99_s": _p99(lags),
             "tail_lag_median_s": round(statistics.median(tail), 2) if tail else None,
-            "tail_lag_p99_s": round(sorted(tail)[int(0.99 * (len(tail) - 1))], 2)
-            if tail else None,
+            "tail_lag_p99_s": _p99(tail),
             "lag_second_minute_s": mean(lags[per_min:2 * per_min]),
             "lag_last_minute_s": mean(lags[-per_min:]),
             "result_rows_per_window": round(rows / len(ws)) if ws else None,

@@ -535,18 +535,18 @@ class Submission:
         streams = [{**out.info(), "rows": out.rows + self.rows_before.get(stream, 0)}
                    for stream, out in self.outputs.items()]
         first = streams[0] if streams else {}
+        rows = sum(s["rows"] for s in streams)
         return {"name": rec.name, "file": rec.file, "state": rec.state,
                 "error": self.error, "links": self.links, "agents": dict(self.remote),
                 "queries": [q.name for q in self.chosen],
                 "streams": streams,
                 "columns": first.get("columns", []), "numeric": first.get("numeric", []),
-                "rows_out": sum(s["rows"] for s in streams),
+                "rows_out": rows,
                 **counters,
                 # the tables' size now (adaptive ones change between windows) and how much
                 # the low level reduces: partial rows per result row (1.0: once per group)
                 "slots": self.table_slots(),
-                "partials_per_row": round(counters["partial_rows"] / rows, 3)
-                if (rows := sum(s["rows"] for s in streams)) else None,
+                "partials_per_row": round(counters["partial_rows"] / rows, 3) if rows else None,
                 "counted_since_ns": rec.submitted_ns,
                 "latency_p50_s": first.get("latency_p50_s"),
                 "latency_p99_s": first.get("latency_p99_s"),
