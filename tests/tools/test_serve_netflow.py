@@ -1,0 +1,134 @@
+"""`oopscope serve --netflow-in`: a NETFLOW link of the appliance, as real processes. softflowd's
+datagrams sent to a served UDP collector while a submitted query runs: per 5-tuple sums of
+packets and bytes equal nfdump's over the same datagrams sent to a real nfcapd; the link's
+counters in `status` and /metrics; a submission reading the link as packets (and a packet
+link as NETFLOW) refused in one line; a restarted server decodes at once the data sets of
+templates its previous life received."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.capture.test_capture_flowdecode import KEY, nfdump_records, softflowd_datagrams
+from tests.conftest import free_udp_port, udp_port_bound
+from tests.tools.serving import Server, metric_samples, read_output, wait_for
+
+QUERY = """
+DEFINE { query_name 'flows'; }
+SELECT tb, srcIP, destIP, srcPort, destPort, protocol, sum(packets) AS p, sum(bytes) AS b
+FROM r1.NETFLOW
+GROUP BY first/60000000000 AS tb, srcIP, destIP, srcPort, destPort, protocol
+"""
+
+
+def _send(port: int, datagrams: list[bytes]) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for d in datagrams:
+            s.sendto(d, ("127.0.0.1", port))
+            time.sleep(0.002)
+
+
+def _netflow(server: Server) -> dict:
+    (link,) = [s for s in server.client.status()["links"] if s["name"] == "r1"]
+    return link["netflow"]
+
+
+def _start(args: list[str], state: Path, log: Path, port: int) -> Server:
+    server = Server(args, state, log).start()
+    wait_for(lambda: udp_port_bound(port), 60, "the collector's socket")
+    return server
+
+
+@pytest.mark.slow
+def test_served_collector_of_softflowd_equals_nfdump(pcaps_dir, tmp_path):
+    datagrams = softflowd_datagrams(pcaps_dir / "skype.pcap", 9)
+    port = free_udp_port()
+    state = tmp_path / "state"
+    query = tmp_path / "flows.gsql"
+    query.write_text(QUERY)
+    server = _start(["--netflow-in", f"r1=127.0.0.1:{port}",
+                     "--link", f"main={pcaps_dir / 'NTPv4.pcap'}"],
+                    state, tmp_path / "serve.log", port)
+    try:
+        server.wait_spark()
+        reply = server.cli("submit", str(query))
+        assert "runs on r1" in reply.stdout
+        # the NETFLOW link read as packets, a packet link read as NETFLOW: one line each
+        (tmp_path / "bad.gsql").write_text("SELECT time, count(*) AS n FROM r1.IP "
+                                           "GROUP BY time\n")
+        bad = server.cli("submit", str(tmp_path / "bad.gsql"), check=False)
+        assert bad.returncode != 0
+        assert bad.stderr.strip().count("\n") == 0, bad.stderr
+        assert "carries NetFlow/IPFIX flow records" in bad.stderr and "r1.NETFLOW" in bad.stderr
+        (tmp_path / "bad2.gsql").write_text("SELECT tb, count(*) AS n FROM main.NETFLOW "
+                                            "GROUP BY first/60000000000 AS tb\n")
+        bad2 = server.cli("submit", str(tmp_path / "bad2.gsql"), check=False)
+        assert bad2.returncode != 0 and bad2.stderr.strip().count("\n") == 0, bad2.stderr
+        assert "carries packets" in bad2.stderr and "--netflow-in" in bad2.stderr
+
+        _send(port, datagrams)
+        nf = wait_for(lambda: (n := _netflow(server))["datagrams"] == len(datagrams) and n,
+                      60, "every datagram counted")
+        assert nf["versions"] == {"9": len(datagrams)}
+        assert nf["malformed"] == {} and nf["sequence_gaps"] == 0
+        assert nf["records"] > 100
+        metrics = metric_samples(server.client)
+        assert metrics[("oopscope_link_netflow_records_total", (("link", "r1"),))] \
+            == nf["records"]
+        assert metrics[("oopscope_link_netflow_malformed_total",
+                        (("link", "r1"), ("reason", "no_template")))] == 0
+        status = server.cli("status").stdout
+        assert f"link r1 (NETFLOW): {len(datagrams)} datagrams (v9: {len(datagrams)}), " \
+            f"{nf['records']} records, 0 sequence gaps" in status
+    finally:
+        # the records the collector still holds are released at the stop, and every window
+        # is closed and written
+        assert server.stop() == 0, server.log()
+    table, _ = read_output(state / "flows")
+    assert table is not None, server.log()
+    ours = table.to_pandas().rename(columns={"srcIP": "src", "destIP": "dst", "srcPort": "sport",
+                                             "destPort": "dport", "protocol": "proto"})
+    ours = ours.groupby(KEY)[["p", "b"]].sum().sort_index()
+    theirs = nfdump_records(datagrams, tmp_path).groupby(KEY).agg(
+        p=("packets", "sum"), b=("bytes", "sum")).sort_index()
+    assert len(theirs) > 50
+    assert int(ours["p"].sum()) == int(theirs["p"].sum())
+    pd.testing.assert_frame_equal(ours, theirs, check_dtype=False)
+
+
+@pytest.mark.slow
+def test_restarted_server_knows_the_templates(pcaps_dir, tmp_path):
+    """The collector keeps its templates in the state directory: the data sets sent to the
+    restarted server, whose templates only the first life received, decode at once."""
+    from capture.flowdecode import FlowDecoder
+
+    datagrams = softflowd_datagrams(pcaps_dir / "skype.pcap", 9)
+    rest = datagrams[1:]
+    assert len(FlowDecoder().decode(rest, ["x"] * len(rest), [0] * len(rest))["bytes"]) == 0
+    port = free_udp_port()
+    state = tmp_path / "state"
+    args = ["--netflow-in", f"r1=127.0.0.1:{port}"]
+    server = _start(args, state, tmp_path / "serve.log", port)
+    try:
+        _send(port, datagrams[:1])
+        wait_for(lambda: _netflow(server)["records"] > 0, 60, "the first records")
+    finally:
+        assert server.stop() == 0, server.log()
+    assert (state / "run" / ".netflow" / "r1.json").is_file()
+    server = _start(args, state, tmp_path / "serve.log", port)
+    try:
+        _send(port, rest)
+        nf = wait_for(lambda: (n := _netflow(server))["datagrams"] == len(rest) and n,
+                      60, "every datagram counted")
+        assert nf["malformed"] == {}, nf
+        expected = len(FlowDecoder().decode(datagrams, ["127.0.0.1"] * len(datagrams),
+                                            [0] * len(datagrams))["bytes"])
+        first = len(FlowDecoder().decode(datagrams[:1], ["127.0.0.1"], [0])["bytes"])
+        assert nf["records"] == expected - first
+    finally:
+        assert server.stop() == 0, server.log()
