@@ -132,3 +132,51 @@ def test_restarted_server_knows_the_templates(pcaps_dir, tmp_path):
         assert nf["records"] == expected - first
     finally:
         assert server.stop() == 0, server.log()
+
+
+@pytest.mark.slow
+def test_served_file_of_datagrams_replayed_by_capture_time(pcaps_dir, tmp_path):
+    """oopscope's own exporter's IPFIX datagrams in a capture, 19 s of capture time replayed
+    at --speed 0.5: the query submitted at once counts every record, and its windows, closed
+    when the file ends, sum to nfdump's per 5-tuple."""
+    from capture.flowsource import read_datagrams
+    from tests.capture.test_capture_flowdecode import _flow_table, _skype_flows
+    from tools.netflow.exporter import Exporter
+
+    pcap = tmp_path / "datagrams.pcap"
+    ex = Exporter(None, 10, pcap=str(pcap), template_every_messages=8)
+    ex.export(_flow_table(_skype_flows(pcaps_dir)))
+    ex.close()
+    dg = read_datagrams(pcap)
+    span_s = (dg.arrivals[-1] - dg.arrivals[0]) / 1e9
+    assert span_s > 10
+    theirs = nfdump_records(dg.payloads, tmp_path).groupby(KEY).agg(
+        p=("packets", "sum"), b=("bytes", "sum")).sort_index()
+    query = tmp_path / "flows.gsql"
+    query.write_text(QUERY)
+    state = tmp_path / "state"
+    server = Server(["--netflow-in", f"r1={pcap}", "--speed", "0.5"], state,
+                    tmp_path / "serve.log").start()
+    started = time.monotonic()
+    try:
+        reply = server.cli("submit", str(query))
+        # nothing was released yet: the exporter's records wait for its punctuation (or the
+        # file's end, 2 x 19 s away)
+        assert "counts the records from the first one read" in reply.stdout, reply.stdout
+        assert time.monotonic() - started < 2 * span_s, "the submission came too late"
+
+        def written():
+            table, _ = read_output(state / "flows")
+            return table is not None and sum(table.column("p").to_pylist()) \
+                == int(theirs["p"].sum()) and table
+        table = wait_for(written, 240, "every window written")
+        # the records were released at the file's end, due by capture time at half speed
+        assert time.monotonic() - started >= 2 * span_s * 0.9
+        nf = _netflow(server)
+        assert nf["datagrams"] == len(dg.payloads) and nf["versions"] == {"10": len(dg.payloads)}
+    finally:
+        assert server.stop() == 0, server.log()
+    ours = table.to_pandas().rename(columns={"srcIP": "src", "destIP": "dst", "srcPort": "sport",
+                                             "destPort": "dport", "protocol": "proto"})
+    ours = ours.groupby(KEY)[["p", "b"]].sum().sort_index()
+    pd.testing.assert_frame_equal(ours, theirs, check_dtype=False)

@@ -141,7 +141,11 @@ class NetflowFileLink(_FlowProducer):
         # the capture time of each datagram: a batch is due when its latest one is
         arrivals = np.asarray(read_datagrams(self.path).arrivals, np.int64)
         reader = self._reader()
+        # the replay's origin: the first datagram, now (a resumed link: the first batch it
+        # does not read past, when it comes)
         t0 = w0 = None
+        if self.skip_before is None and len(arrivals):
+            t0, w0 = int(arrivals[0]), time.time_ns()
         try:
             for batch in reader:
                 if self.stopping.is_set():
