@@ -104,7 +104,8 @@ def test_served_collector_of_softflowd_equals_nfdump(pcaps_dir, tmp_path):
 @pytest.mark.slow
 def test_restarted_server_knows_the_templates(pcaps_dir, tmp_path):
     """The collector keeps its templates in the state directory: the data sets sent to the
-    restarted server, whose templates only the first life received, decode at once."""
+    restarted server, whose templates only the first life received, decode at once; the
+    query submitted in the first life resumes and counts no record of a window written."""
     from capture.flowdecode import FlowDecoder
 
     datagrams = softflowd_datagrams(pcaps_dir / "skype.pcap", 9)
@@ -113,15 +114,24 @@ def test_restarted_server_knows_the_templates(pcaps_dir, tmp_path):
     port = free_udp_port()
     state = tmp_path / "state"
     args = ["--netflow-in", f"r1=127.0.0.1:{port}"]
+    query = tmp_path / "flows.gsql"
+    query.write_text(QUERY)
     server = _start(args, state, tmp_path / "serve.log", port)
     try:
+        server.wait_spark()
+        server.cli("submit", str(query))
         _send(port, datagrams[:1])
         wait_for(lambda: _netflow(server)["records"] > 0, 60, "the first records")
     finally:
         assert server.stop() == 0, server.log()
     assert (state / "run" / ".netflow" / "r1.json").is_file()
+    before, _ = read_output(state / "flows")
+    assert before is not None and len(before) > 0, server.log()
     server = _start(args, state, tmp_path / "serve.log", port)
     try:
+        server.wait_spark()
+        (info,) = server.client.queries()
+        assert info["state"] == "running", info
         _send(port, rest)
         nf = wait_for(lambda: (n := _netflow(server))["datagrams"] == len(rest) and n,
                       60, "every datagram counted")
@@ -132,12 +142,26 @@ def test_restarted_server_knows_the_templates(pcaps_dir, tmp_path):
         assert nf["records"] == expected - first
     finally:
         assert server.stop() == 0, server.log()
+    # the resumed query counts the records of the windows after those its first life wrote
+    # (each of them closed at the shutdown), and none of theirs twice
+    after, _ = read_output(state / "flows")
+    rows = after.to_pandas()
+    assert not rows.duplicated(["tb", "srcIP", "destIP", "srcPort", "destPort",
+                                "protocol"]).any(), "a window's group was written twice"
+    last = max(before.column("tb").to_pylist())
+    cols = FlowDecoder().decode(datagrams, ["127.0.0.1"] * len(datagrams),
+                                [0] * len(datagrams))
+    tb = cols["first"][first:] // 60_000_000_000
+    want = int(cols["packets"][first:][tb > last].sum())
+    assert want > 0
+    assert int(rows[rows.tb > last]["p"].sum()) == want
+    assert len(rows[rows.tb <= last]) == len(before)
 
 
 @pytest.mark.slow
 def test_served_file_of_datagrams_replayed_by_capture_time(pcaps_dir, tmp_path):
     """oopscope's own exporter's IPFIX datagrams in a capture, 19 s of capture time replayed
-    at --speed 0.5: the query submitted at once counts every record, and its windows, closed
+    at --speed 0.25: the query submitted at once counts every record, and its windows, closed
     when the file ends, sum to nfdump's per 5-tuple."""
     from capture.flowsource import read_datagrams
     from tests.capture.test_capture_flowdecode import _flow_table, _skype_flows
@@ -155,23 +179,23 @@ def test_served_file_of_datagrams_replayed_by_capture_time(pcaps_dir, tmp_path):
     query = tmp_path / "flows.gsql"
     query.write_text(QUERY)
     state = tmp_path / "state"
-    server = Server(["--netflow-in", f"r1={pcap}", "--speed", "0.5"], state,
+    server = Server(["--netflow-in", f"r1={pcap}", "--speed", "0.25"], state,
                     tmp_path / "serve.log").start()
     started = time.monotonic()
     try:
         reply = server.cli("submit", str(query))
         # nothing was released yet: the exporter's records wait for its punctuation (or the
-        # file's end, 2 x 19 s away)
+        # file's end, 4 x 19 s away)
         assert "counts the records from the first one read" in reply.stdout, reply.stdout
-        assert time.monotonic() - started < 2 * span_s, "the submission came too late"
 
         def written():
             table, _ = read_output(state / "flows")
             return table is not None and sum(table.column("p").to_pylist()) \
                 == int(theirs["p"].sum()) and table
         table = wait_for(written, 240, "every window written")
-        # the records were released at the file's end, due by capture time at half speed
-        assert time.monotonic() - started >= 2 * span_s * 0.9
+        # the records were released at the file's end, due by capture time at a quarter of
+        # real time (a lower bound: a busy machine only makes it later)
+        assert time.monotonic() - started >= 4 * span_s * 0.9
         nf = _netflow(server)
         assert nf["datagrams"] == len(dg.payloads) and nf["versions"] == {"10": len(dg.payloads)}
     finally:
