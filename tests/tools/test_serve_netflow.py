@@ -204,3 +204,27 @@ def test_served_file_of_datagrams_replayed_by_capture_time(pcaps_dir, tmp_path):
                                              "destPort": "dport", "protocol": "proto"})
     ours = ours.groupby(KEY)[["p", "b"]].sum().sort_index()
     pd.testing.assert_frame_equal(ours, theirs, check_dtype=False)
+
+
+def test_a_netflow_link_that_cannot_open_stops_the_start(tmp_path):
+    """A file that is no capture, and a collector's port another socket holds: the server
+    does not start, and says why in one line naming the option."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    bad = tmp_path / "not.pcap"
+    bad.write_text("hello\n")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        for source, why in ((str(bad), "not a pcap or pcapng file"),
+                            (f"127.0.0.1:{port}", "cannot receive NetFlow there")):
+            proc = subprocess.run([sys.executable, "-m", "tools.cli", "serve", "--netflow-in",
+                                   f"r1={source}", "--state", str(tmp_path / "state")],
+                                  cwd=REPO, capture_output=True, text=True, timeout=120)
+            assert proc.returncode != 0
+            line = proc.stderr.strip()
+            assert "\n" not in line and f"--netflow-in r1={source}: " in line, line
+            assert why in line, line

@@ -225,6 +225,34 @@ def flow_source(name: str, source: str) -> str:
                          f"datagrams nor HOST:PORT to collect on")
 
 
+def check_flow_source(name: str, source: str) -> None:
+    """Before the server starts: a file must be a capture, and a collector's address free
+    to bind (RunConfigError naming the option, in one line)."""
+    import socket
+
+    from capture.errors import CaptureError
+    from capture.flowreader import collector_address
+    from capture.reader import open_capture
+
+    opt = f"--netflow-in {name}={source}"
+    if flow_source(name, source) == "file":
+        try:
+            open_capture(source, link=name).close()
+        except (CaptureError, OSError) as exc:
+            raise RunConfigError(f"{opt}: {exc}") from None
+        return
+    address = collector_address(source)
+    assert address is not None
+    host, port = address
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as sock:
+            sock.bind((host, port))
+    except OSError as exc:
+        raise RunConfigError(f"{opt}: cannot receive NetFlow there: "
+                             f"{exc.strerror or exc}") from None
+
+
 def describe(name: str, source: str) -> str:
     """The link's source as status shows it."""
     if flow_source(name, source) == "collector":

@@ -61,10 +61,10 @@ class LinkSet:
 
         for name, protocol, path in config.records:
             record_format(schema, name, protocol, path)
-        from tools.pipeline.flowlinks import flow_source
+        from tools.pipeline.flowlinks import check_flow_source
 
         for name, source in config.netflow:
-            flow_source(name, source)
+            check_flow_source(name, source)
         if config.speed <= 0:
             raise RunConfigError("--speed must be positive")
 
