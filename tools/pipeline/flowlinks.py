@@ -5,7 +5,8 @@ a `capture.recordqueue.RecordQueue`, as the record links of `tools.pipeline.reco
 The link is timed by its records' own clock, `first` (flow start): its submissions start at
 a record time, and its punctuation is the largest `first` released, since the reader
 releases its records in order of `first` once the exporters' punctuation has passed them (a
-record released below that is late, counted by the reader and by the queries).
+record released below that is late, counted by the reader and by the queries); a reader that
+gives its punctuation itself is taken at its word (`_FlowProducer._hand_on`).
 
 Two kinds of source:
 
@@ -101,6 +102,20 @@ class _FlowProducer(RecordProducer):
         self.totals.reader = reader
         return reader
 
+    def _hand_on(self, batch, reader) -> None:
+        """Push `batch` to the router, and say how far the link's punctuation goes: the
+        largest flow start handed on while the reader releases its records in order of it;
+        the reader's own punctuation when it gives one (records handed on as decoded)."""
+        if not hasattr(reader, "punctuation"):
+            self._push(batch)
+        else:
+            if len(batch):
+                self.ring.push(batch)
+            p = reader.punctuation
+            if p is not None:
+                self.timer.observe(int(p))
+        self._tick(None)
+
     def netflow_stats(self) -> dict:
         return self.totals.netflow()
 
@@ -116,8 +131,7 @@ class NetflowCollectorLink(_FlowProducer):
         reader = self._reader(stop=self._waiting)
         try:
             for batch in reader:
-                self._push(batch)
-                self._tick(None)
+                self._hand_on(batch, reader)
         finally:
             reader.close()
 
@@ -164,8 +178,7 @@ class NetflowFileLink(_FlowProducer):
                 assert w0 is not None
                 if not self._wait(w0 + int((due - t0) / self.speed)):
                     return
-                self._push(batch)
-                self._tick(None)
+                self._hand_on(batch, reader)
             self.ended_input = not self.stopping.is_set()
             log.info("link %s: the end of %s (%d datagrams, %d records)", self.link,
                      self.path, reader.stats.datagrams, reader.stats.records)

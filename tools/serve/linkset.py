@@ -147,10 +147,16 @@ class LinkSet:
                 what = (f"{sub.record.file}: query {qp.name} reads link {lp.link} as "
                         f"{'records' if lp.record is not None else 'packets'} of "
                         f"{lp.protocol}")
-                if lp.link in netflow and (lp.record is None or lp.record != carried):
-                    raise RunConfigError(f"{what}, but the link carries NetFlow/IPFIX flow "
-                                         f"records (serve --netflow-in): read it as "
-                                         f"{lp.link}.NETFLOW")
+                if lp.link in netflow:
+                    if lp.record is None or lp.record.kind != "netflow":
+                        raise RunConfigError(f"{what}, but the link carries NetFlow/IPFIX "
+                                             f"flow records (serve --netflow-in): read it as "
+                                             f"{lp.link}.NETFLOW")
+                    if carried is not None and lp.record.clock != carried.clock:
+                        raise RunConfigError(f"{what} windowed on {lp.record.clock}, but the "
+                                             f"server's NETFLOW link {lp.link} is punctuated "
+                                             f"on {carried.clock}")
+                    continue
                 if carried is None and lp.record is not None and lp.record.kind == "netflow":
                     raise RunConfigError(f"{what}, but the link carries packets (a NETFLOW "
                                          f"link is started with serve --netflow-in "
