@@ -7,6 +7,7 @@ templates its previous life received."""
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from pathlib import Path
@@ -70,6 +71,13 @@ def test_served_collector_of_softflowd_equals_nfdump(pcaps_dir, tmp_path):
         bad2 = server.cli("submit", str(tmp_path / "bad2.gsql"), check=False)
         assert bad2.returncode != 0 and bad2.stderr.strip().count("\n") == 0, bad2.stderr
         assert "carries packets" in bad2.stderr and "--netflow-in" in bad2.stderr
+        conn, resp = server.client._open("POST", "/api/queries", {
+            "text": (tmp_path / "bad.gsql").read_text(), "file": "bad.gsql"})
+        try:
+            assert resp.status == 400
+            assert "r1.NETFLOW" in json.loads(resp.read())["error"]
+        finally:
+            conn.close()
 
         _send(port, datagrams)
         nf = wait_for(lambda: (n := _netflow(server))["datagrams"] == len(datagrams) and n,
