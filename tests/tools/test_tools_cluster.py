@@ -273,3 +273,74 @@ def test_an_agent_refuses_a_link_another_agent_captures(tmp_path):
     Heartbeat(tmp_path, "c", ["q"], NS, lambda: {"l1": {}})       # another link: fine
     first.finish("stopped")
     Heartbeat(tmp_path, "b", ["q"], NS, lambda: {"l0": {}})       # a stopped agent's link
+
+
+@pytest.mark.slow
+def test_an_agent_collecting_netflow_feeds_collect(pcaps_dir, tmp_path):
+    """`oopscope agent QUERY --netflow-in r1=127.0.0.1:PORT`: softflowd's IPFIX datagrams
+    received by the agent, its partial rows melded by `oopscope collect`: per 5-tuple sums of
+    packets and bytes equal nfdump's over the same datagrams."""
+    import json
+    import socket
+
+    from tests.capture.test_capture_flowdecode import KEY, nfdump_records, softflowd_datagrams
+    from tests.conftest import free_udp_port, udp_port_bound
+    from tools.pipeline.heartbeat import heartbeat_path
+
+    datagrams = softflowd_datagrams(pcaps_dir / "skype.pcap", 10)
+    query = tmp_path / "flows.gsql"
+    query.write_text("DEFINE { query_name flows; }\n"
+                     "SELECT tb, srcIP, destIP, srcPort, destPort, protocol, sum(packets) AS p, "
+                     "sum(bytes) AS b FROM r1.NETFLOW GROUP BY first/60000000000 AS tb, srcIP, "
+                     "destIP, srcPort, destPort, protocol\n")
+    spool = tmp_path / "spool"
+    port = free_udp_port()
+    log = tmp_path / "agent.log"
+    with open(log, "ab") as out:
+        agent = subprocess.Popen(_cli("agent", str(query), "--netflow-in",
+                                      f"r1=127.0.0.1:{port}", "--spool", str(spool),
+                                      "--host-id", "nf"),
+                                 cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    beat = heartbeat_path(spool, "nf")
+
+    def received() -> int:
+        try:
+            return int(json.loads(beat.read_text())["links"]["r1"].get("datagrams", 0))
+        except (OSError, ValueError, KeyError):
+            return 0
+    try:
+        deadline = time.monotonic() + 120
+        while not udp_port_bound(port):
+            assert agent.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for d in datagrams:
+                s.sendto(d, ("127.0.0.1", port))
+                time.sleep(0.002)
+        while received() < len(datagrams):
+            assert agent.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+    finally:
+        agent.send_signal(signal.SIGTERM)         # the records held are released, then ended
+    text = _finish(agent, log)
+    assert f"link r1: {len(datagrams)} datagrams (v10: {len(datagrams)}), 0 sequence gaps" \
+        in text, text
+    out_csv = tmp_path / "flows.csv"
+    clog = tmp_path / "collect.log"
+    with open(clog, "wb") as fh:
+        proc = subprocess.Popen(_cli("collect", str(query), "--spool", str(spool),
+                                     "--expect-agents", "1", "--output", f"flows={out_csv}"),
+                                cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    _finish(proc, clog)
+    ours = pd.read_csv(out_csv).rename(columns={"srcIP": "src", "destIP": "dst",
+                                                "srcPort": "sport", "destPort": "dport",
+                                                "protocol": "proto"})
+    ours = ours.groupby(KEY)[["p", "b"]].sum().sort_index()
+    theirs = nfdump_records(datagrams, tmp_path).groupby(KEY).agg(
+        p=("packets", "sum"), b=("bytes", "sum")).sort_index()
+    assert len(theirs) > 50
+    pd.testing.assert_frame_equal(ours, theirs, check_dtype=False)
+    # the agent keeps its templates beside its heartbeat
+    assert (spool / beat.parent.name / "nf.netflow" / "r1.json").is_file()

@@ -131,8 +131,15 @@ def run_agent(agent: AgentConfig, stop) -> AgentSummary:
     resume = _continue_from(spool, low_plans, config, chosen)
     queries = {q: QuerySummary(q, "(spool)", "spool") for q in {graph.query_of(lp)
                                                                 for lp in low_plans}}
+    if config.netflow_links:
+        from tools.pipeline.heartbeat import heartbeat_path
+
+        # a collector's templates beside its heartbeat: an agent started again decodes at once
+        config = replace(config, flow_state_dir=str(
+            heartbeat_path(spool, host).with_suffix(".netflow")))
     low = LowLevel(config, low_plans, spool, queries, graph.query_of, complete_only=True,
                    starts=resume.starts(low_plans))
+    low.check_records()
     sources = LocalSources(config, low)
     sources.open(stop)
     beat = Heartbeat(spool, host, sorted(queries), config.punctuate_every_ns, sources.status)

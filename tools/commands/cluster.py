@@ -6,7 +6,15 @@ from __future__ import annotations
 import click
 
 from tools.commands.params import Duration, functions_option, schema_option
-from tools.commands.run import _interfaces, _links, _pairs, _separator, _speed, live_options
+from tools.commands.run import (
+    _flow_links,
+    _interfaces,
+    _links,
+    _pairs,
+    _separator,
+    _speed,
+    live_options,
+)
 
 
 @click.command()
@@ -21,6 +29,14 @@ from tools.commands.run import _interfaces, _links, _pairs, _separator, _speed, 
 @click.option("--interface", "interfaces", multiple=True, metavar="NAME=IFACE",
               help="Capture live on IFACE as link NAME (repeatable). Needs root or "
                    "CAP_NET_RAW.")
+@click.option("--netflow-in", "netflow_in", multiple=True, metavar="NAME=FILE.pcap|HOST:PORT",
+              help="With QUERY_FILE: a link of NetFlow v5/v9/IPFIX flow records (as on run): "
+                   "a capture file's exported datagrams, or a UDP collector on HOST:PORT "
+                   "(until SIGTERM; its templates kept beside the heartbeat). Its queries "
+                   "read it as NETFLOW.")
+@click.option("--netflow-in-active-timeout", "netflow_in_timeout", type=Duration(),
+              default="30min", show_default=True,
+              help="The exporters' active timeout of --netflow-in links (as on run).")
 @click.option("--spool", required=True, type=click.Path(file_okay=False),
               help="The shared spool directory (every agent and the collector see it).")
 @click.option("--host-id", "host_id", default=None,
@@ -48,8 +64,9 @@ from tools.commands.run import _interfaces, _links, _pairs, _separator, _speed, 
               help="K/N/GROUP: run as member K of an N-way fanout group (set by --fanout).")
 @live_options
 def agent(query_files, links, schema_files, csv_separator, function_files, udf_module,
-          interfaces, spool, host_id, speed, loop, duration, sets, params,
-          punctuate_every, lull_slack, fanout, fanout_member, capture_options) -> None:
+          interfaces, netflow_in, netflow_in_timeout, spool, host_id, speed, loop, duration,
+          sets, params, punctuate_every, lull_slack, fanout, fanout_member,
+          capture_options) -> None:
     """Run only the low level of QUERY_FILE for this host's links, writing partial rows,
     punctuation and a heartbeat to the shared --spool for `oopscope collect`.
 
@@ -67,6 +84,7 @@ def agent(query_files, links, schema_files, csv_separator, function_files, udf_m
       oopscope agent q8_1 --link l0=site-a.pcap --spool /shared/spool --host-id a
       sudo oopscope agent netflow --interface main=eth0 --spool /shared/spool
       oopscope agent --link edge=trace.pcap --loop --spool /shared/oops --host-id b
+      oopscope agent flows.gsql --netflow-in r1=0.0.0.0:2055 --spool /shared/spool
     """
     from tools.cluster.agent import AgentConfig, run_agent
     from tools.pipeline.config import RunConfig
@@ -76,8 +94,14 @@ def agent(query_files, links, schema_files, csv_separator, function_files, udf_m
 
     if punctuate_every <= 0:
         raise click.BadParameter("must be positive", param_hint="--punctuate-every")
-    if not links and not interfaces:
-        raise click.UsageError("give --link NAME=PCAP or --interface NAME=IFACE")
+    flow_links = _flow_links(netflow_in)
+    if not links and not interfaces and not flow_links:
+        raise click.UsageError("give --link NAME=PCAP, --interface NAME=IFACE or "
+                               "--netflow-in NAME=FILE.pcap|HOST:PORT")
+    if flow_links and not query_files:
+        raise click.UsageError("--netflow-in goes with QUERY_FILE (an agent working for "
+                               "`oopscope serve` has no NETFLOW links; give them to serve "
+                               "--netflow-in)")
     if not query_files:
         if schema_files or csv_separator or function_files or udf_module:
             raise click.UsageError("--schema, --csv-separator, --functions and --udf go with "
@@ -91,7 +115,9 @@ def agent(query_files, links, schema_files, csv_separator, function_files, udf_m
         raise click.UsageError("--loop is for an agent without QUERY_FILE (one that works "
                                "for `oopscope serve`)")
     config = RunConfig(query_file=query_files[0], more_query_files=query_files[1:],
-                       links=_links(links),
+                       links=_links(links) + flow_links,
+                       netflow_links=tuple(n for n, _ in flow_links),
+                       flow_timeout_ns=netflow_in_timeout,
                        interfaces=_interfaces(interfaces), overrides=_pairs(sets, "--set"),
                        params=_pairs(params, "--param"), punctuate_every_ns=punctuate_every,
                        speed=_speed(speed), duration_ns=duration, lull_slack_ns=lull_slack,

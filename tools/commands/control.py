@@ -205,10 +205,24 @@ def status(client) -> None:
                      str(link["kernel_drops"]), _when(link["punctuation_ns"])))
     if len(rows) > 1:
         _table(rows)
+    for link in st["links"]:
+        if link.get("netflow"):
+            click.echo(_flow_line(link["name"], link["netflow"]))
     _agents(st.get("agents") or [], st.get("spool"))
     for gap in st["gaps"]:
         click.echo(f"gap: no capture from {_when(gap['from_ns'])} to {_when(gap['to_ns'])} "
                    f"UTC ({gap['reason']})")
+
+
+def _flow_line(name: str, nf: dict) -> str:
+    """`link r1 (NETFLOW): 13 datagrams (v9: 13), 394 records, 0 sequence gaps, 0 late
+    records, 0 malformed datagrams`, with the malformed by reason and exporter."""
+    versions = ", ".join(f"v{v}: {n}" for v, n in sorted(nf["versions"].items()))
+    bad = sum(nf["malformed"].values())
+    why = ", ".join(f"{n} {k}" for k, n in sorted(nf["by_exporter"].items()))
+    return (f"link {name} (NETFLOW): {nf['datagrams']} datagrams ({versions or 'none'}), "
+            f"{nf['records']} records, {nf['sequence_gaps']} sequence gaps, {nf['late']} late "
+            f"records, {bad} malformed" + (f" ({why})" if why else ""))
 
 
 def _agents(agents: list[dict], spool: str | None) -> None:

@@ -26,6 +26,16 @@ from tools.commands.params import Duration, Size
 @click.option("--csv-separator", "csv_separator", default=None, metavar="CHAR",
               help="The field separator of CSV record links (default: detected from the "
                    "first line among , | tab ; else space).")
+@click.option("--netflow-in", "netflow_in", multiple=True, metavar="NAME=HOST:PORT|FILE.pcap",
+              help="A link of NetFlow v5/v9/IPFIX flow records (repeatable): a UDP collector "
+                   "on HOST:PORT (its templates kept in --state), or the exported datagrams "
+                   "of a capture file replayed once by capture time at --speed. Queries "
+                   "submitted read it as NETFLOW (FROM NAME.NETFLOW).")
+@click.option("--netflow-in-active-timeout", "netflow_in_timeout", type=Duration(),
+              default="30min", show_default=True,
+              help="The exporters' active timeout: a NETFLOW link releases a record once "
+                   "every exporter's latest export time minus this has passed its flow start "
+                   "(an exporter that sends its own timeout is taken at its word).")
 @click.option("--speed", type=click.FloatRange(min=0.001), default=1.0, show_default=True,
               help="Replay --link files (and --records files) at this many times real "
                    "time.")
@@ -103,7 +113,8 @@ from tools.commands.params import Duration, Size
                    "by default; 027 lets the owning group read the results.")
 @click.option("--ready-file", default=None, hidden=True,
               help="Write the server's URL here once it listens (for scripts and tests).")
-def serve(interfaces, links, records, schema_files, csv_separator, speed, loop, state,
+def serve(interfaces, links, records, schema_files, csv_separator, netflow_in,
+          netflow_in_timeout, speed, loop, state,
           output_root, listen, token_file, allow_hosts, max_body, request_timeout,
           max_connections, max_streams, master, spool, agent_timeout, fanout, punctuate_every,
           lull_slack, promiscuous, snaplen, ring_blocks, ring_block_size, direction, data_dirs,
@@ -121,21 +132,23 @@ def serve(interfaces, links, records, schema_files, csv_separator, speed, loop, 
       sudo oopscope serve --interface main=eth0 --state /var/lib/oopscope
       oopscope serve --link main=trace.pcap --loop --state /tmp/oops
       oopscope serve --schema s.txt --records csv=CSV_EXAMPLE:feed.fifo --state /tmp/oops
+      oopscope serve --netflow-in r1=0.0.0.0:2055 --state /var/lib/oopscope
       oopscope serve --spool /shared/oops --state /var/lib/oopscope   # agents' links
       sudo oopscope serve --interface main=eth0 --fanout 4 --state /var/lib/oopscope
     """
     from pathlib import Path
 
-    from tools.commands.run import _interfaces, _links, _separator
+    from tools.commands.run import _flow_links, _interfaces, _links, _separator
     from tools.serve.appliance import ServeConfig
     from tools.serve.guard import HttpLimits, split_host
     from tools.serve.server import parse_listen, read_token
     from tools.serve.server import serve as run_server
 
-    if not links and not interfaces and not spool and not records:
+    netflow = _flow_links(netflow_in)
+    if not links and not interfaces and not spool and not records and not netflow:
         raise click.UsageError("give --interface NAME=IFACE (live), --link NAME=PCAP, "
-                               "--records NAME=PROTOCOL:PATH, or --spool DIR (the agents' "
-                               "links)")
+                               "--records NAME=PROTOCOL:PATH, --netflow-in "
+                               "NAME=HOST:PORT|FILE.pcap, or --spool DIR (the agents' links)")
     if fanout > 1 and (links or not interfaces):
         raise click.UsageError("--fanout splits live interfaces over capture processes: give "
                                "--interface NAME=IFACE (a capture file, --link, is read by "
@@ -149,7 +162,8 @@ def serve(interfaces, links, records, schema_files, csv_separator, speed, loop, 
                          capture_options=capture_options, spool=spool,
                          agent_timeout_s=None if agent_timeout is None else agent_timeout / 1e9,
                          fanout=fanout, schema_files=tuple(schema_files),
-                         records=_record_links(records),
+                         records=_record_links(records), netflow=netflow,
+                         flow_timeout_ns=netflow_in_timeout,
                          csv_separator=_separator(csv_separator),
                          data_dirs=tuple(data_dirs), memory_budget=memory_budget,
                          umask=umask)

@@ -63,6 +63,9 @@ class RunConfig:
     netflow_links: tuple[str, ...] = ()
     #: the exporters' active timeout of NETFLOW links (capture.flowreader)
     flow_timeout_ns: int = 30 * 60 * NS
+    #: where NETFLOW links keep their templates when not in a resumable run's checkpoint
+    #: (an agent's: beside its heartbeat in the spool); None: there
+    flow_state_dir: str | None = None
     # the other files of the query set (`oopscope run a.gsql b.gsql`): one set, as GS-lite's
     # translate_fta takes several files
     more_query_files: tuple[str, ...] = ()

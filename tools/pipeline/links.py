@@ -198,7 +198,9 @@ class ServedLink:
                 "ring_drops": int(ring.dropped),
                 "kernel_drops": int(getattr(st, "kernel_drops", 0) or 0),
                 "punctuation_ns": self.punctuation,
-                "error": None if p.error is None else str(p.error)}
+                "error": None if p.error is None else str(p.error),
+                # a NETFLOW link's datagrams, records, sequence gaps, late records
+                "netflow": p.netflow_stats() if hasattr(p, "netflow_stats") else None}
 
     def sample(self, now: float) -> None:
         """Note the counters at monotonic time `now` (the router, every RATE_STEP_S)."""
@@ -257,12 +259,16 @@ class ServedLink:
 
 def open_links(links, interfaces, *, period_ns: int, slack_ns: int, speed: float = 1.0,
                loop: bool = False, capture_options=(), records=(), schema=None,
-               separator: str | None = None) -> dict[str, ServedLink]:
+               separator: str | None = None, netflow=(), flow_timeout_ns: int = 0,
+               flow_state: Path | None = None) -> dict[str, ServedLink]:
     """Open and start the producers of `links` ((name, capture file): replayed),
-    `interfaces` ((name, interface): live) and `records` ((name, protocol, path): record
-    links of `schema`'s protocols, `tools.pipeline.recordlinks`): the appliance's links, and a
-    watching agent's."""
+    `interfaces` ((name, interface): live), `records` ((name, protocol, path): record
+    links of `schema`'s protocols, `tools.pipeline.recordlinks`) and `netflow` ((name,
+    HOST:PORT or capture file): NETFLOW links, `tools.pipeline.flowlinks`, their exporters'
+    active timeout `flow_timeout_ns`, a collector's templates kept in `flow_state`): the
+    appliance's links, and a watching agent's."""
     from capture.tpacket import MAX_SNAPLEN
+    from tools.pipeline.flowlinks import describe, open_flow_links
     from tools.pipeline.livelinks import LiveLink
     from tools.pipeline.recordlinks import open_record_links
 
@@ -294,6 +300,11 @@ def open_links(links, interfaces, *, period_ns: int, slack_ns: int, speed: float
             source = path if path == "-" else str(Path(path).resolve())
             out[name] = ServedLink(name, f"{protocol} records from {source}", producer,
                                    producer.timer)
+        flows = open_flow_links(netflow, period_ns=period_ns, slack_ns=slack_ns, speed=speed,
+                                timeout_ns=flow_timeout_ns, state_dir=flow_state)
+        for name, source in netflow:
+            out[name] = ServedLink(name, describe(name, source), flows[name],
+                                   flows[name].timer)
     except BaseException:
         for link in out.values():
             link.producer.close()

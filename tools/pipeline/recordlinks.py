@@ -69,7 +69,7 @@ class _RecordTotals:
         return "; ".join(d for s in self._all() if (d := s.describe()))
 
 
-class _RecordProducer(threading.Thread):
+class RecordProducer(threading.Thread):
     """What both kinds share: the queue, the timer ticks, the stop, the counters."""
 
     def __init__(self, name: str, path: str, fmt, timer: LinkTimer, *, period_ns: int,
@@ -127,7 +127,7 @@ class _RecordProducer(threading.Thread):
         pass
 
 
-class RecordStreamLink(_RecordProducer):
+class RecordStreamLink(RecordProducer):
     """Records from a FIFO or standard input, read as they arrive (module docstring)."""
 
     def _read(self) -> None:
@@ -164,7 +164,7 @@ class RecordStreamLink(_RecordProducer):
         return self.stopping.is_set()
 
 
-class RecordFileLink(_RecordProducer):
+class RecordFileLink(RecordProducer):
     """A file of records timed by their own field, replayed once, paced (module docstring)."""
 
     def __init__(self, *args, speed: float = 1.0, **kwargs):
@@ -210,7 +210,7 @@ def open_record_links(records, schema, *, period_ns: int, slack_ns: int, speed: 
                       separator: str | None) -> dict:
     """The producers of `records` ((name, protocol, path)), not started (the appliance
     starts them, then lets them read once its resumed queries are attached: `go`)."""
-    out: dict[str, _RecordProducer] = {}
+    out: dict[str, RecordProducer] = {}
     for name, protocol, path in records:
         fmt = record_format(schema, name, protocol, path)
         kind, _ = classify(path)

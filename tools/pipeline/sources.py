@@ -227,6 +227,11 @@ class LocalSources:
                          "packets": f.packets, "bytes": f.bytes,
                          "malformed": int(getattr(stats, "malformed", 0) or 0),
                          "ring_drops": ring, "kernel_drops": kernel, "ended": f.finished}
+            if name in self.config.netflow_links and stats is not None:
+                # a NETFLOW link's datagrams and records decoded (its records reach the low
+                # level, `packets`, once its punctuation releases them)
+                out[name]["datagrams"] = int(stats.datagrams)
+                out[name]["records"] = int(stats.records)
         return out
 
     def skipped(self) -> dict[str, int]:
@@ -340,7 +345,12 @@ def open_sources(config: RunConfig, feeds: dict, stop=None, skip: dict | None = 
 
 
 def _flow_state(config: RunConfig, name: str) -> Path | None:
-    """Where a NETFLOW link keeps its templates: a resumable run's checkpoint."""
+    """Where a NETFLOW link keeps its templates: a resumable run's checkpoint (an agent's
+    `flow_state_dir`)."""
+    if config.flow_state_dir is not None:
+        from urllib.parse import quote
+
+        return Path(config.flow_state_dir) / f"{quote(name, safe='')}.json"
     if config.spool is None or config.checkpoint is None:
         return None
     return Path(config.checkpoint) / "netflow" / f"{name}.json"

@@ -41,6 +41,10 @@ class ServeConfig:
     #: (name, protocol, path) of the record links (`--records NAME=PROTOCOL:PATH`)
     records: tuple[tuple[str, str, str], ...] = ()
     csv_separator: str | None = None
+    #: (name, HOST:PORT or capture file) of the NETFLOW links (`--netflow-in`)
+    netflow: tuple[tuple[str, str], ...] = ()
+    #: the exporters' active timeout of the NETFLOW links (`--netflow-in-active-timeout`)
+    flow_timeout_ns: int = 30 * 60 * NS_PER_S
     #: the directories whose files a submitted query may name (`--data-dir`; none: no file)
     data_dirs: tuple[str, ...] = ()
     #: bytes the running queries' tables may take together (`--memory-budget`; None: the
@@ -57,4 +61,4 @@ class ServeConfig:
     @property
     def link_names(self) -> list[str]:
         return [n for n, _ in self.links] + [n for n, _ in self.interfaces] + \
-            [n for n, _, _ in self.records]
+            [n for n, _, _ in self.records] + [n for n, _ in self.netflow]

@@ -15,6 +15,11 @@ if TYPE_CHECKING:
     from tools.serve.submission import Submission
 
 
+#: where a NETFLOW collector keeps its templates, below the state directory's `run/` (a
+#: name no query's can be: query names never start with a dot)
+FLOW_STATE = ".netflow"
+
+
 class LinkSet:
     """The links the server captures itself (live interfaces, capture files replayed paced
     and re-timed to the wall clock, record links: `tools.pipeline.links`) and the router that
@@ -56,6 +61,10 @@ class LinkSet:
 
         for name, protocol, path in config.records:
             record_format(schema, name, protocol, path)
+        from tools.pipeline.flowlinks import check_flow_source
+
+        for name, source in config.netflow:
+            check_flow_source(name, source)
         if config.speed <= 0:
             raise RunConfigError("--speed must be positive")
 
@@ -71,7 +80,9 @@ class LinkSet:
         self._links = open_links(cfg.links, interfaces, period_ns=cfg.punctuate_every_ns,
                                  slack_ns=cfg.lull_slack_ns, speed=cfg.speed, loop=cfg.loop,
                                  capture_options=cfg.capture_options, records=cfg.records,
-                                 schema=schema, separator=cfg.csv_separator)
+                                 schema=schema, separator=cfg.csv_separator,
+                                 netflow=cfg.netflow, flow_timeout_ns=cfg.flow_timeout_ns,
+                                 flow_state=Path(cfg.state).resolve() / "run" / FLOW_STATE)
         self._router = LinkRouter(self._links)
         self._router.on_feed_error = on_feed_error
         self._router.start()
@@ -128,6 +139,7 @@ class LinkSet:
     def check_kinds(self, sub: Submission) -> None:
         """Every low-level plan reads its link as what the link carries: packets, or the
         records of the protocol the server was started with."""
+        netflow = dict(self.config.netflow)
         for qp in sub.plan.queries:
             for lp in qp.low:
                 link = self._links.get(lp.link)
@@ -135,6 +147,20 @@ class LinkSet:
                 what = (f"{sub.record.file}: query {qp.name} reads link {lp.link} as "
                         f"{'records' if lp.record is not None else 'packets'} of "
                         f"{lp.protocol}")
+                if lp.link in netflow:
+                    if lp.record is None or lp.record.kind != "netflow":
+                        raise RunConfigError(f"{what}, but the link carries NetFlow/IPFIX "
+                                             f"flow records (serve --netflow-in): read it as "
+                                             f"{lp.link}.NETFLOW")
+                    if carried is not None and lp.record.clock != carried.clock:
+                        raise RunConfigError(f"{what} windowed on {lp.record.clock}, but the "
+                                             f"server's NETFLOW link {lp.link} is punctuated "
+                                             f"on {carried.clock}")
+                    continue
+                if carried is None and lp.record is not None and lp.record.kind == "netflow":
+                    raise RunConfigError(f"{what}, but the link carries packets (a NETFLOW "
+                                         f"link is started with serve --netflow-in "
+                                         f"NAME=HOST:PORT|FILE.pcap)")
                 if carried is None and lp.record is not None:
                     raise RunConfigError(f"{what}, but the link carries packets (a record "
                                          f"link is started with serve --records "
@@ -187,6 +213,11 @@ class LinkSet:
         """Stop capturing, and run what the rings hold through the feeds."""
         for link in self._links.values():
             link.producer.stop()
+        for link in self._links.values():
+            if getattr(link.producer, "releases_on_stop", False):
+                # a NETFLOW collector releases the records it held: they go through before
+                # the queries close their windows
+                link.producer.join(timeout=30)
         if self._router is not None:
             self._router.stop()
             self._router.join(timeout=10)

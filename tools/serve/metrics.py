@@ -7,7 +7,10 @@ metric observed as it happens is each stream's window output latency, a histogra
 Names (Prometheus conventions: `_total` counters, base units, `link` / `query` labels):
 `oopscope_link_packets_total`, `oopscope_link_bytes_total`,
 `oopscope_link_malformed_total{reason}`, `oopscope_link_ring_drops_total`,
-`oopscope_link_kernel_drops_total`, `oopscope_link_punctuation_seconds`;
+`oopscope_link_kernel_drops_total`, `oopscope_link_punctuation_seconds`; a NETFLOW link's
+`oopscope_link_netflow_datagrams_total`, `oopscope_link_netflow_records_total`,
+`oopscope_link_netflow_malformed_total{reason}` (datagrams and sets),
+`oopscope_link_netflow_sequence_gaps_total`, `oopscope_link_netflow_late_records_total`;
 `oopscope_query_rows_total`, `oopscope_query_partial_rows_total`,
 `oopscope_query_evictions_total`, `oopscope_query_flushes_total`,
 `oopscope_query_late_packets_total`, `oopscope_query_zero_divisor_packets_total`,
@@ -27,6 +30,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from capture.flowdecode import REASONS as FLOW_REASONS
 from capture.schema import BENIGN_REASONS, REASONS
 
 #: window close to output, seconds: a window's rows usually go out within a second
@@ -89,6 +93,7 @@ class _Collector:
             if s["punctuation_ns"] is not None:
                 punct.add_metric([s["name"]], s["punctuation_ns"] / 1e9)
         yield punct
+        yield from _netflow(links)
         queries = app.queries()
 
         def per_query(name, doc, key):
@@ -138,6 +143,25 @@ class _Collector:
                                   "counters count from then")
         start.add_metric([], status["counters_since_ns"] / 1e9)
         yield start
+
+
+def _netflow(links: list[dict]):
+    """The NETFLOW links' counters (`tools.pipeline.flowlinks`)."""
+    flows = [{"name": s["name"], **s["netflow"]} for s in links if s.get("netflow")]
+    for key, doc in (("datagrams", "NetFlow/IPFIX datagrams received"),
+                     ("records", "Flow records decoded"),
+                     ("sequence_gaps", "Datagrams or records missing by the exporters' "
+                                       "sequence numbers"),
+                     ("late_records", "Flow records released below the link's punctuation")):
+        yield _family(f"oopscope_link_netflow_{key}", doc, "link", flows,
+                      "late" if key == "late_records" else key)
+    malformed = CounterMetricFamily("oopscope_link_netflow_malformed",
+                                    "Malformed NetFlow/IPFIX input, by reason",
+                                    labels=["link", "reason"])
+    for s in flows:
+        for reason in FLOW_REASONS:
+            malformed.add_metric([s["name"], reason], float(s["malformed"].get(reason, 0)))
+    yield malformed
 
 
 def _family(name: str, doc: str, label: str, items: list[dict], key: str,

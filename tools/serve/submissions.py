@@ -468,10 +468,23 @@ class Submissions:
             for sub in list(self._running.values()):
                 try:
                     self._stop(sub)
+                    self._note_records_read(sub)
                     sub.keep_counters()
                     sub.record.save(self.state_dir)
                 except Exception as exc:  # noqa: BLE001 - the other queries still stop
                     log.error("query %s: %s", sub.name, exc)
+
+    def _note_records_read(self, sub: Submission) -> None:
+        """A query on links timed by their records' own field, stopped cleanly: each window
+        holding a record read was closed and written, and its spool goes with its
+        generation, so its next generation starts at the first window after the latest
+        record time read (a collector's records of windows written are not counted twice,
+        a file's are read past)."""
+        if not sub.record.stopped_cleanly or not self._links.data_clock(sub):
+            return
+        seen = self._links.latest_seen(sub.links)
+        if seen:
+            sub.record.suppress.append([INT64_MIN, first_window_start(sub.chosen, max(seen))])
 
     # --- reading -------------------------------------------------------------------------------
     def queries(self) -> list[dict]:

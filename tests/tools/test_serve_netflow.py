@@ -1,0 +1,238 @@
+"""`oopscope serve --netflow-in`: a NETFLOW link of the appliance, as real processes. softflowd's
+datagrams sent to a served UDP collector while a submitted query runs: per 5-tuple sums of
+packets and bytes equal nfdump's over the same datagrams sent to a real nfcapd; the link's
+counters in `status` and /metrics; a submission reading the link as packets (and a packet
+link as NETFLOW) refused in one line; a restarted server decodes at once the data sets of
+templates its previous life received."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.capture.test_capture_flowdecode import KEY, nfdump_records, softflowd_datagrams
+from tests.conftest import free_udp_port, udp_port_bound
+from tests.tools.serving import Server, metric_samples, read_output, wait_for
+
+QUERY = """
+DEFINE { query_name 'flows'; }
+SELECT tb, srcIP, destIP, srcPort, destPort, protocol, sum(packets) AS p, sum(bytes) AS b
+FROM r1.NETFLOW
+GROUP BY first/60000000000 AS tb, srcIP, destIP, srcPort, destPort, protocol
+"""
+
+
+def _send(port: int, datagrams: list[bytes]) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for d in datagrams:
+            s.sendto(d, ("127.0.0.1", port))
+            time.sleep(0.002)
+
+
+def _netflow(server: Server) -> dict:
+    (link,) = [s for s in server.client.status()["links"] if s["name"] == "r1"]
+    return link["netflow"]
+
+
+def _start(args: list[str], state: Path, log: Path, port: int) -> Server:
+    server = Server(args, state, log).start()
+    wait_for(lambda: udp_port_bound(port), 60, "the collector's socket")
+    return server
+
+
+@pytest.mark.slow
+def test_served_collector_of_softflowd_equals_nfdump(pcaps_dir, tmp_path):
+    datagrams = softflowd_datagrams(pcaps_dir / "skype.pcap", 9)
+    port = free_udp_port()
+    state = tmp_path / "state"
+    query = tmp_path / "flows.gsql"
+    query.write_text(QUERY)
+    server = _start(["--netflow-in", f"r1=127.0.0.1:{port}",
+                     "--link", f"main={pcaps_dir / 'NTPv4.pcap'}"],
+                    state, tmp_path / "serve.log", port)
+    try:
+        server.wait_spark()
+        reply = server.cli("submit", str(query))
+        assert "runs on r1" in reply.stdout
+        # the NETFLOW link read as packets, a packet link read as NETFLOW: one line each
+        (tmp_path / "bad.gsql").write_text("SELECT time, count(*) AS n FROM r1.IP "
+                                           "GROUP BY time\n")
+        bad = server.cli("submit", str(tmp_path / "bad.gsql"), check=False)
+        assert bad.returncode != 0
+        assert bad.stderr.strip().count("\n") == 0, bad.stderr
+        assert "carries NetFlow/IPFIX flow records" in bad.stderr and "r1.NETFLOW" in bad.stderr
+        (tmp_path / "bad2.gsql").write_text("SELECT tb, count(*) AS n FROM main.NETFLOW "
+                                            "GROUP BY first/60000000000 AS tb\n")
+        bad2 = server.cli("submit", str(tmp_path / "bad2.gsql"), check=False)
+        assert bad2.returncode != 0 and bad2.stderr.strip().count("\n") == 0, bad2.stderr
+        assert "carries packets" in bad2.stderr and "--netflow-in" in bad2.stderr
+        conn, resp = server.client._open("POST", "/api/queries", {
+            "text": (tmp_path / "bad.gsql").read_text(), "file": "bad.gsql"})
+        try:
+            assert resp.status == 400
+            assert "r1.NETFLOW" in json.loads(resp.read())["error"]
+        finally:
+            conn.close()
+
+        _send(port, datagrams)
+        nf = wait_for(lambda: (n := _netflow(server))["datagrams"] == len(datagrams) and n,
+                      60, "every datagram counted")
+        assert nf["versions"] == {"9": len(datagrams)}
+        assert nf["malformed"] == {} and nf["sequence_gaps"] == 0
+        assert nf["records"] > 100
+        metrics = metric_samples(server.client)
+        assert metrics[("oopscope_link_netflow_records_total", (("link", "r1"),))] \
+            == nf["records"]
+        assert metrics[("oopscope_link_netflow_malformed_total",
+                        (("link", "r1"), ("reason", "no_template")))] == 0
+        status = server.cli("status").stdout
+        assert f"link r1 (NETFLOW): {len(datagrams)} datagrams (v9: {len(datagrams)}), " \
+            f"{nf['records']} records, 0 sequence gaps" in status
+    finally:
+        # the records the collector still holds are released at the stop, and every window
+        # is closed and written
+        assert server.stop() == 0, server.log()
+    table, _ = read_output(state / "flows")
+    assert table is not None, server.log()
+    ours = table.to_pandas().rename(columns={"srcIP": "src", "destIP": "dst", "srcPort": "sport",
+                                             "destPort": "dport", "protocol": "proto"})
+    ours = ours.groupby(KEY)[["p", "b"]].sum().sort_index()
+    theirs = nfdump_records(datagrams, tmp_path).groupby(KEY).agg(
+        p=("packets", "sum"), b=("bytes", "sum")).sort_index()
+    assert len(theirs) > 50
+    assert int(ours["p"].sum()) == int(theirs["p"].sum())
+    pd.testing.assert_frame_equal(ours, theirs, check_dtype=False)
+
+
+@pytest.mark.slow
+def test_restarted_server_knows_the_templates(pcaps_dir, tmp_path):
+    """The collector keeps its templates in the state directory: the data sets sent to the
+    restarted server, whose templates only the first life received, decode at once; the
+    query submitted in the first life resumes and counts no record of a window written."""
+    from capture.flowdecode import FlowDecoder
+
+    datagrams = softflowd_datagrams(pcaps_dir / "skype.pcap", 9)
+    rest = datagrams[1:]
+    assert len(FlowDecoder().decode(rest, ["x"] * len(rest), [0] * len(rest))["bytes"]) == 0
+    port = free_udp_port()
+    state = tmp_path / "state"
+    args = ["--netflow-in", f"r1=127.0.0.1:{port}"]
+    query = tmp_path / "flows.gsql"
+    query.write_text(QUERY)
+    server = _start(args, state, tmp_path / "serve.log", port)
+    try:
+        server.wait_spark()
+        server.cli("submit", str(query))
+        _send(port, datagrams[:1])
+        wait_for(lambda: _netflow(server)["records"] > 0, 60, "the first records")
+    finally:
+        assert server.stop() == 0, server.log()
+    assert (state / "run" / ".netflow" / "r1.json").is_file()
+    before, _ = read_output(state / "flows")
+    assert before is not None and len(before) > 0, server.log()
+    server = _start(args, state, tmp_path / "serve.log", port)
+    try:
+        server.wait_spark()
+        (info,) = server.client.queries()
+        assert info["state"] == "running", info
+        _send(port, rest)
+        nf = wait_for(lambda: (n := _netflow(server))["datagrams"] == len(rest) and n,
+                      60, "every datagram counted")
+        assert nf["malformed"] == {}, nf
+        expected = len(FlowDecoder().decode(datagrams, ["127.0.0.1"] * len(datagrams),
+                                            [0] * len(datagrams))["bytes"])
+        first = len(FlowDecoder().decode(datagrams[:1], ["127.0.0.1"], [0])["bytes"])
+        assert nf["records"] == expected - first
+    finally:
+        assert server.stop() == 0, server.log()
+    # the resumed query counts the records of the windows after those its first life wrote
+    # (each of them closed at the shutdown), and none of theirs twice
+    after, _ = read_output(state / "flows")
+    rows = after.to_pandas()
+    assert not rows.duplicated(["tb", "srcIP", "destIP", "srcPort", "destPort",
+                                "protocol"]).any(), "a window's group was written twice"
+    last = max(before.column("tb").to_pylist())
+    cols = FlowDecoder().decode(datagrams, ["127.0.0.1"] * len(datagrams),
+                                [0] * len(datagrams))
+    tb = cols["first"][first:] // 60_000_000_000
+    want = int(cols["packets"][first:][tb > last].sum())
+    assert want > 0
+    assert int(rows[rows.tb > last]["p"].sum()) == want
+    assert len(rows[rows.tb <= last]) == len(before)
+
+
+@pytest.mark.slow
+def test_served_file_of_datagrams_replayed_by_capture_time(pcaps_dir, tmp_path):
+    """oopscope's own exporter's IPFIX datagrams in a capture, 19 s of capture time replayed
+    at --speed 0.25: the query submitted at once counts every record, and its windows, closed
+    when the file ends, sum to nfdump's per 5-tuple."""
+    from capture.flowsource import read_datagrams
+    from tests.capture.test_capture_flowdecode import _flow_table, _skype_flows
+    from tools.netflow.exporter import Exporter
+
+    pcap = tmp_path / "datagrams.pcap"
+    ex = Exporter(None, 10, pcap=str(pcap), template_every_messages=8)
+    ex.export(_flow_table(_skype_flows(pcaps_dir)))
+    ex.close()
+    dg = read_datagrams(pcap)
+    span_s = (dg.arrivals[-1] - dg.arrivals[0]) / 1e9
+    assert span_s > 10
+    theirs = nfdump_records(dg.payloads, tmp_path).groupby(KEY).agg(
+        p=("packets", "sum"), b=("bytes", "sum")).sort_index()
+    query = tmp_path / "flows.gsql"
+    query.write_text(QUERY)
+    state = tmp_path / "state"
+    server = Server(["--netflow-in", f"r1={pcap}", "--speed", "0.25"], state,
+                    tmp_path / "serve.log").start()
+    started = time.monotonic()
+    try:
+        reply = server.cli("submit", str(query))
+        # nothing was released yet: the exporter's records wait for its punctuation (or the
+        # file's end, 4 x 19 s away)
+        assert "counts the records from the first one read" in reply.stdout, reply.stdout
+
+        def written():
+            table, _ = read_output(state / "flows")
+            return table is not None and sum(table.column("p").to_pylist()) \
+                == int(theirs["p"].sum()) and table
+        table = wait_for(written, 240, "every window written")
+        # the records were released at the file's end, due by capture time at a quarter of
+        # real time (a lower bound: a busy machine only makes it later)
+        assert time.monotonic() - started >= 4 * span_s * 0.9
+        nf = _netflow(server)
+        assert nf["datagrams"] == len(dg.payloads) and nf["versions"] == {"10": len(dg.payloads)}
+    finally:
+        assert server.stop() == 0, server.log()
+    ours = table.to_pandas().rename(columns={"srcIP": "src", "destIP": "dst", "srcPort": "sport",
+                                             "destPort": "dport", "protocol": "proto"})
+    ours = ours.groupby(KEY)[["p", "b"]].sum().sort_index()
+    pd.testing.assert_frame_equal(ours, theirs, check_dtype=False)
+
+
+def test_a_netflow_link_that_cannot_open_stops_the_start(tmp_path):
+    """A file that is no capture, and a collector's port another socket holds: the server
+    does not start, and says why in one line naming the option."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    bad = tmp_path / "not.pcap"
+    bad.write_text("hello\n")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        for source, why in ((str(bad), "not a pcap or pcapng file"),
+                            (f"127.0.0.1:{port}", "cannot receive NetFlow there")):
+            proc = subprocess.run([sys.executable, "-m", "tools.cli", "serve", "--netflow-in",
+                                   f"r1={source}", "--state", str(tmp_path / "state")],
+                                  cwd=REPO, capture_output=True, text=True, timeout=120)
+            assert proc.returncode != 0
+            line = proc.stderr.strip()
+            assert "\n" not in line and f"--netflow-in r1={source}: " in line, line
+            assert why in line, line
