@@ -212,6 +212,13 @@ class HashAggregator:
 
     def _fold(self, ts, keys, args, valid) -> list[Partials]:
         n = len(ts)
+        if self.sizer is not None and not self.sizer.started and n:
+            # the groups are counted from the first packet's pane: by the first window's
+            # end its entries may have left already (punctuation_flush), and counting from
+            # the oldest one still held would take two windows' groups for one
+            first = ts if valid.all() else ts[valid]
+            if len(first):
+                self.sizer.start(int(self.pane_of(int(first.min()))))
         if len(self._panes) < n:
             self._panes = np.empty(n, np.int64)
             self._homes = np.empty(n, np.int64)
