@@ -196,10 +196,16 @@ class Run:
         if fanout:
             low = LowLevel(config, [], self.spool, queries, graph.query_of)
             return FanoutSources(config, low, self.spool, f"run-{os.getpid()}")
+        tables = None
+        if self.resume is not None:
+            # a resumable run's tables start at the sizes they had (`tablesizes`)
+            from tools.pipeline.tablesizes import TABLES, TableLog
+
+            tables = TableLog(self.checkpoint / TABLES, self.resumed)
         # a temporary spool: no compression
         low = LowLevel(config, graph.low_plans(), self.spool, queries, graph.query_of,
                        codec="none" if self._temporary else "snappy",
-                       complete_only=self.resume is not None, starts=starts)
+                       complete_only=self.resume is not None, starts=starts, tables=tables)
         return LocalSources(config, low)
 
     def _opened(self, stop) -> RunSummary:
