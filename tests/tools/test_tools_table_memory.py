@@ -126,3 +126,17 @@ def test_a_resumed_run_starts_at_its_grown_size(many_groups, tmp_path):
     want_header, want = csv_rows(tmp_path / "fixed.csv")
     assert header == want_header and len(want) > 50000
     assert sorted(rows) == sorted(want)
+
+
+def test_the_progress_line_shows_each_querys_table():
+    import io
+
+    from tools.pipeline.progress import Progress
+
+    progress = Progress(lambda: (1000, 20, 0, "12:00:01", "",
+                                 [("pairs", 4096, 1.07), ("other", 1024, None)]),
+                        stream=io.StringIO())
+    line = progress.line()
+    assert line.startswith("oopscope: 1,000 packets (")
+    assert line.endswith(", 20 result rows, 0 drops, clock 12:00:01; pairs 4,096 slots, "
+                         "1.07 partials/row; other 1,024 slots, - partials/row")

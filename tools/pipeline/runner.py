@@ -281,7 +281,13 @@ class Run:
             # machine), so "0 result rows" reads as waiting, not as nothing
             note = "" if starter.ready() else \
                 f"Spark starting, {time.perf_counter() - asked:.0f} s"
-            return low.packets, rows, sources.lost(), clock, note
+            # per query its tables' slots and the low level's reduction (`queries` shows
+            # the same): partial rows per result row of the query's output
+            tables = []
+            for name, (slots, partials) in low.tables().items():
+                out = outputs[name].rows if name in outputs else 0
+                tables.append((name, slots, round(partials / out, 2) if out else None))
+            return low.packets, rows, sources.lost(), clock, note, tables
 
         progress = Progress(sample)
         progress.start()

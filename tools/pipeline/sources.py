@@ -142,6 +142,18 @@ class LowLevel:
     def packets(self) -> int:
         return sum(f.packets for f in self.feeds.values())
 
+    def tables(self) -> dict[str, tuple[int, int]]:
+        """Per query (its summary's name): its tables' slots now and its partial rows so far."""
+        out: dict[str, tuple[int, int]] = {}
+        for f in self.feeds.values():
+            for feed in f.feeds:
+                slots = int(feed.op.counters.get("slots", 0))
+                if slots:
+                    name = feed.summary.name
+                    had = out.get(name, (0, 0))[0]
+                    out[name] = (had + slots, feed.summary.partial_rows)
+        return out
+
     def clock(self) -> int | None:
         """The low-watermark of what the links have seen (None: nothing yet)."""
         seen = [f.timer.max_seen for f in self.feeds.values() if f.timer.max_seen is not None]
