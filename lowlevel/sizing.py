@@ -9,8 +9,11 @@ only when the input punctuation closes a window (`HashAggregator.punctuate`). Th
 
 - the groups of the windows just closed are estimated as the entries the table created
   meanwhile (every entry is either resident or has left exactly once as a partial row),
-  per window closed. Without evictions that is exactly the distinct groups; with them an
-  upper bound (an evicted group met again is created again);
+  per window closed, leaving out the entries still held of the panes still open (their
+  window is counted when it closes: the punctuation that closes a window comes after
+  packets of the next one, a timer's period of them or more). Without evictions that is
+  exactly the distinct groups; with them an upper bound (an evicted group met again is
+  created again);
 - the wanted size is the power of two that holds them at a load factor of at most 1/2
   (`slots_for`), at least `MIN_SLOTS`, at most the query's cap (DEFINE
   max_aggregate_slots) and what the memory budget allows;
@@ -124,6 +127,18 @@ class TableSizer:
                 self.allow(settled)         # the budget counts the smaller table
             return settled
         return slots
+
+
+@ngjit
+def resident_from(table, pane):
+    """Entries held of panes >= `pane` (those of the windows still open)."""
+    ri = table[0]
+    n = 0
+    for s in range(ri.shape[0]):
+        tp = ri[s, 0]
+        if tp != EMPTY and tp >= pane:
+            n += 1
+    return n
 
 
 @ngjit

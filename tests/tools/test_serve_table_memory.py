@@ -1,7 +1,7 @@
 """A served query's adaptive table keeps its size across a crash (`Record.tables`): its table
 grows to its groups, the server is killed with SIGKILL and started again, and the resumed
 query's table already has the grown size before its first window closes (in `queries` and
-`/metrics`), and its rows are those of the same query with a fixed table."""
+`/metrics`), grows no more, and its rows are those of the same query with a fixed table."""
 
 from __future__ import annotations
 
@@ -81,8 +81,7 @@ def test_a_restarted_query_starts_at_its_grown_size(tmp_path):
                  and len(set(_by_window(state / "fixed")) - before) >= 5, 240,
                  "five windows after the restart")
         q = _query(server, "grow")
-        # it may still grow (an estimate is high while a table evicts), never start over
-        assert q["slots"] >= had, q
+        assert q["slots"] == had, q          # it needed no growth
         assert q["generation"] == 1 and q["gaps"][-1]["reason"] == "restart"
         # every window both wrote has the same rows, before and after the crash
         grow, fixed = _by_window(state / "grow"), _by_window(state / "fixed")

@@ -122,10 +122,8 @@ def test_a_resumed_run_starts_at_its_grown_size(many_groups, tmp_path):
     resumed = run_ok(cmd)
     assert "run resumed from its spool and checkpoint" in resumed.stderr, resumed.stderr
     # it started at the grown size: a run from the declared count needs two resizes to
-    # get there (256 -> 1024 -> 4096); the resumed one none (at most one more: a table
-    # that evicts estimates high, and one resumed run in a few grew once more, to 8192)
-    slots, resizes = _table(resumed.stderr)
-    assert slots >= had and resizes <= 1, resumed.stderr
+    # get there (256 -> 1024 -> 4096); the resumed one none
+    assert _table(resumed.stderr) == (had, 0), resumed.stderr
     fresh = run_ok(run_command(str(query), {"main": many_groups},
                                {"pairs": tmp_path / "fresh.csv"}, speed="max", extra=grow))
     assert _table(fresh.stderr)[1] >= 2, fresh.stderr
