@@ -1,18 +1,22 @@
 """Sustained load on the appliance: does the high level keep up, minute after minute?
 
     python -m bench.sustained [--pps 400000] [--groups 260000] [--minutes 10]
-                              [--mode replay|veth] [--dir DIR] [--json F] [--plot F.png]
+                              [--mode replay|cluster|live] [--dir DIR] [--json F] [--plot F.png]
 
 `--pps` and `--groups` take comma-separated lists: every pair is one run (the grid of
 docs/performance.md is `--pps 100000,200000,400000 --groups 10000,100000,260000`).
 
-Each run starts `oopscope serve` over one link carrying `--pps` packets per second with
-`--groups` distinct (srcIP, destIP) pairs in every 10-second window:
+Each run carries `--pps` packets per second per link with `--groups` distinct (srcIP,
+destIP) pairs in every 10-second window:
 
-- `replay`: a generated capture replayed by the server itself (`--link main=CAP --loop
-  --speed S`, stamped with the wall clock), S chosen for the rate;
-- `veth` (root): the same capture sent by tcpreplay into a veth pair the run makes, the
-  server capturing its outer end (`--interface`), as on a real link.
+- `replay` (the default): `oopscope serve` replays a generated capture itself (`--link
+  main=CAP --loop --speed S`, stamped with the wall clock), S chosen for the rate;
+- `live` (root; `veth` is its old name): the same capture sent by tcpreplay from a network
+  namespace into a veth pair the run makes (`tools.gen.veth`), `oopscope serve` capturing
+  its outer end (`--interface`), as on a real link;
+- `cluster`: two `oopscope agent`s, each fed the capture at `--pps` through a FIFO stamped
+  with the wall clock, and one `oopscope collect` melding them (2 x `--pps` in all;
+  `bench.sustained_cluster`).
 
 Once Spark is up, a per-10-second `count(*)`, `sum(len)` per (srcIP, destIP) is submitted and
 tailed for `--minutes`. Per window it records:
@@ -21,7 +25,8 @@ tailed for `--minutes`. Per window it records:
   holds its rows (the output a consumer reads);
 - its result rows, and the partial rows the low level sent for it (the query's
   `partial_rows` counter between two windows: how much the table evicted);
-- the resident memory of the server and its Spark JVM.
+- the resident memory of the server and its Spark JVM (cluster: of each agent and of the
+  collector with its JVM).
 
 It reports per run the lag's median and p99, the trend (the last minute's mean lag against
 the second minute's), partial rows per result row, RSS at the first minute and at the end,
@@ -69,6 +74,7 @@ class Window:
     rows: int = 0
     partial_rows: int | None = None
     rss_mb: float | None = None
+    rss: dict | None = None             # cluster: MB per process
 
 
 @dataclass
@@ -82,7 +88,7 @@ class Sampled:
             return self.windows.setdefault(tb, Window(tb))
 
 
-def _rss_mb(pid: int) -> float:
+def rss_mb(pid: int) -> float:
     """Resident memory of `pid` and its descendants (the server and its Spark JVM)."""
     total, todo, seen = 0, [pid], set()
     while todo:
@@ -102,7 +108,7 @@ def _rss_mb(pid: int) -> float:
     return total / 1024
 
 
-def _s(value: float | None) -> str:
+def seconds_text(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
@@ -140,21 +146,32 @@ def _scan_files(out: Path, seen: set, sampled: Sampled) -> None:
             w.rows += int((tbs == tb).sum())
 
 
-def one_run(pps: int, groups: int, minutes: float, mode: str, workdir: Path) -> dict:
+def capture_for(pps: int, groups: int, workdir: Path) -> Path:
+    """The generated capture a run at `pps` x `groups` loops (TRACE_S s of trace)."""
     from tools.gen.traffic import TrafficConfig
-    from tools.serve.testing import Server
 
     packets = max(groups * 4, pps * TRACE_S // 8)
-    pcap = generated_capture(workdir / f"sustained-{groups}-{packets}.pcap",
+    return generated_capture(workdir / f"sustained-{groups}-{packets}.pcap",
                              TrafficConfig(packets=packets, duration_ns=TRACE_S * NS,
                                            groups=groups, tcp=0.8, udp=0.2, icmp=0.0,
                                            sizes="fixed:64", seed=5))
+
+
+def one_run(pps: int, groups: int, minutes: float, mode: str, workdir: Path) -> dict:
+    from tools.serve.testing import Server
+
+    if mode == "cluster":
+        from bench.sustained_cluster import cluster_run
+
+        return cluster_run(pps, groups, minutes, workdir)
+    pcap = capture_for(pps, groups, workdir)
+    packets = max(groups * 4, pps * TRACE_S // 8)
     native = packets / TRACE_S
     state = Path(tempfile.mkdtemp(prefix=f"state-{pps}-{groups}-", dir=workdir))
     sampled, stop = Sampled(), threading.Event()
     with contextlib.ExitStack() as undo:
         pair = None
-        if mode == "veth":
+        if mode == "live":
             from tools.gen.veth import VethPair
 
             pair = undo.enter_context(VethPair("oopbsu"))
@@ -190,14 +207,15 @@ def one_run(pps: int, groups: int, minutes: float, mode: str, workdir: Path) -> 
                 info = next(q for q in server.client.queries() if q["name"] == "pairs")
                 w = sampled.window(now_tb)
                 w.partial_rows = int(info["partial_rows"]) - last_partials
-                w.rss_mb = _rss_mb(pid)
+                w.rss_mb = rss_mb(pid)
                 last_partials, last_tb = int(info["partial_rows"]), now_tb
                 done = sampled.window(now_tb - 1)      # the window before: written by now
                 log.info("t+%.0f s: window %d: %s rows, lag to file %s s, to tail %s s, "
                          "RSS %.0f MB", minutes * 60 - (ended - time.time()), done.tb,
-                         f"{done.rows:,}", _s(done.file_s), _s(done.tail_s), w.rss_mb)
+                         f"{done.rows:,}", seconds_text(done.file_s),
+                         seconds_text(done.tail_s), w.rss_mb)
         status = server.client.status()["links"][0]
-    return _report(pps, groups, mode, sampled, status, reply["first_window_ns"] // NS)
+    return report(pps, groups, mode, sampled, status, reply["first_window_ns"] // NS)
 
 
 def _p99(values: list[float]) -> float | None:
@@ -206,7 +224,7 @@ def _p99(values: list[float]) -> float | None:
         if values else None
 
 
-def _report(pps, groups, mode, sampled: Sampled, status: dict, first_s: int) -> dict:
+def report(pps, groups, mode, sampled: Sampled, status: dict, first_s: int) -> dict:
     # whole windows only: from the first full one after the submission
     ws = sorted((w for w in sampled.windows.values() if w.tb * WINDOW_S >= first_s
                  and w.rows > 0), key=lambda w: w.tb)
@@ -221,7 +239,7 @@ def _report(pps, groups, mode, sampled: Sampled, status: dict, first_s: int) -> 
     partial = sum(w.partial_rows or 0 for w in ws)
     rows = sum(w.rows for w in ws)
     return {"mode": mode, "pps_offered": pps, "groups": groups,
-            "pps_seen": round(status["pps"]), "ring_drops": status["ring_drops"],
+            "pps_seen": round(status["pps"]), "ring_drops": status.get("ring_drops"),
             "kernel_drops": status.get("kernel_drops"), "windows": len(ws),
             "file_lag_median_s": round(statistics.median(lags), 2) if lags else None,
             "file_lag_p99_s": _p99(lags),
@@ -266,7 +284,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pps", default="400000")
     ap.add_argument("--groups", default="260000")
     ap.add_argument("--minutes", type=float, default=10)
-    ap.add_argument("--mode", choices=("replay", "veth"), default="replay")
+    ap.add_argument("--mode", choices=("replay", "cluster", "live", "veth"), default="replay",
+                    help="replay: serve loops a capture; cluster: 2 agents + collect; live "
+                         "(root; veth, its old name): serve --interface on a veth pair")
     ap.add_argument("--dir", type=Path, default=None,
                     help="keep the captures and logs here (default: a new temporary folder)")
     ap.add_argument("--json", type=Path, default=None)
@@ -274,9 +294,11 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.mode == "veth":
+        args.mode = "live"
+    if args.mode == "live":
         for tool in ("tcpreplay", "ip"):
             if shutil.which(tool) is None:
-                sys.exit(f"bench.sustained --mode veth needs {tool}")
+                sys.exit(f"bench.sustained --mode live needs {tool}")
     workdir = args.dir or Path(tempfile.mkdtemp(prefix="oopscope-bench-sustained-"))
     workdir.mkdir(parents=True, exist_ok=True)
     results = [one_run(int(p), int(g), args.minutes, args.mode, workdir)

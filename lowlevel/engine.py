@@ -62,7 +62,7 @@ from lowlevel.flush import (
     make_ctl,
 )
 from lowlevel.hashtable import advance, append, finish, min_resident, round_slots
-from lowlevel.sizing import TableSizer, empty_table, flush_closed, rehash
+from lowlevel.sizing import TableSizer, empty_table, flush_closed, rehash, resident_from
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +212,13 @@ class HashAggregator:
 
     def _fold(self, ts, keys, args, valid) -> list[Partials]:
         n = len(ts)
+        if self.sizer is not None and not self.sizer.started and n:
+            # the groups are counted from the first packet's pane: by the first window's
+            # end its entries may have left already (punctuation_flush), and counting from
+            # the oldest one still held would take two windows' groups for one
+            first = ts if valid.all() else ts[valid]
+            if len(first):
+                self.sizer.start(int(self.pane_of(int(first.min()))))
         if len(self._panes) < n:
             self._panes = np.empty(n, np.int64)
             self._homes = np.empty(n, np.int64)
@@ -279,7 +286,8 @@ class HashAggregator:
             # unless evicted, and then a later one: the estimate errs high, so grows)
             low = min_resident(self.table, self.ctl)
             self.sizer.start(min(open_pane, int(low)) if low != EMPTY else open_pane)
-        slots = self.sizer.choose(self.slots, open_pane, self._created())
+        created = self._created() - resident_from(self.table, open_pane)
+        slots = self.sizer.choose(self.slots, open_pane, created)
         return self.resize(slots, open_pane) if slots != self.slots else []
 
     def resize(self, slots: int, open_pane: int) -> list[Partials]:

@@ -45,7 +45,7 @@ from lowlevel.engine import HashAggregator, Partials
 from lowlevel.errors import LowLevelError
 from lowlevel.flowtable import FlowAggregator
 from lowlevel.partials import KeySpec, PartialSchema, encode_key, key_width
-from lowlevel.sizing import TableSizer
+from lowlevel.sizing import TableSizer, first_slots
 from lowlevel.strings import StringOrder, move_ranks
 from lowlevel.values import StringCodes, promote_ip
 from queries.plan import FLUSH_POLICIES, LowLevelPlan
@@ -99,10 +99,13 @@ class LowLevelOperator:
     def __init__(self, plan: LowLevelPlan, *, probes: int = 2,
                  evaluate: Callable | None = None, hold_rows: int = 0,
                  punctuation_flush: bool = False,
-                 allow_slots: Callable[[int], bool] | None = None):
+                 allow_slots: Callable[[int], bool] | None = None,
+                 start_slots: int | None = None):
         self.plan = plan
         # allow_slots(n): whether the memory budget lets this operator's table grow to n
         # slots (an adaptive table's, `lowlevel.sizing`; None: no budget but the plan's cap)
+        # start_slots: the size an adaptive table had when its query last ran (a resumed run,
+        # a restarted appliance): it starts there (`lowlevel.sizing.first_slots`)
         # hold_rows > 0: `process` keeps the rows that leave the table until this many are
         # held, and `punctuate`/`finish` hand out what is held before their own rows; one
         # Arrow conversion per `hold_rows` rows instead of one per packet batch (a fixed
@@ -165,14 +168,16 @@ class LowLevelOperator:
             except ValueError as exc:
                 raise LowLevelError(f"{where}: {exc}") from None
         elif w is not None:
+            slots = first_slots(plan.slots, plan.max_slots, start_slots, allow_slots) \
+                if plan.max_slots else plan.slots
             try:
                 self.engine = HashAggregator(
-                    self.layout, self.schema.nkeys, plan.slots, pane_ns=w.pane_ns,
+                    self.layout, self.schema.nkeys, slots, pane_ns=w.pane_ns,
                     offset_ns=w.offset_ns, flush=plan.flush, slow_flush=plan.slow_flush,
                     max_disorder=plan.max_disorder, probes=probes,
                     hold_rows=self.hold_rows if plan.late != "correct" else 0,
                     punctuation_flush=punctuation_flush,
-                    sizer=TableSizer(plan.slots, plan.max_slots, allow=allow_slots)
+                    sizer=TableSizer(slots, plan.max_slots, allow=allow_slots)
                     if plan.max_slots else None)
             except ValueError as exc:
                 raise LowLevelError(f"{where}: {exc}") from None
@@ -586,6 +591,12 @@ class LowLevelOperator:
     def punctuation(self) -> int | None:
         """The last punctuation this operator emitted."""
         return self._out_punct
+
+    @property
+    def adaptive_slots(self) -> int | None:
+        """The slots of its adaptive table now (None: a fixed table, a flow table, none)."""
+        e = self.engine
+        return e.slots if isinstance(e, HashAggregator) and e.sizer is not None else None
 
     @property
     def counters(self) -> dict[str, int]:

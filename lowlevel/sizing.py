@@ -9,8 +9,11 @@ only when the input punctuation closes a window (`HashAggregator.punctuate`). Th
 
 - the groups of the windows just closed are estimated as the entries the table created
   meanwhile (every entry is either resident or has left exactly once as a partial row),
-  per window closed. Without evictions that is exactly the distinct groups; with them an
-  upper bound (an evicted group met again is created again);
+  per window closed, leaving out the entries still held of the panes still open (their
+  window is counted when it closes: the punctuation that closes a window comes after
+  packets of the next one, a timer's period of them or more). Without evictions that is
+  exactly the distinct groups; with them an upper bound (an evicted group met again is
+  created again);
 - the wanted size is the power of two that holds them at a load factor of at most 1/2
   (`slots_for`), at least `MIN_SLOTS`, at most the query's cap (DEFINE
   max_aggregate_slots) and what the memory budget allows;
@@ -25,6 +28,9 @@ packet can reach them any more, so each would have left as this one row anyway; 
 the output in window order), then each remaining entry moves to its home in the new
 table, state intact; one that finds no free slot there leaves as a partial row (an
 eviction, as a collision would have caused).
+
+A query that runs again (a resumed `run`, a restarted appliance) starts at the size its table
+had (`first_slots`), not from its declared count: its first window then does not evict.
 """
 
 from __future__ import annotations
@@ -52,6 +58,22 @@ HISTORY = 4
 def slots_for(groups: int) -> int:
     """The power of two holding `groups` at a load factor of at most TARGET_LOAD."""
     return round_slots(math.ceil(max(1, groups) / TARGET_LOAD))
+
+
+def first_slots(slots: int, max_slots: int, remembered: int | None,
+                allow: Callable[[int], bool] | None = None) -> int:
+    """The first slot count of an adaptive table planned at `slots` (from DEFINE
+    expected_groups or the default) whose query last ran with `remembered` slots (None: it
+    did not): the remembered size, at most `max_slots` and, growing, what `allow` grants
+    (halved until it does). A fixed table (DEFINE aggregate_slots) is never given one."""
+    if not remembered or remembered <= 0:
+        return slots
+    want = min(round_slots(remembered), round_slots(max(slots, max_slots)))
+    while want > slots and allow is not None and not allow(want):
+        want //= 2
+    if want < slots and allow is not None:
+        allow(want)                 # the budget counts the smaller table
+    return want
 
 
 class TableSizer:
@@ -105,6 +127,18 @@ class TableSizer:
                 self.allow(settled)         # the budget counts the smaller table
             return settled
         return slots
+
+
+@ngjit
+def resident_from(table, pane):
+    """Entries held of panes >= `pane` (those of the windows still open)."""
+    ri = table[0]
+    n = 0
+    for s in range(ri.shape[0]):
+        tp = ri[s, 0]
+        if tp != EMPTY and tp >= pane:
+            n += 1
+    return n
 
 
 @ngjit

@@ -187,7 +187,8 @@ def cancel(name, client) -> None:
 @click.command()
 @_client_options
 def status(client) -> None:
-    """The server's links (rates, drops), its agents and their links, Spark state and gaps."""
+    """The server's links (rates, drops), its agents and their links, Spark state, its running
+    queries' tables (slots, partial rows per result row) and gaps."""
     st = client.status()
     spark = st["spark"]
     since = st.get("counters_since_ns")
@@ -209,6 +210,7 @@ def status(client) -> None:
         if link.get("netflow"):
             click.echo(_flow_line(link["name"], link["netflow"]))
     _agents(st.get("agents") or [], st.get("spool"))
+    _tables(client)
     for gap in st["gaps"]:
         click.echo(f"gap: no capture from {_when(gap['from_ns'])} to {_when(gap['to_ns'])} "
                    f"UTC ({gap['reason']})")
@@ -223,6 +225,21 @@ def _flow_line(name: str, nf: dict) -> str:
     return (f"link {name} (NETFLOW): {nf['datagrams']} datagrams ({versions or 'none'}), "
             f"{nf['records']} records, {nf['sequence_gaps']} sequence gaps, {nf['late']} late "
             f"records, {bad} malformed" + (f" ({why})" if why else ""))
+
+
+def _tables(client) -> None:
+    """The running queries' low-level tables: slots now and partial rows per result row (as
+    `queries` shows them), how well the low level reduces."""
+    running = [q for q in client.queries() if q["state"] == "running"]
+    if not running:
+        return
+    rows = [("QUERY", "SLOTS", "PER ROW", "PARTIALS", "ROWS", "EVICTIONS")]
+    for q in running:
+        per_row = q.get("partials_per_row")
+        rows.append((q["name"], str(q.get("slots", "-")),
+                     "-" if per_row is None else f"{per_row:.2f}", str(q["partial_rows"]),
+                     str(q["rows_out"]), str(q["evictions"])))
+    _table(rows)
 
 
 def _agents(agents: list[dict], spool: str | None) -> None:

@@ -84,12 +84,18 @@ class OperatorFeed:
 
     def __init__(self, plan, spool_root, summary, compression: str = "snappy", *,
                  punctuation_flush: bool = False, complete_only: bool = False,
-                 start_ns: int | None = None, allow_slots=None):
+                 start_ns: int | None = None, allow_slots=None,
+                 start_slots: int | None = None, on_resize=None):
         from common.spool import SpoolWriter
         from lowlevel.operator import HOLD_ROWS, LowLevelOperator
 
         self.op = LowLevelOperator(plan, hold_rows=HOLD_ROWS,
-                                   punctuation_flush=punctuation_flush, allow_slots=allow_slots)
+                                   punctuation_flush=punctuation_flush, allow_slots=allow_slots,
+                                   start_slots=start_slots)
+        # on_resize(query, link, slots): its adaptive table was re-sized (a resumable run
+        # remembers the size, `tools.pipeline.tablesizes`)
+        self.on_resize = on_resize
+        self._slots = self.op.adaptive_slots
         # flow records are closed on the driver of this process (highlevel.flowrecords),
         # which takes their rows from memory
         flows = plan.flow is not None
@@ -179,6 +185,9 @@ class OperatorFeed:
         self._add(rows)
         if out is not None:
             self._write(out)
+        if self.on_resize is not None and self.op.adaptive_slots != self._slots:
+            self._slots = self.op.adaptive_slots
+            self.on_resize(self.op.plan.query, self.op.plan.link, self._slots)
 
     def finish(self) -> None:
         # the operator's final punctuation is the end of its last pane; the input is over,

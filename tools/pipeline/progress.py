@@ -1,4 +1,5 @@
-"""The progress line of a long `oopscope run` on stderr: packets, rate, rows out, drops.
+"""The progress line of a long `oopscope run` on stderr: packets, rate, rows out, drops,
+and per query its tables' slots and partial rows per result row (as `oopscope queries`).
 
 Redrawn in place twice a second when stderr is a terminal (or `--progress` asks for it; then
 each update is a line of its own when stderr is not a terminal), erased at the end so the
@@ -12,12 +13,18 @@ import threading
 import time
 from collections.abc import Callable
 
+#: what the line shows of a query: its name, its tables' slots now, its partial rows per
+#: result row so far (None: no result row yet)
+TableState = tuple[str, int, float | None]
+
 
 class Progress(threading.Thread):
-    """Polls `sample()` -> (packets, rows out, drops, clock text, note) and draws the line;
-    the note says what the rows wait for (`Spark starting`), empty when nothing."""
+    """Polls `sample()` -> (packets, rows out, drops, clock text, note, tables) and draws the
+    line; the note says what the rows wait for (`Spark starting`), empty when nothing;
+    `tables` has a `TableState` per query with a hash table."""
 
-    def __init__(self, sample: Callable[[], tuple[int, int, int, str, str]], *,
+    def __init__(self, sample: Callable[[], tuple[int, int, int, str, str, list[TableState]]],
+                 *,
                  every: float = 0.5, stream=None):
         super().__init__(name="oopscope-progress", daemon=True)
         self.sample = sample
@@ -29,14 +36,18 @@ class Progress(threading.Thread):
         self._last = (time.monotonic(), 0)
 
     def line(self) -> str:
-        packets, rows, drops, clock, note = self.sample()
+        packets, rows, drops, clock, note, tables = self.sample()
         now = time.monotonic()
         t0, p0 = self._last
         rate = (packets - p0) / (now - t0) if now > t0 else 0.0
         self._last = (now, packets)
         text = (f"oopscope: {packets:,} packets ({_rate(rate)}), {rows:,} result rows, "
                 f"{drops:,} drops")
-        return text + (f", clock {clock}" if clock else "") + (f" ({note})" if note else "")
+        text += f", clock {clock}" if clock else ""
+        for name, slots, per_row in tables:
+            text += (f"; {name} {slots:,} slots, "
+                     + ("- partials/row" if per_row is None else f"{per_row:.2f} partials/row"))
+        return text + (f" ({note})" if note else "")
 
     def run(self) -> None:
         while not self._halt.wait(self.every):

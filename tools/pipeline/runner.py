@@ -196,10 +196,16 @@ class Run:
         if fanout:
             low = LowLevel(config, [], self.spool, queries, graph.query_of)
             return FanoutSources(config, low, self.spool, f"run-{os.getpid()}")
+        tables = None
+        if self.resume is not None:
+            # a resumable run's tables start at the sizes they had (`tablesizes`)
+            from tools.pipeline.tablesizes import TABLES, TableLog
+
+            tables = TableLog(self.checkpoint / TABLES, self.resumed)
         # a temporary spool: no compression
         low = LowLevel(config, graph.low_plans(), self.spool, queries, graph.query_of,
                        codec="none" if self._temporary else "snappy",
-                       complete_only=self.resume is not None, starts=starts)
+                       complete_only=self.resume is not None, starts=starts, tables=tables)
         return LocalSources(config, low)
 
     def _opened(self, stop) -> RunSummary:
@@ -275,7 +281,13 @@ class Run:
             # machine), so "0 result rows" reads as waiting, not as nothing
             note = "" if starter.ready() else \
                 f"Spark starting, {time.perf_counter() - asked:.0f} s"
-            return low.packets, rows, sources.lost(), clock, note
+            # per query its tables' slots and the low level's reduction (`queries` shows
+            # the same): partial rows per result row of the query's output
+            tables = []
+            for name, (slots, partials) in low.tables().items():
+                out = outputs[name].rows if name in outputs else 0
+                tables.append((name, slots, round(partials / out, 2) if out else None))
+            return low.packets, rows, sources.lost(), clock, note, tables
 
         progress = Progress(sample)
         progress.start()

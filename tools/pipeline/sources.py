@@ -20,6 +20,7 @@ from tools.pipeline.feeds import LinkFeeds, OperatorFeed, SpoolQueue
 
 if TYPE_CHECKING:
     from tools.pipeline.fanout import FanoutMembers
+    from tools.pipeline.tablesizes import TableLog
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +63,13 @@ class LowLevel:
     """The low-level operators of a run's links: one `OperatorFeed` per (query, link) of
     `low_plans`, grouped per link into `LinkFeeds` (`feeds`), and, once started, the spool
     queue that writes their files beside the low level. `starts`: per (query, link), the
-    first packet time its operator takes (a resumed run's)."""
+    first packet time its operator takes (a resumed run's); `tables`: a resumable run's
+    remembered table sizes (`tools.pipeline.tablesizes`), where its tables start and whose
+    record a resize updates."""
 
     def __init__(self, config: RunConfig, low_plans, spool, summaries: dict, query_of, *,
                  codec: str = "snappy", complete_only: bool = False,
-                 starts: dict | None = None):
+                 starts: dict | None = None, tables: TableLog | None = None):
         self.config = config
         self.starts: dict = dict(starts or {})
         self.per_link: dict[str, list[OperatorFeed]] = {n: [] for n in config.link_names}
@@ -81,7 +84,10 @@ class LowLevel:
                     OperatorFeed(lp, spool, summaries[query_of(lp)], codec,
                                  punctuation_flush=config.streaming,
                                  complete_only=complete_only,
-                                 start_ns=self.starts.get((lp.query, lp.link))))
+                                 start_ns=self.starts.get((lp.query, lp.link)),
+                                 start_slots=tables.slots(lp.query, lp.link) if tables
+                                 else None,
+                                 on_resize=tables.note if tables else None))
         except OSError as exc:           # the spool's directories (a read-only --spool)
             raise SpoolError(f"cannot write the spool {exc.filename or spool}: "
                              f"{os_error_text(exc)}") from None
@@ -135,6 +141,18 @@ class LowLevel:
     @property
     def packets(self) -> int:
         return sum(f.packets for f in self.feeds.values())
+
+    def tables(self) -> dict[str, tuple[int, int]]:
+        """Per query (its summary's name): its tables' slots now and its partial rows so far."""
+        out: dict[str, tuple[int, int]] = {}
+        for f in self.feeds.values():
+            for feed in f.feeds:
+                slots = int(feed.op.counters.get("slots", 0))
+                if slots:
+                    name = feed.summary.name
+                    had = out.get(name, (0, 0))[0]
+                    out[name] = (had + slots, feed.summary.partial_rows)
+        return out
 
     def clock(self) -> int | None:
         """The low-watermark of what the links have seen (None: nothing yet)."""

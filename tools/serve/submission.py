@@ -96,6 +96,9 @@ class Record:
     counted: dict = field(default_factory=dict)
     #: the query's link names -> the server's links it reads (`submit --link-map main=L`)
     link_map: dict = field(default_factory=dict)
+    #: {query: {link: slots}}: its adaptive tables' sizes as of the last save, where they
+    #: start when it runs again (`tools.pipeline.tablesizes`)
+    tables: dict = field(default_factory=dict)
 
     def save(self, state_dir: Path) -> None:
         d = state_dir / "queries"
@@ -185,6 +188,12 @@ def _pairs(v, item_ok) -> bool:
                                        and all(item_ok(y) for y in x) for x in v)
 
 
+def _table_sizes(v) -> bool:
+    from tools.pipeline.tablesizes import sound
+
+    return sound(v)
+
+
 def _scalar(v) -> bool:
     return v is None or isinstance(v, (str, int, float, bool))
 
@@ -229,6 +238,7 @@ _FIELD_SHAPES: dict[str, tuple[Callable[[Any], bool], str]] = {
                                     and all(_is_int(z) for z in y)))),
                 "an object of counters"),
     "link_map": (lambda v: _str_dict(v, lambda x: isinstance(x, str)), "an object of links"),
+    "tables": (_table_sizes, "an object of {link: slots} per query"),
 }
 _SHAPES = {k: f for k, (f, _) in _FIELD_SHAPES.items()}
 _SHAPE_NAMES = {k: n for k, (_, n) in _FIELD_SHAPES.items()}
@@ -395,9 +405,11 @@ class Submission:
                 continue
             summary = self.summaries[self.graph.query_of(lp)]
             # latency first: a pane's groups leave the table as its punctuation closes it
+            # an adaptive table starts at the size it had when the query last ran
             feed = OperatorFeed(lp, spool, summary, "snappy", punctuation_flush=True,
                                 allow_slots=self.allow_slots(lp)
-                                if self.allow_slots is not None and lp.max_slots else None)
+                                if self.allow_slots is not None and lp.max_slots else None,
+                                start_slots=self.record.tables.get(lp.query, {}).get(lp.link))
             feed.spool_queue = self.spool_queue
             per_link[lp.link].append(feed)
         start = self.record.suppress[-1][1] if self.record.suppress else None
@@ -515,9 +527,17 @@ class Submission:
             tally.batch_ended(stream, batch_id, self.rows_before.get(stream, 0) + out.rows)
 
     def keep_counters(self) -> None:
-        """Its counters into its record (saved with it)."""
+        """Its counters, and its tables' sizes, into its record (saved with it)."""
         if self.tally is not None:
             self.tally.keep(self.record, self.live_counters())
+        from tools.pipeline.tablesizes import sizes_of
+
+        sizes = sizes_of(f for feed in self.feeds.values() for f in feed.feeds)
+        if sizes:                   # a new dict: a save on another thread may be reading it
+            tables = {q: dict(links) for q, links in self.record.tables.items()}
+            for q, links in sizes.items():
+                tables.setdefault(q, {}).update(links)
+            self.record.tables = tables
 
     def save_counters(self) -> None:
         """Its counters into its record, saved (while it runs: a stage's end of batch)."""
