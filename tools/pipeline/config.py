@@ -63,6 +63,8 @@ class RunConfig:
     netflow_links: tuple[str, ...] = ()
     #: the exporters' active timeout of NETFLOW links (capture.flowreader)
     flow_timeout_ns: int = 30 * 60 * NS
+    #: their idle timeout (None: unknown), the lag of a NETFLOW link's punctuation on `last`
+    flow_idle_ns: int | None = None
     # the other files of the query set (`oopscope run a.gsql b.gsql`): one set, as GS-lite's
     # translate_fta takes several files
     more_query_files: tuple[str, ...] = ()

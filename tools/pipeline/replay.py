@@ -49,7 +49,7 @@ class FileLink:
                  columns: tuple[str, ...] | None = None, prefetch: int | None = None,
                  stop=None, skip_before: int | None = None, record=None,
                  separator: str | None = None, flow_timeout_ns: int | None = None,
-                 flow_state=None):
+                 flow_state=None, flow_idle_ns: int | None = None):
         self.name, self.path = name, str(path)
         if prefetch is None:
             prefetch = READ_AHEAD if (os.cpu_count() or 1) > 1 else 0
@@ -57,6 +57,12 @@ class FileLink:
         #: while the stream is quiet its next record cannot be older than now, so `head` says
         #: now and the replay's timer punctuates the lull (as a live link's does)
         self.wall_clock = False
+        #: a NETFLOW link: its records come disordered, each batch with the link's own
+        #: punctuation (`capture.flowreader`), which `punctuation` says once the batch is
+        #: taken whole; its head is that punctuation (a lower bound of what follows)
+        self.flow = False
+        self.punctuation: int | None = None
+        self._batch_punctuation: int | None = None
         self.record = record            # the link's RecordFormat, None for packets
         self.reader: Any
         if record is not None:
@@ -67,11 +73,17 @@ class FileLink:
                 extra["state_path"] = flow_state
                 if flow_timeout_ns is not None:
                     extra["active_timeout_ns"] = flow_timeout_ns
+                if flow_idle_ns is not None:
+                    extra["idle_timeout_ns"] = flow_idle_ns
             self.reader = open_records(path, record, link=name, batch_size=batch_size,
                                        columns=columns, stop=stop, separator=separator,
                                        **extra)
             self.wall_clock = self.reader.stream and record.system_clock
             self.reader.idle_batches = self.wall_clock
+            if record.kind == "netflow":
+                # a collector hands on its quiet slices (the punctuation goes on meanwhile)
+                self.flow = True
+                self.reader.idle_batches = self.reader.stream
         else:
             from capture.reader import open_capture
 
@@ -114,16 +126,33 @@ class FileLink:
                           self.name, exc)
                 self._end()
                 return False
+            if self.flow and len(batch) == 0:
+                self._punctuate(batch.punctuation)     # nothing pending: it holds now
+                if self.reader.stream:
+                    self._idle = True
+                    return False
+                continue
             if len(batch) == 0:
                 if self.wall_clock:         # a quiet slice of the stream (capture.records)
                     self._idle = True
                     return False
                 continue
             if self.skip_before is not None:
+                p = batch.punctuation
                 batch = self._unskipped(batch)
                 if batch is None:
+                    if self.flow:
+                        self._punctuate(p)
                     continue
+                batch.punctuation = p
             ts = batch["timestamp"]
+            if self.flow:
+                # disordered: every row's "head" is the punctuation before the batch
+                self._batch_punctuation = batch.punctuation
+                h = self._flow_head(int(ts.min()))
+                self._batch, self._cummax, self._pos = batch, np.full(len(batch), h), 0
+                self.max_seen = h
+                continue
             if batch.in_order and (self.max_seen is None or ts[0] >= self.max_seen):
                 cummax = ts       # already its running max: no pass, no fresh array
             else:
@@ -145,6 +174,22 @@ class FileLink:
             return batch
         return batch.take(keep) if n else None
 
+    def _punctuate(self, p: int | None) -> None:
+        if p is not None and (self.punctuation is None or p > self.punctuation):
+            self.punctuation = p
+
+    def _flow_head(self, floor: int | None = None) -> int:
+        """A NETFLOW link's head: its punctuation (monotone), else what it has seen."""
+        values = [v for v in (self.punctuation, self.max_seen) if v is not None]
+        if not values:
+            return floor if floor is not None else -(1 << 62)
+        return max(values)
+
+    def source_punctuation(self) -> int | None:
+        """The punctuation of a link that punctuates itself (NETFLOW) over the records taken
+        so far (its timer gives it: `capture.punctuation.LinkTimer.source`)."""
+        return self.punctuation
+
     def _end(self) -> None:
         self.exhausted = True
         self._batch = self._cummax = None
@@ -156,6 +201,8 @@ class FileLink:
         the wall clock."""
         if not self._pending():
             if self._idle and not self.exhausted:
+                if self.flow:
+                    return self._flow_head()
                 return max(time.time_ns(), self.max_seen or 0)
             return None
         assert self._cummax is not None   # `_pending` made a batch pending
@@ -173,6 +220,10 @@ class FileLink:
             return None
         batch = self._batch.slice(self._pos, stop)
         self._pos = stop
+        if self.flow and stop >= len(self._batch):
+            # taken whole: the punctuation it carries holds once it is processed (the
+            # caller processes it before its timer's next tick)
+            self._punctuate(self._batch_punctuation)
         return batch
 
     @property

@@ -331,7 +331,10 @@ def open_sources(config: RunConfig, feeds: dict, stop=None, skip: dict | None = 
                                    skip_before=(skip or {}).get(name),
                                    record=feeds[name].record, separator=config.csv_separator,
                                    flow_timeout_ns=config.flow_timeout_ns,
+                                   flow_idle_ns=config.flow_idle_ns,
                                    flow_state=_flow_state(config, name))
+            if links[name].flow:
+                feeds[name].timer.source = links[name].source_punctuation
     except BaseException:
         for link in links.values():
             link.close()
