@@ -56,7 +56,7 @@ def softflowd_datagrams(pcap: Path, version: int) -> list[bytes]:
 
 def nfdump_records(datagrams: list[bytes], tmp: Path, with_first: bool = False) -> pd.DataFrame:
     """The datagrams sent to a real nfcapd, read back with nfdump: one row per record (and
-    its flow start, ms, `with_first`)."""
+    its flow start and end, ms, `with_first`)."""
     flowdir = tmp / "nfcapd"
     flowdir.mkdir()
     with nfcapd(flowdir) as port, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -71,10 +71,11 @@ def nfdump_records(datagrams: list[bytes], tmp: Path, with_first: bool = False) 
              r.get("src_port", 0),
              r.get("dst_port", r.get("icmp_type", 0) * 256 + r.get("icmp_code", 0)),
              r["proto"], r["in_packets"], r["in_bytes"],
-             int(pd.Timestamp(r["first"], tz="UTC").value // 10**6))
+             int(pd.Timestamp(r["first"], tz="UTC").value // 10**6),
+             int(pd.Timestamp(r["last"], tz="UTC").value // 10**6))
             for r in json.loads(proc.stdout or "[]") if r["type"] == "FLOW"]
-    df = pd.DataFrame(rows, columns=KEY + ["packets", "bytes", "first_ms"])
-    return df if with_first else df.drop(columns="first_ms")
+    df = pd.DataFrame(rows, columns=KEY + ["packets", "bytes", "first_ms", "last_ms"])
+    return df if with_first else df.drop(columns=["first_ms", "last_ms"])
 
 
 def decoded(cols: dict) -> pd.DataFrame:
