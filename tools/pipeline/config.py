@@ -83,8 +83,18 @@ class RunConfig:
 
     @property
     def streaming(self) -> bool:
-        """Stages run continuously (paced and live runs) rather than after the low level."""
-        return self.live or self.speed is not None
+        """Stages run continuously (paced and live runs, and NETFLOW collectors) rather than
+        after the low level."""
+        return self.live or self.speed is not None or self.collects
+
+    @property
+    def collects(self) -> bool:
+        """Whether a link is a NETFLOW collector (`--netflow-in NAME=HOST:PORT`): a stream
+        of the wall clock, whose windows are written as they close."""
+        from capture.flowreader import collector_address
+
+        return any(name in self.netflow_links and collector_address(path) is not None
+                   for name, path in self.links)
 
 
 @dataclass
