@@ -138,13 +138,13 @@ class FileLink:
                     return False
                 continue
             if self.skip_before is not None:
-                p = batch.punctuation
+                p = batch.punctuation if self.flow else None
                 batch = self._unskipped(batch)
                 if batch is None:
-                    if self.flow:
-                        self._punctuate(p)
+                    self._punctuate(p)
                     continue
-                batch.punctuation = p
+                if self.flow:
+                    batch.punctuation = p
             ts = batch["timestamp"]
             if self.flow:
                 # disordered: every row's "head" is the punctuation before the batch
