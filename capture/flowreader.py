@@ -16,7 +16,8 @@ before theirs), so the lag is what makes the punctuation safe.
 
 The link melds its sub-links OOP-style (`FlowMeld`): its punctuation is the smallest of those
 of the sub-links heard from within their active timeout, each extrapolated by the time it
-has been silent on our clock (its next datagram cannot be exported earlier), so that a
+has been silent on our clock less the lull slack (`lull_slack_ns`, `--lull-slack`: its next
+datagram cannot be exported earlier, give or take the datagrams' delays), so that a
 silent exporter holds no window back, and a link whose every exporter is silent still
 punctuates by the wall clock (a collector) and closes its last windows. Records are never
 held: a batch goes to the low level as decoded, disordered, and its punctuation after it;
@@ -80,8 +81,11 @@ class FlowMeld:
     owns the punctuation given so far and the count of late records."""
 
     def __init__(self, active_timeout_ns: int = DEFAULT_ACTIVE_TIMEOUT_NS,
-                 clock: str = "first", idle_timeout_ns: int | None = None):
+                 clock: str = "first", idle_timeout_ns: int | None = None,
+                 lull_slack_ns: int = 0):
         self.active_timeout_ns = int(active_timeout_ns)
+        #: a silence is carried forward less this (datagrams' delays differ by up to it)
+        self.lull_slack_ns = int(lull_slack_ns)
         self.idle_timeout_ns = None if idle_timeout_ns is None else int(idle_timeout_ns)
         self.clock = clock
         self.given: int | None = None     # the punctuation given so far (increasing)
@@ -118,7 +122,8 @@ class FlowMeld:
             active, lag = self._timeouts(decoder, exporter, domain)
             quiet = max(0, now - arrived[(exporter, domain)])
             # the next datagram of a sub-link silent this long is exported that much later
-            mark = t + quiet - lag
+            # (less the slack: its delay on the way may be longer than the last one's)
+            mark = t + max(0, quiet - self.lull_slack_ns) - lag
             (heard if quiet <= active else silent).append(mark)
         # an exporter silent for longer than its timeout holds nothing back; when every one
         # is, the link's punctuation goes on with the wall clock
@@ -168,7 +173,7 @@ class FlowReader:
     def __init__(self, path, fmt: RecordFormat, link: str | None = None,
                  batch_size: int = 65536, *, port: int | None = None,
                  active_timeout_ns: int = DEFAULT_ACTIVE_TIMEOUT_NS,
-                 idle_timeout_ns: int | None = None,
+                 idle_timeout_ns: int | None = None, lull_slack_ns: int = 10**9,
                  decoder: FlowDecoder | None = None, stop=None, state_path=None,
                  **_options):
         self.path = str(path)
@@ -186,7 +191,7 @@ class FlowReader:
         self.decoder.stats = FlowReaderStats()
         #: the field records are timed and punctuated by: what the queries window on
         self.clock = fmt.clock if fmt.clock in ("first", "last") else "first"
-        self.meld = FlowMeld(active_timeout_ns, self.clock, idle_timeout_ns)
+        self.meld = FlowMeld(active_timeout_ns, self.clock, idle_timeout_ns, lull_slack_ns)
         self._stop = stop
         self._closed = False
         address = collector_address(self.path)

@@ -74,6 +74,10 @@ def test_every_exporter_silent_punctuation_goes_on(v9):
     e = dec.latest_export[("192.0.2.1", 0)]
     marks = [meld.punctuation(dec, last_arrival + k * 30 * S) for k in range(6)]
     assert marks == [e - 60 * S + k * 30 * S for k in range(6)]
+    # less the lull slack: a datagram may come that much later than the last one's delay
+    slack = FlowMeld(60 * S, lull_slack_ns=2 * S)
+    marks = [slack.punctuation(dec, last_arrival + k * 30 * S) for k in range(6)]
+    assert marks == [e - 60 * S + max(0, k * 30 - 2) * S for k in range(6)]
 
 
 def test_flow_end_punctuated_by_the_idle_timeout(v9):

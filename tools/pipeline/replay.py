@@ -49,7 +49,8 @@ class FileLink:
                  columns: tuple[str, ...] | None = None, prefetch: int | None = None,
                  stop=None, skip_before: int | None = None, record=None,
                  separator: str | None = None, flow_timeout_ns: int | None = None,
-                 flow_state=None, flow_idle_ns: int | None = None):
+                 flow_state=None, flow_idle_ns: int | None = None,
+                 lull_slack_ns: int | None = None):
         self.name, self.path = name, str(path)
         if prefetch is None:
             prefetch = READ_AHEAD if (os.cpu_count() or 1) > 1 else 0
@@ -75,6 +76,8 @@ class FileLink:
                     extra["active_timeout_ns"] = flow_timeout_ns
                 if flow_idle_ns is not None:
                     extra["idle_timeout_ns"] = flow_idle_ns
+                if lull_slack_ns is not None:
+                    extra["lull_slack_ns"] = lull_slack_ns
             self.reader = open_records(path, record, link=name, batch_size=batch_size,
                                        columns=columns, stop=stop, separator=separator,
                                        **extra)

@@ -354,6 +354,7 @@ def open_sources(config: RunConfig, feeds: dict, stop=None, skip: dict | None = 
                                    record=feeds[name].record, separator=config.csv_separator,
                                    flow_timeout_ns=config.flow_timeout_ns,
                                    flow_idle_ns=config.flow_idle_ns,
+                                   lull_slack_ns=config.lull_slack_ns,
                                    flow_state=_flow_state(config, name))
             if links[name].flow:
                 feeds[name].timer.source = links[name].source_punctuation
