@@ -318,7 +318,9 @@ class FlowReader:
 
     def _batch(self, cols: dict[str, np.ndarray], punctuation: int | None) -> RecordBatch:
         m = len(cols["first"])
-        out = {"timestamp": cols[self.clock], "len": np.zeros(m, np.uint32),
+        # `arrival` (ns, capture time or ours): what a replay paces and interleaves links by
+        out = {"timestamp": cols[self.clock], "arrival": cols["arrival"],
+               "len": np.zeros(m, np.uint32),
                "layers": np.zeros(m, np.uint16), "reason": np.zeros(m, np.uint8),
                "time_s": (cols["first"] // 10**9).astype(np.uint64)}
         for f in self.format.fields:

@@ -60,7 +60,8 @@ class FileLink:
         self.wall_clock = False
         #: a NETFLOW link: its records come disordered, each batch with the link's own
         #: punctuation (`capture.flowreader`), which `punctuation` says once the batch is
-        #: taken whole; its head is that punctuation (a lower bound of what follows)
+        #: taken whole; its head is the arrival of its datagrams (a collector's: now when
+        #: quiet)
         self.flow = False
         self.punctuation: int | None = None
         self._batch_punctuation: int | None = None
@@ -150,11 +151,14 @@ class FileLink:
                     batch.punctuation = p
             ts = batch["timestamp"]
             if self.flow:
-                # disordered: every row's "head" is the punctuation before the batch
+                # disordered on their clock: the link is replayed by the datagrams' arrival
+                # (capture time, or our clock for a collector), as captured
                 self._batch_punctuation = batch.punctuation
-                h = self._flow_head(int(ts.min()))
-                self._batch, self._cummax, self._pos = batch, np.full(len(batch), h), 0
-                self.max_seen = h
+                cummax = np.maximum.accumulate(batch["arrival"])
+                if self.max_seen is not None:
+                    np.maximum(cummax, self.max_seen, out=cummax)
+                self._batch, self._cummax, self._pos = batch, cummax, 0
+                self.max_seen = int(cummax[-1])
                 continue
             if batch.in_order and (self.max_seen is None or ts[0] >= self.max_seen):
                 cummax = ts       # already its running max: no pass, no fresh array
@@ -181,13 +185,6 @@ class FileLink:
         if p is not None and (self.punctuation is None or p > self.punctuation):
             self.punctuation = p
 
-    def _flow_head(self, floor: int | None = None) -> int:
-        """A NETFLOW link's head: its punctuation (monotone), else what it has seen."""
-        values = [v for v in (self.punctuation, self.max_seen) if v is not None]
-        if not values:
-            return floor if floor is not None else -(1 << 62)
-        return max(values)
-
     def source_punctuation(self) -> int | None:
         """The punctuation of a link that punctuates itself (NETFLOW) over the records taken
         so far (its timer gives it: `capture.punctuation.LinkTimer.source`)."""
@@ -204,8 +201,6 @@ class FileLink:
         the wall clock."""
         if not self._pending():
             if self._idle and not self.exhausted:
-                if self.flow:
-                    return self._flow_head()
                 return max(time.time_ns(), self.max_seen or 0)
             return None
         assert self._cummax is not None   # `_pending` made a batch pending
