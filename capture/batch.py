@@ -153,9 +153,13 @@ class RecordBatch(PacketBatch):
     (`capture.recordsource.field_columns`): uint/ullong uint64, int/llong int64, float float64,
     bool uint8, IPv4 uint64 IPv4-mapped, IPv6 two uint64 halves, string uint64 codes into
     `strings[column]`, the link's `capture.strings.StringTable` (one table for every string
-    column of the link). `offsets` are the records' line numbers (1-based) in the source."""
+    column of the link). `offsets` are the records' line numbers (1-based) in the source.
+    `punctuation`: a source that punctuates its own records (a NETFLOW link,
+    `capture.flowreader`) gives here its punctuation once this batch is processed (None: no
+    advance); slices and takes do not carry it."""
 
     strings: Mapping = field(default_factory=dict)
+    punctuation: int | None = None
 
     def __post_init__(self) -> None:
         missing = [c for c in RECORD_BASE_COLUMNS if c not in self.columns]

@@ -35,6 +35,7 @@ import numpy as np
 from capture import flowkernels as fk
 from capture.flowtemplates import (
     OPT_ACTIVE_TIMEOUT,
+    OPT_IDLE_TIMEOUT,
     OPT_SAMPLING,
     OPT_SYSTEM_INIT_MS,
     V5_TEMPLATE_ROW,
@@ -424,6 +425,8 @@ class FlowDecoder:
                         self.templates.note_option(exporter, domain, "sampling", v)
                     elif ie == OPT_ACTIVE_TIMEOUT and v:
                         self.templates.note_option(exporter, domain, "active_timeout_s", v)
+                    elif ie == OPT_IDLE_TIMEOUT and v:
+                        self.templates.note_option(exporter, domain, "idle_timeout_s", v)
                     elif ie == OPT_SYSTEM_INIT_MS and v:
                         self.templates.note_option(exporter, domain, "system_init_ms", v)
                 p += ln

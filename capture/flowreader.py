@@ -1,29 +1,43 @@
 """A NETFLOW link's reader: datagrams (from a capture file, or a UDP collector) decoded into
-`capture.batch.RecordBatch`es of flow records, released in order of flow start.
+`capture.batch.RecordBatch`es of flow records, released as they are decoded, each batch
+carrying the link's punctuation.
 
 Each (exporter, observation domain) is a sub-link: its records arrive in order of flow end,
 disordered on flow start by up to the exporter's active timeout (a router purges its cache
-in blocks). Its punctuation for `first` is the export time of its latest datagram minus the
-active timeout (`active_timeout_ns`, or the exporter's own, learned from its options). The
-link melds its sub-links OOP-style: a record is released once the smallest punctuation of
-the sub-links heard from within the last active timeout (by arrival time: the exporters' clocks differ) has
-passed its `first` (an exporter silent for longer no longer holds the others back), in order of `first`, so the run's
-windows on `first` close on punctuation rather than a fixed slack. A record that comes with
-a `first` below what was released already is late: it is released at once and counted
-(`FlowReaderStats.late`), and the low level counts or corrects it as for packets. The end of
-the input releases every record held.
+in blocks). The link's clock is the field its queries window on (`RecordFormat.clock`):
+`first` (flow start) or `last` (flow end). A sub-link's punctuation is the export time of its
+latest datagram minus a lag: for `first` the active timeout (`active_timeout_ns`, or the
+exporter's own, learned from its options); for `last` the idle timeout when known
+(`idle_timeout_ns`, or the exporter's `flowIdleTimeout`: a flow leaves the cache at most that
+long after its last packet), else the active timeout too (a flow ends after it starts). Taking
+the export time itself would hold for records ordered by flow end; softflowd's end-of-capture
+dump is not (368 of its 394 records of skype.pcap end before the export time of the datagram
+before theirs), so the lag is what makes the punctuation safe.
+
+The link melds its sub-links OOP-style (`FlowMeld`): its punctuation is the smallest of those
+of the sub-links heard from within their active timeout, each extrapolated by the time it
+has been silent on our clock less the lull slack (`lull_slack_ns`, `--lull-slack`: its next
+datagram cannot be exported earlier, give or take the datagrams' delays), so that a
+silent exporter holds no window back, and a link whose every exporter is silent still
+punctuates by the wall clock (a collector) and closes its last windows. Records are never
+held: a batch goes to the low level as decoded, disordered, and its punctuation after it;
+the low level's tables (keyed by window) close windows on that punctuation, as for packet
+links. A record whose clock is below the punctuation already given is late: counted
+(`FlowReaderStats.late`), and the low level counts or corrects it as for packets. Memory is
+the low level's open windows, not the active timeout's records.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from capture.batch import RecordBatch
-from capture.flowdecode import FlowDecoder, FlowStats
+from capture.flowdecode import FLOW_COLUMNS, FlowDecoder, FlowStats
 from capture.flowsource import Datagrams, UdpCollector, read_datagrams
 from capture.recordsource import RecordError, field_columns
 from capture.schema import RecordFormat
@@ -62,71 +76,73 @@ class FlowReaderStats(FlowStats):
                 f"sequence gaps{f' ({gaps})' if gaps else ''}, {self.late} late records")
 
 
-class FlowReorder:
-    """The records held until the meld's punctuation passes their `first` (module
-    docstring); owns the held columns."""
+class FlowMeld:
+    """The link's punctuation on its clock, melded over the sub-links (module docstring);
+    owns the punctuation given so far and the count of late records."""
 
-    def __init__(self, active_timeout_ns: int = DEFAULT_ACTIVE_TIMEOUT_NS):
+    def __init__(self, active_timeout_ns: int = DEFAULT_ACTIVE_TIMEOUT_NS,
+                 clock: str = "first", idle_timeout_ns: int | None = None,
+                 lull_slack_ns: int = 0):
         self.active_timeout_ns = int(active_timeout_ns)
-        self._held: dict[str, np.ndarray] | None = None
-        self.released_to: int | None = None       # every record with first < this is out
+        #: a silence is carried forward less this (datagrams' delays differ by up to it)
+        self.lull_slack_ns = int(lull_slack_ns)
+        self.idle_timeout_ns = None if idle_timeout_ns is None else int(idle_timeout_ns)
+        self.clock = clock
+        self.given: int | None = None     # the punctuation given so far (increasing)
         self.late = 0
 
-    def punctuation(self, decoder: FlowDecoder) -> int | None:
-        """The meld's punctuation for `first` now (None before any datagram)."""
+    def _timeouts(self, decoder: FlowDecoder, exporter: str, domain: int) -> tuple[int, int]:
+        """(active timeout, lag of the clock) of a sub-link, ns."""
+        def option(name: str, default: int | None) -> int | None:
+            s = decoder.templates.option(exporter, domain, name)
+            # an exporter's own timeout, when sane (a day at most)
+            return s * 10**9 if s and s <= 86400 else default
+
+        active = option("active_timeout_s", self.active_timeout_ns)
+        assert active is not None
+        if self.clock != "last":
+            return active, active
+        idle = option("idle_timeout_s", self.idle_timeout_ns)
+        return active, active if idle is None else min(idle, active)
+
+    def punctuation(self, decoder: FlowDecoder, now: int | None = None) -> int | None:
+        """The meld's punctuation at `now` (our clock, ns; default: the latest arrival), or
+        None before any datagram."""
         latest = decoder.latest_export
         if not latest:
             return None
         # silence is measured on our clock (arrival), the punctuation on the exporter's own
         # (export time): exporters' clocks differ
         arrived = decoder.latest_arrival
-        newest = max(arrived.values())
-        marks = []
+        if now is None:
+            now = max(arrived.values())
+        heard: list[int] = []
+        silent: list[int] = []
         for (exporter, domain), t in latest.items():
-            timeout_s = decoder.templates.option(exporter, domain, "active_timeout_s")
-            # an exporter's own timeout, when sane (a day at most)
-            timeout = timeout_s * 10**9 if timeout_s and timeout_s <= 86400 \
-                else self.active_timeout_ns
-            if newest - arrived[(exporter, domain)] <= timeout:   # silent longer: no hold
-                marks.append(t - timeout)
-        return max(min(marks), -(1 << 62))
+            active, lag = self._timeouts(decoder, exporter, domain)
+            quiet = max(0, now - arrived[(exporter, domain)])
+            # the next datagram of a sub-link silent this long is exported that much later
+            # (less the slack: its delay on the way may be longer than the last one's)
+            mark = t + max(0, quiet - self.lull_slack_ns) - lag
+            (heard if quiet <= active else silent).append(mark)
+        # an exporter silent for longer than its timeout holds nothing back; when every one
+        # is, the link's punctuation goes on with the wall clock
+        return max(min(heard) if heard else max(silent), -(1 << 62))
 
-    def flush(self) -> dict[str, np.ndarray] | None:
-        """Every record held, in order of `first` (the input ended)."""
-        if self._held is None:
-            return None
-        return self.push({k: v[:0] for k, v in self._held.items()}, None, final=True)
+    def admit(self, clock: np.ndarray) -> None:
+        """Count the records (their clock) below the punctuation given already: late."""
+        if self.given is not None and len(clock):
+            self.late += int(np.count_nonzero(clock < self.given))
 
-    def push(self, cols: dict[str, np.ndarray], punctuation: int | None,
-             final: bool = False) -> dict[str, np.ndarray] | None:
-        """Hold `cols`; the records now released, in order of `first` (None: none)."""
-        if self._held is None:
-            self._held = cols
-        elif len(cols["first"]):
-            self._held = {k: np.concatenate([v, cols[k]]) for k, v in self._held.items()}
-        held = self._held
-        first = held["first"]
-        if not len(first):
-            return None
-        if final:
-            out = np.ones(len(first), bool)
-        else:
-            bound = -(1 << 63) if punctuation is None else punctuation
-            if self.released_to is not None:
-                bound = max(bound, self.released_to)
-            out = first < bound
-            # late: below what was released already (released now, out of order)
-            if self.released_to is not None:
-                self.late += int(np.count_nonzero(first < self.released_to))
-        if not out.any():
-            return None
-        idx = np.flatnonzero(out)
-        idx = idx[np.argsort(first[idx], kind="stable")]
-        released = {k: v[idx] for k, v in held.items()}
-        self._held = {k: v[~out] for k, v in held.items()}
-        if not final and punctuation is not None:
-            self.released_to = max(self.released_to or punctuation, punctuation)
-        return released
+    def advance(self, p: int | None) -> int | None:
+        """Give punctuation `p` when it advances; the punctuation given so far."""
+        if p is not None and (self.given is None or p > self.given):
+            self.given = p
+        return self.given
+
+
+def _no_records() -> dict[str, np.ndarray]:
+    return {name: np.zeros(0, dtype) for name, dtype in FLOW_COLUMNS}
 
 
 def collector_address(source: str) -> tuple[str, int] | None:
@@ -145,14 +161,19 @@ def collector_address(source: str) -> tuple[str, int] | None:
 class FlowReader:
     """Iterate over the flow records of a capture file of exported datagrams (UDP payloads
     to any port, or to `port`), or of a UDP collector (`HOST:PORT`: a stream, ended by
-    `stop`), as `RecordBatch`es released by punctuation (module docstring); a file's
-    datagrams are taken in capture order, DATAGRAMS_PER_CALL at a time."""
+    `stop`), as `RecordBatch`es as decoded (module docstring); a file's datagrams are taken
+    in capture order, DATAGRAMS_PER_CALL at a time. The last batch of a decode carries the
+    link's punctuation (`RecordBatch.punctuation`, on the batch's clock: valid once the
+    batch is processed; also `punctuation` here); a batch may be empty, carrying only an
+    advance of it. With `idle_batches` a collector hands on an empty batch for every quiet
+    slice (0.1 s), so that a caller never blocks for long."""
 
     WHAT = "flow records"
 
     def __init__(self, path, fmt: RecordFormat, link: str | None = None,
                  batch_size: int = 65536, *, port: int | None = None,
                  active_timeout_ns: int = DEFAULT_ACTIVE_TIMEOUT_NS,
+                 idle_timeout_ns: int | None = None, lull_slack_ns: int = 10**9,
                  decoder: FlowDecoder | None = None, stop=None, state_path=None,
                  **_options):
         self.path = str(path)
@@ -168,7 +189,9 @@ class FlowReader:
         self.decoder = decoder
         self._saved = self.decoder.templates.revision
         self.decoder.stats = FlowReaderStats()
-        self.reorder = FlowReorder(active_timeout_ns)
+        #: the field records are timed and punctuated by: what the queries window on
+        self.clock = fmt.clock if fmt.clock in ("first", "last") else "first"
+        self.meld = FlowMeld(active_timeout_ns, self.clock, idle_timeout_ns, lull_slack_ns)
         self._stop = stop
         self._closed = False
         address = collector_address(self.path)
@@ -188,8 +211,13 @@ class FlowReader:
     def stats(self) -> FlowReaderStats:
         s = self.decoder.stats
         assert isinstance(s, FlowReaderStats)
-        s.late = self.reorder.late
+        s.late = self.meld.late
         return s
+
+    @property
+    def punctuation(self) -> int | None:
+        """The link's punctuation given with the batches handed on so far (None: none)."""
+        return self.meld.given
 
     def __enter__(self):
         return self
@@ -253,41 +281,46 @@ class FlowReader:
                 return
             cols = self.decoder.decode(dg.payloads[start:stop], dg.exporters[start:stop],
                                        dg.arrivals[start:stop])
-            out = self.reorder.push(cols, self.reorder.punctuation(self.decoder))
-            if out is not None:
-                yield from self._batches(out)
-        yield from self._release_held()
+            yield from self._release(cols, None)
+        self.decoder.drop_pending()
 
     def _collect(self):
-        """A collector's records until `stop` says so (then every record held)."""
+        """A collector's records until `stop` says so."""
         assert self._collector is not None
         while not self._stopped():
             dg = self._collector.receive(0.1)
             if not len(dg):
+                # a quiet slice: the punctuation goes on by the wall clock
+                given = self.meld.given
+                p = self.meld.advance(self.meld.punctuation(self.decoder, time.time_ns()))
+                if self.idle_batches or p != given:
+                    yield self._batch(_no_records(), p)
                 continue
             cols = self.decoder.decode(dg.payloads, dg.exporters, dg.arrivals)
             self._save_state()
-            out = self.reorder.push(cols, self.reorder.punctuation(self.decoder))
-            if out is not None:
-                yield from self._batches(out)
-        yield from self._release_held()
-
-    def _release_held(self):
-        """At the end of the input: the sets still waiting for a template are counted, and
-        every record held is released."""
+            yield from self._release(cols, time.time_ns())
         self.decoder.drop_pending()
-        out = self.reorder.flush()
-        if out is not None:
-            yield from self._batches(out)
 
-    def _batches(self, cols: dict[str, np.ndarray]):
+    def _release(self, cols: dict[str, np.ndarray], now: int | None):
+        """The batches of records just decoded, the last with the punctuation after them."""
+        self.meld.admit(cols[self.clock])
+        given = self.meld.given
+        p = self.meld.advance(self.meld.punctuation(self.decoder, now))
         n = len(cols["first"])
+        if not n:
+            if p != given:
+                yield self._batch(cols, p)
+            return
         for a in range(0, n, self.batch_size):
-            yield self._batch({k: v[a:a + self.batch_size] for k, v in cols.items()})
+            last = a + self.batch_size >= n
+            yield self._batch({k: v[a:a + self.batch_size] for k, v in cols.items()},
+                              p if last else given)
 
-    def _batch(self, cols: dict[str, np.ndarray]) -> RecordBatch:
+    def _batch(self, cols: dict[str, np.ndarray], punctuation: int | None) -> RecordBatch:
         m = len(cols["first"])
-        out = {"timestamp": cols["first"], "len": np.zeros(m, np.uint32),
+        # `arrival` (ns, capture time or ours): what a replay paces and interleaves links by
+        out = {"timestamp": cols[self.clock], "arrival": cols["arrival"],
+               "len": np.zeros(m, np.uint32),
                "layers": np.zeros(m, np.uint16), "reason": np.zeros(m, np.uint8),
                "time_s": (cols["first"] // 10**9).astype(np.uint64)}
         for f in self.format.fields:
@@ -295,5 +328,6 @@ class FlowReader:
                 if c not in out:
                     v = cols[c]
                     out[c] = v.astype(np.int64 if f.type in ("llong", "int") else np.uint64)
-        return RecordBatch(self.link, out, np.arange(m, dtype=np.int64), True)
+        return RecordBatch(self.link, out, np.arange(m, dtype=np.int64), False,
+                           punctuation=punctuation)
 

@@ -42,6 +42,7 @@ ELEMENTS: dict[int, tuple[int, int]] = {
 #: options elements read from options data records
 OPT_SAMPLING = (34, 305, 50)            # samplingInterval, samplingPacketInterval, v9's 50
 OPT_ACTIVE_TIMEOUT = 36                 # flowActiveTimeout (seconds)
+OPT_IDLE_TIMEOUT = 37                   # flowIdleTimeout (seconds)
 OPT_SYSTEM_INIT_MS = 160                # systemInitTimeMilliseconds (IPFIX uptime fields)
 
 #: the NetFlow v5 record (48 bytes) as a template: (ie, length) in order

@@ -10,6 +10,9 @@ so windows close on a silent link too. The clock is the run's:
 - a paced replay (`--speed N`): capture time advancing N times as fast as the wall clock;
 - live capture: the wall clock (kernel timestamps are wall-clock times).
 
+A link that punctuates itself (`source`: a NETFLOW link, `capture.flowreader`) gives its own
+value at each tick instead.
+
 Values are aligned down to the smallest window slide of the link's queries (a punctuation
 between two window ends closes nothing more than the end below it) and never repeated.
 """
@@ -34,6 +37,10 @@ class LinkTimer:
         self.max_seen: int | None = None
         self.last: int | None = None
         self.count = 0
+        #: a link that punctuates itself (a NETFLOW link's meld of exporters): its
+        #: punctuation, asked at each tick, replaces the largest time seen and the lull's
+        #: clock (its records come disordered; its lull is its own)
+        self.source = None
 
     def observe(self, batch_max: int) -> None:
         """Record the largest capture time of a batch just handed to the low level."""
@@ -42,6 +49,9 @@ class LinkTimer:
 
     def candidate(self, clock_ns: int | None) -> int | None:
         """The punctuation the link could give now (None before it has any time at all)."""
+        if self.source is not None:
+            p = self.source()
+            return None if p is None else align_down(p, self.step)
         values = [v for v in (self.max_seen,
                               None if clock_ns is None else clock_ns - self.slack)
                   if v is not None]

@@ -313,6 +313,8 @@ def open_records(path: str | os.PathLike, fmt: RecordFormat, link: str | None = 
 
         return FlowReader(path, fmt, link, batch_size, **options)
     options.pop("active_timeout_ns", None)
+    options.pop("idle_timeout_ns", None)
+    options.pop("lull_slack_ns", None)
     if fmt.kind.lower() == "gdat":
         return GdatReader(path, fmt, link, batch_size, **options)
     return RecordReader(path, fmt, link, batch_size, **options)

@@ -258,8 +258,8 @@ def _nf(name: str, type_: str, doc: str, columns: tuple[str, ...] | None = None,
 
 #: The flow records routers export (NetFlow v5/v9, IPFIX), decoded by `capture.flowdecode`: a
 #: record protocol built in, read from a `--netflow-in` link. Its clock is `first` (flow start,
-#: ns): windows are on `first`, released by the link in order of `first` once the exporters'
-#: punctuation (export time minus the active timeout) has passed them.
+#: ns, and `time`, its seconds) or `last` (flow end), as the query's windows say
+#: (`NETFLOW_CLOCKS`); the link punctuates that clock (`capture.flowreader`).
 NETFLOW = Protocol("NETFLOW", None, 0, (
     _nf("first", "llong", "flow start, ns since the epoch (the clock: windows)", increasing=True),
     _nf("last", "llong", "flow end, ns since the epoch"),
@@ -285,6 +285,10 @@ NETFLOW = Protocol("NETFLOW", None, 0, (
     _nf("next_hop", "ip", "next-hop address", ("next_hop_hi", "next_hop_lo")),
     _nf("sampling", "uint", "the exporter's sampling interval (0 when it sends none)"),
 ), record="netflow")
+
+
+#: NETFLOW's window attributes: (field, clock, unit ns)
+NETFLOW_CLOCKS = (("first", "first", 1), ("time", "first", 10**9), ("last", "last", 1))
 
 
 def record_column(field: str) -> str:
@@ -347,6 +351,10 @@ class RecordFormat:
     fields: tuple[Field, ...]
     clock: str | None                   # the field that is the record's time, if any
     clock_unit_ns: int = 10**9
+    #: a protocol with more than one clock (NETFLOW: flow start or end): (field, the clock
+    #: it windows on, its unit) for each field a query may window on; the query's temporal
+    #: group item chooses the clock (`queries.analysis`), and `clock` is then that one
+    clocks: tuple[tuple[str, str, int], ...] = ()
 
     @property
     def system_clock(self) -> bool:
@@ -429,7 +437,8 @@ class Schema:
             return None
         fields = tuple(self.fields(protocol).values())
         clock, unit = clock_of(fields)
-        return RecordFormat(p.name, p.record, fields, clock, unit)
+        clocks = NETFLOW_CLOCKS if p.record == "netflow" else ()
+        return RecordFormat(p.name, p.record, fields, clock, unit, clocks)
 
     def with_protocols(self, protocols: list[Protocol], files: tuple[str, ...] = ()) -> Schema:
         """This schema with `protocols` added (a name already present is replaced)."""

@@ -441,10 +441,15 @@ class Analyser:
                              f"protocols; read one of those ({', '.join(children) or 'none'})")
         fields = self.schema.fields(proto)
         record = self.schema.record_format(proto)
+        if record is not None and record.clocks:
+            record = self._record_clock(record)
         cols = {}
         for f in fields.values():
             if record is None:
                 form = T.BASE_TIME_FORMS.get(f.name)
+            elif record.clocks:
+                form = next((T.TimeForm(unit) for name, clock, unit in record.clocks
+                             if name == f.name and clock == record.clock), None)
             else:
                 # a record's clock windows like `time` (seconds) or `timestamp` (ns); its
                 # other fields, increasing or not, make no windows (RecordFormat)
@@ -454,6 +459,26 @@ class Analyser:
                           union="meld" if len(links) > 1 or links == ("*",) else None,
                           fields=fields, record=record)
         return info
+
+    def _record_clock(self, record):
+        """A record format of several clocks (NETFLOW: `first`/`time` or `last`) set to the
+        one the query's GROUP BY windows on: the clock of the first group item naming one of
+        its window fields (`first` when none does). The other clock's fields are then plain
+        values, so `GROUP BY first/60 AS tb, last` keeps `last` as a key."""
+        from dataclasses import replace
+
+        stmt = getattr(self, "cur_statement", None)
+        chosen = {name: clock for name, clock, _ in record.clocks}
+        for g in (getattr(stmt, "group_by", None) or []) if isinstance(stmt, E.Select) else []:
+            this = getattr(g, "this", None)
+            if not isinstance(this, E.Node):
+                continue
+            names = [c.name for c in this.find_all(E.Column) if c.name in chosen]
+            if names:
+                clock = chosen[names[0]]
+                unit = next(u for n, c, u in record.clocks if n == clock)
+                return replace(record, clock=clock, clock_unit_ns=unit)
+        return record
 
     def _join_time_pair(self, aq: AnalysedQuery, first: GroupInfo, second: GroupInfo,
                         node) -> bool:

@@ -56,7 +56,7 @@ def softflowd_datagrams(pcap: Path, version: int) -> list[bytes]:
 
 def nfdump_records(datagrams: list[bytes], tmp: Path, with_first: bool = False) -> pd.DataFrame:
     """The datagrams sent to a real nfcapd, read back with nfdump: one row per record (and
-    its flow start, ms, `with_first`)."""
+    its flow start and end, ms, `with_first`)."""
     flowdir = tmp / "nfcapd"
     flowdir.mkdir()
     with nfcapd(flowdir) as port, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -71,10 +71,11 @@ def nfdump_records(datagrams: list[bytes], tmp: Path, with_first: bool = False) 
              r.get("src_port", 0),
              r.get("dst_port", r.get("icmp_type", 0) * 256 + r.get("icmp_code", 0)),
              r["proto"], r["in_packets"], r["in_bytes"],
-             int(pd.Timestamp(r["first"], tz="UTC").value // 10**6))
+             int(pd.Timestamp(r["first"], tz="UTC").value // 10**6),
+             int(pd.Timestamp(r["last"], tz="UTC").value // 10**6))
             for r in json.loads(proc.stdout or "[]") if r["type"] == "FLOW"]
-    df = pd.DataFrame(rows, columns=KEY + ["packets", "bytes", "first_ms"])
-    return df if with_first else df.drop(columns="first_ms")
+    df = pd.DataFrame(rows, columns=KEY + ["packets", "bytes", "first_ms", "last_ms"])
+    return df if with_first else df.drop(columns=["first_ms", "last_ms"])
 
 
 def decoded(cols: dict) -> pd.DataFrame:
@@ -282,11 +283,12 @@ def test_mutated_datagrams_counted_never_raised(pcaps_dir, data):
     assert all(e == "192.0.2.7" for e, _ in dec.stats.by_exporter)
     assert len(cols["bytes"]) == dec.stats.records
     # the link's meld takes whatever came (an options record may give any timeout or boot)
-    from capture.flowreader import FlowReorder
+    from capture.flowreader import FlowMeld
 
-    reorder = FlowReorder(60 * 10**9)
-    held = reorder.push(cols, reorder.punctuation(dec))
-    rest = reorder.flush()
-    assert sum(len(x["first"]) for x in (held, rest) if x is not None) == dec.stats.records
+    for clock in ("first", "last"):
+        meld = FlowMeld(60 * 10**9, clock, 15 * 10**9)
+        meld.admit(cols[clock])
+        p = meld.advance(meld.punctuation(dec))
+        assert (p is None) == (not dec.latest_export)
     if mutated == originals:
         assert dec.stats.malformed == 0

@@ -1,6 +1,6 @@
-"""A NETFLOW link's meld of exporters (`capture.flowreader.FlowReorder`) over softflowd's real
+"""A NETFLOW link's meld of exporters (`capture.flowreader.FlowMeld`) over softflowd's real
 v9 datagrams sent as several exporters: exporters with different clocks and a silent one,
-every record released once, in order of flow start, windows never stalled by the silent one."""
+the punctuation on flow start or flow end, and a link whose every exporter is silent."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from capture.flowdecode import FlowDecoder
-from capture.flowreader import FlowReorder
+from capture.flowreader import FlowMeld
 from tests.capture.test_capture_flowdecode import CAPTURE, softflowd_datagrams
 
 S = 10**9
@@ -27,43 +27,110 @@ def v9(pcaps_dir) -> list[bytes]:
     return softflowd_datagrams(pcaps_dir / CAPTURE, 9)
 
 
-def melded(feed: list[tuple[bytes, str]], timeout_s: int):
-    """Feed datagrams one at a time; (every release, the count decoded, the reorder)."""
-    dec, reorder = FlowDecoder(), FlowReorder(timeout_s * S)
-    releases, decoded = [], 0
+def melded(feed: list[tuple[bytes, str]], timeout_s: int, clock: str = "first",
+           idle_s: int | None = None):
+    """Feed datagrams one at a time, arriving 10 s apart; (the punctuation after each, the
+    records decoded, the meld)."""
+    dec, meld = FlowDecoder(), FlowMeld(timeout_s * S, clock,
+                                        None if idle_s is None else idle_s * S)
+    puncts, decoded = [], 0
     for i, (data, exporter) in enumerate(feed):
-        cols = dec.decode([data], [exporter], [i * 10 * S])     # arriving 10 s apart
+        cols = dec.decode([data], [exporter], [i * 10 * S])
         decoded += len(cols["first"])
-        out = reorder.push(cols, reorder.punctuation(dec))
-        if out is not None:
-            releases.append(out)
-    return releases, decoded, reorder
+        meld.admit(cols[clock])
+        puncts.append(meld.advance(meld.punctuation(dec)))
+    return puncts, decoded, meld, dec
 
 
-def test_two_clocks_each_record_once_in_order(v9):
-    """Two exporters, the second's clock two minutes ahead, their datagrams interleaved (softflowd
-    exports every flow at the capture's end: an hour's timeout covers its disorder)."""
+def test_two_clocks_no_record_late(v9):
+    """Two exporters, the second's clock two minutes ahead, their datagrams interleaved
+    (softflowd exports every flow at the capture's end: an hour's timeout covers its
+    disorder): the punctuation only grows, no record comes below it."""
     feed = [x for a, b in zip(v9, v9) for x in ((a, "192.0.2.1"), (shifted(b, 120), "192.0.2.2"))]
-    releases, decoded, reorder = melded(feed, 3600)
-    end = reorder.flush()
-    assert end is not None
-    releases.append(end)
-    firsts = np.concatenate([r["first"] for r in releases])
-    assert len(firsts) == decoded == 2 * 394
-    assert reorder.late == 0 and (np.diff(firsts) >= 0).all()
-    exporters = np.concatenate([r["exporter_lo"] for r in releases]) & 0xFF
-    assert sorted(set(exporters.tolist())) == [1, 2]
+    puncts, decoded, meld, dec = melded(feed, 3600)
+    assert decoded == 2 * 394 and meld.late == 0
+    assert all(b >= a for a, b in zip(puncts, puncts[1:]))
+    # the meld waits for the exporter behind: .1's export time minus the hour, plus the
+    # 10 s it has been silent since (the last datagram was .2's)
+    assert puncts[-1] == dec.latest_export[("192.0.2.1", 0)] + 10 * S - 3600 * S
 
 
 def test_a_silent_exporter_does_not_stall_the_meld(v9):
     """Exporter .3 sends one datagram, its clock ten minutes behind, then nothing: with a
-    60 s timeout it no longer holds .1's records back; with an hour it does."""
+    60 s timeout it no longer holds .1 back once silent for a minute; with an hour it does."""
     feed = [(shifted(v9[0], -600), "192.0.2.3")] + [(d, "192.0.2.1") for d in v9]
-    released, decoded, reorder = melded(feed, 60)
-    held_back, _, _ = melded(feed, 3600)
-    from_live = sum(int(np.count_nonzero(r["exporter_lo"] & 0xFF == 1)) for r in released)
-    assert from_live > 0
-    assert sum(len(r["first"]) for r in held_back) < sum(len(r["first"]) for r in released)
-    rest = reorder.flush()
-    total = sum(len(r["first"]) for r in released) + (0 if rest is None else len(rest["first"]))
-    assert total == decoded
+    live, _, _, dec = melded(feed, 60)
+    held, _, _, _ = melded(feed, 3600)
+    e1 = dec.latest_export[("192.0.2.1", 0)]
+    assert live[-1] == e1 - 60 * S                       # .1's alone
+    assert held[-1] < e1 - 3600 * S                      # .3's, extrapolated by its silence
+
+
+def test_every_exporter_silent_punctuation_goes_on(v9):
+    """A collector whose exporters all fell silent: the punctuation advances with our clock
+    (the next datagram cannot be exported before the silence ends), so windows close."""
+    _, _, meld, dec = melded([(d, "192.0.2.1") for d in v9], 60)
+    last_arrival = max(dec.latest_arrival.values())
+    e = dec.latest_export[("192.0.2.1", 0)]
+    marks = [meld.punctuation(dec, last_arrival + k * 30 * S) for k in range(6)]
+    assert marks == [e - 60 * S + k * 30 * S for k in range(6)]
+    # less the lull slack: a datagram may come that much later than the last one's delay
+    slack = FlowMeld(60 * S, lull_slack_ns=2 * S)
+    marks = [slack.punctuation(dec, last_arrival + k * 30 * S) for k in range(6)]
+    assert marks == [e - 60 * S + max(0, k * 30 - 2) * S for k in range(6)]
+
+
+def test_flow_end_punctuated_by_the_idle_timeout(v9):
+    """On `last` the lag is the idle timeout: softflowd dumps its cache at the capture's end,
+    so with a 10 s lag most records of later datagrams are late; an idle timeout above the
+    capture's span (softflowd's own are minutes to an hour) makes none late, and the
+    punctuation is the export time minus it."""
+    feed = [(d, "192.0.2.1") for d in v9]
+    _, _, strict, _ = melded(feed, 3600, "last", idle_s=10)
+    puncts, _, safe, dec = melded(feed, 3600, "last", idle_s=600)
+    assert strict.late > 100 and safe.late == 0
+    assert puncts[-1] == dec.latest_export[("192.0.2.1", 0)] - 600 * S
+    # unknown idle timeout: the active one (a flow ends after it starts)
+    p_unknown, _, _, _ = melded(feed, 3600, "last")
+    assert p_unknown[-1] == dec.latest_export[("192.0.2.1", 0)] - 3600 * S
+    assert np.all(np.diff(np.array(puncts, np.int64)) >= 0)
+
+
+def _reader(v9, tmp_path, clock: str = "first", **options):
+    from dataclasses import replace
+
+    from capture.flowreader import FlowReader
+    from capture.schema import BUILTIN
+    from tools.netflow.sender import PcapWriter
+
+    pcap = tmp_path / "dg.pcap"
+    writer = PcapWriter(str(pcap))
+    writer.send([(d, None, 1_431_969_808_000 + 1000 * i) for i, d in enumerate(v9)])
+    writer.close()
+    fmt = BUILTIN.record_format("NETFLOW")
+    assert fmt is not None
+    return FlowReader(pcap, replace(fmt, clock=clock), "r1", **options)
+
+
+@pytest.mark.parametrize("clock", ["first", "last"])
+def test_records_leave_as_decoded_with_the_punctuation(v9, tmp_path, clock):
+    """Nothing is held for the active timeout: each second's datagrams come out as one batch
+    at once (a record per decoded record, timed by the link's clock), disordered, the
+    batch carrying the punctuation; with an hour's timeout no record is below the
+    punctuation given before it."""
+    reader = _reader(v9, tmp_path, clock, active_timeout_ns=3600 * S)
+    batches = list(reader)
+    sizes = [len(b) for b in batches]
+    dec = FlowDecoder()
+    per_datagram = [len(dec.decode([d], ["127.0.0.1"], [0])["first"]) for d in v9]
+    assert sizes == [n for n in per_datagram if n]
+    given = None
+    for b in batches:
+        ts = b["timestamp"]
+        assert np.array_equal(ts, b[clock])
+        if given is not None:
+            assert int(ts.min()) >= given
+        assert b.punctuation is not None and (given is None or b.punctuation >= given)
+        given = b.punctuation
+    assert any((np.diff(b["timestamp"]) < 0).any() for b in batches)      # disordered
+    assert reader.stats.late == 0 and reader.punctuation == given

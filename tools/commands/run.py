@@ -188,9 +188,14 @@ def live_options(command):
                    "as NETFLOW (SELECT ... FROM NAME.NETFLOW).")
 @click.option("--netflow-in-active-timeout", "netflow_in_timeout", type=Duration(),
               default="30min", show_default=True,
-              help="The exporters' active timeout: a NETFLOW link releases a record once "
-                   "every exporter's latest export time minus this has passed its flow start "
-                   "(an exporter that sends its own timeout is taken at its word).")
+              help="The exporters' active timeout: a NETFLOW link's punctuation on flow "
+                   "start is each exporter's latest export time minus this (an exporter "
+                   "that sends its own timeout is taken at its word).")
+@click.option("--netflow-in-idle-timeout", "netflow_in_idle", type=Duration(), default=None,
+              help="The exporters' idle (inactive) timeout: a NETFLOW link's punctuation on "
+                   "flow end (windows on `last`) is each exporter's latest export time minus "
+                   "this (default: the active timeout; an exporter that sends its own is "
+                   "taken at its word).")
 @click.option("--netflow-pace", "netflow_pace", type=click.IntRange(0), default=2000,
               show_default=True, help="Datagrams per second at most (0: no pacing; a local "
                                       "nfcapd drops when flooded).")
@@ -198,7 +203,7 @@ def run(query_files: tuple[str, ...], links, schema_files, function_files, udf_m
         csv_separator, interfaces, outputs, fmt, speed, duration, sets, params, master, spool,
         checkpoint, punctuate_every: int, lull_slack: int, progress, fanout, capture_options,
         netflow, netflow_version, netflow_query, netflow_pace, netflow_in,
-        netflow_in_timeout) -> None:
+        netflow_in_timeout, netflow_in_idle) -> None:
     """Run QUERY_FILE (a path or a shipped query name such as q8_1) over capture files or
     live interfaces. Several query files are one query set, as in GS-lite: a query may read
     a query of another file.
@@ -242,7 +247,7 @@ def run(query_files: tuple[str, ...], links, schema_files, function_files, udf_m
     config = RunConfig(query_file=query_files[0], more_query_files=query_files[1:],
                        links=_links(links) + flow_links, interfaces=_interfaces(interfaces),
                        netflow_links=tuple(n for n, _ in flow_links),
-                       flow_timeout_ns=netflow_in_timeout,
+                       flow_timeout_ns=netflow_in_timeout, flow_idle_ns=netflow_in_idle,
                        outputs=_pairs(outputs, "--output"), format=fmt,
                        overrides=_pairs(sets, "--set"), params=_pairs(params, "--param"),
                        master=master, spool=spool, checkpoint=checkpoint,

@@ -66,6 +66,8 @@ class RunConfig:
     #: where NETFLOW links keep their templates when not in a resumable run's checkpoint
     #: (an agent's: beside its heartbeat in the spool); None: there
     flow_state_dir: str | None = None
+    #: their idle timeout (None: unknown), the lag of a NETFLOW link's punctuation on `last`
+    flow_idle_ns: int | None = None
     # the other files of the query set (`oopscope run a.gsql b.gsql`): one set, as GS-lite's
     # translate_fta takes several files
     more_query_files: tuple[str, ...] = ()
@@ -84,8 +86,18 @@ class RunConfig:
 
     @property
     def streaming(self) -> bool:
-        """Stages run continuously (paced and live runs) rather than after the low level."""
-        return self.live or self.speed is not None
+        """Stages run continuously (paced and live runs, and NETFLOW collectors) rather than
+        after the low level."""
+        return self.live or self.speed is not None or self.collects
+
+    @property
+    def collects(self) -> bool:
+        """Whether a link is a NETFLOW collector (`--netflow-in NAME=HOST:PORT`): a stream
+        of the wall clock, whose windows are written as they close."""
+        from capture.flowreader import collector_address
+
+        return any(name in self.netflow_links and collector_address(path) is not None
+                   for name, path in self.links)
 
 
 @dataclass

@@ -236,6 +236,13 @@ class LinkFeeds:
             raise RunLinkError(f"link {self.name} is read as records of {p1} by query {q1} "
                                f"and of {p2} by query {q2}: a link carries the records of one "
                                f"protocol")
+        clocks = [x for x in records if x[2].clock != records[0][2].clock]
+        if clocks:
+            (q1, _, r1), (q2, _, r2) = records[0], clocks[0]
+            raise RunLinkError(f"link {self.name} is windowed on {r1.clock} by query {q1} and "
+                               f"on {r2.clock} by query {q2}: a link of {r1.protocol} is "
+                               f"punctuated on one clock; give its source as a second link "
+                               f"for the other")
         return records[0][2]
 
     @property

@@ -49,7 +49,8 @@ class FileLink:
                  columns: tuple[str, ...] | None = None, prefetch: int | None = None,
                  stop=None, skip_before: int | None = None, record=None,
                  separator: str | None = None, flow_timeout_ns: int | None = None,
-                 flow_state=None):
+                 flow_state=None, flow_idle_ns: int | None = None,
+                 lull_slack_ns: int | None = None):
         self.name, self.path = name, str(path)
         if prefetch is None:
             prefetch = READ_AHEAD if (os.cpu_count() or 1) > 1 else 0
@@ -57,6 +58,13 @@ class FileLink:
         #: while the stream is quiet its next record cannot be older than now, so `head` says
         #: now and the replay's timer punctuates the lull (as a live link's does)
         self.wall_clock = False
+        #: a NETFLOW link: its records come disordered, each batch with the link's own
+        #: punctuation (`capture.flowreader`), which `punctuation` says once the batch is
+        #: taken whole; its head is the arrival of its datagrams (a collector's: now when
+        #: quiet)
+        self.flow = False
+        self.punctuation: int | None = None
+        self._batch_punctuation: int | None = None
         self.record = record            # the link's RecordFormat, None for packets
         self.reader: Any
         if record is not None:
@@ -67,11 +75,19 @@ class FileLink:
                 extra["state_path"] = flow_state
                 if flow_timeout_ns is not None:
                     extra["active_timeout_ns"] = flow_timeout_ns
+                if flow_idle_ns is not None:
+                    extra["idle_timeout_ns"] = flow_idle_ns
+                if lull_slack_ns is not None:
+                    extra["lull_slack_ns"] = lull_slack_ns
             self.reader = open_records(path, record, link=name, batch_size=batch_size,
                                        columns=columns, stop=stop, separator=separator,
                                        **extra)
             self.wall_clock = self.reader.stream and record.system_clock
             self.reader.idle_batches = self.wall_clock
+            if record.kind == "netflow":
+                # a collector hands on its quiet slices (the punctuation goes on meanwhile)
+                self.flow = True
+                self.reader.idle_batches = self.reader.stream
         else:
             from capture.reader import open_capture
 
@@ -114,16 +130,36 @@ class FileLink:
                           self.name, exc)
                 self._end()
                 return False
+            if self.flow and len(batch) == 0:
+                self._punctuate(batch.punctuation)     # nothing pending: it holds now
+                if self.reader.stream:
+                    self._idle = True
+                    return False
+                continue
             if len(batch) == 0:
                 if self.wall_clock:         # a quiet slice of the stream (capture.records)
                     self._idle = True
                     return False
                 continue
             if self.skip_before is not None:
+                p = batch.punctuation if self.flow else None
                 batch = self._unskipped(batch)
                 if batch is None:
+                    self._punctuate(p)
                     continue
+                if self.flow:
+                    batch.punctuation = p
             ts = batch["timestamp"]
+            if self.flow:
+                # disordered on their clock: the link is replayed by the datagrams' arrival
+                # (capture time, or our clock for a collector), as captured
+                self._batch_punctuation = batch.punctuation
+                cummax = np.maximum.accumulate(batch["arrival"])
+                if self.max_seen is not None:
+                    np.maximum(cummax, self.max_seen, out=cummax)
+                self._batch, self._cummax, self._pos = batch, cummax, 0
+                self.max_seen = int(cummax[-1])
+                continue
             if batch.in_order and (self.max_seen is None or ts[0] >= self.max_seen):
                 cummax = ts       # already its running max: no pass, no fresh array
             else:
@@ -144,6 +180,15 @@ class FileLink:
         if n == len(batch):
             return batch
         return batch.take(keep) if n else None
+
+    def _punctuate(self, p: int | None) -> None:
+        if p is not None and (self.punctuation is None or p > self.punctuation):
+            self.punctuation = p
+
+    def source_punctuation(self) -> int | None:
+        """The punctuation of a link that punctuates itself (NETFLOW) over the records taken
+        so far (its timer gives it: `capture.punctuation.LinkTimer.source`)."""
+        return self.punctuation
 
     def _end(self) -> None:
         self.exhausted = True
@@ -173,6 +218,10 @@ class FileLink:
             return None
         batch = self._batch.slice(self._pos, stop)
         self._pos = stop
+        if self.flow and stop >= len(self._batch):
+            # taken whole: the punctuation it carries holds once it is processed (the
+            # caller processes it before its timer's next tick)
+            self._punctuate(self._batch_punctuation)
         return batch
 
     @property
