@@ -3,16 +3,17 @@ exported by routers, read by `capture.flowreader.FlowReader` and handed to the r
 a `capture.recordqueue.RecordQueue`, as the record links of `tools.pipeline.recordlinks` are.
 
 The link is timed by its records' own clock, `first` (flow start): its submissions start at
-a record time, and its punctuation is the largest `first` released, since the reader
-releases its records in order of `first` once the exporters' punctuation has passed them (a
-record released below that is late, counted by the reader and by the queries); a reader that
-gives its punctuation itself is taken at its word (`_FlowProducer._hand_on`).
+the first window after the latest `first` read. The reader hands its records on as decoded,
+disordered, each batch with the link's punctuation after it (the exporters' export times
+less their active timeout, melded); the link's timer gives the punctuation of the last batch
+queued, never one a queued batch has not reached yet (`_FlowProducer._hand_on`). A record
+below a punctuation given is late, counted by the reader and by the queries.
 
 Two kinds of source:
 
 - a UDP collector (`NetflowCollectorLink`): datagrams as they come, until the server stops,
-  when the records still held are released (`releases_on_stop`: the appliance waits for them
-  before its queries close their windows). Its templates and options are kept in the
+  when the datagrams received are decoded and queued (`releases_on_stop`: the appliance
+  waits for them before its queries close their windows). Its templates and options are kept in the
   server's state directory (`state_path`), so that a restarted server decodes at once the
   data sets of templates it received before.
 - a capture file of exported datagrams (`NetflowFileLink`): replayed once by capture time,
@@ -90,8 +91,9 @@ class _FlowProducer(RecordProducer):
         self.state_path = state_path
         self.totals = _FlowTotals()
         self.stats = self.totals        # type: ignore[assignment]  # the same counters' names
-        #: the records the reader still holds are released when it stops
+        #: the datagrams received are decoded and queued when it stops
         self.releases_on_stop = False
+        self._given: int | None = None
 
     def _reader(self, stop=None):
         from capture.flowreader import FlowReader
@@ -100,21 +102,22 @@ class _FlowProducer(RecordProducer):
                             active_timeout_ns=self.timeout_ns, state_path=self.state_path,
                             stop=stop)
         self.totals.reader = reader
+        self.timer.source = self._punctuation
         return reader
 
-    def _hand_on(self, batch, reader) -> None:
-        """Push `batch` to the router, and say how far the link's punctuation goes: the
-        largest flow start handed on while the reader releases its records in order of it;
-        the reader's own punctuation when it gives one (records handed on as decoded)."""
-        if not hasattr(reader, "punctuation"):
-            self._push(batch)
-        else:
-            if len(batch):
-                self.ring.push(batch)
-            p = reader.punctuation
-            if p is not None:
-                self.timer.observe(int(p))
+    def _hand_on(self, batch) -> None:
+        """Queue `batch` (its largest `first` is the latest record time read, where a
+        submission starts after) and take the punctuation it carries: the reader's own may
+        already be ahead of batches it has yet to yield, the batch's is not."""
+        self._push(batch)
+        p = batch.punctuation
+        if p is not None and (self._given is None or p > self._given):
+            self._given = int(p)
         self._tick(None)
+
+    def _punctuation(self) -> int | None:
+        """The link's timer's source: the punctuation of the last batch queued."""
+        return self._given
 
     def netflow_stats(self) -> dict:
         return self.totals.netflow()
@@ -131,7 +134,7 @@ class NetflowCollectorLink(_FlowProducer):
         reader = self._reader(stop=self._waiting)
         try:
             for batch in reader:
-                self._hand_on(batch, reader)
+                self._hand_on(batch)
         finally:
             reader.close()
 
@@ -178,7 +181,7 @@ class NetflowFileLink(_FlowProducer):
                 assert w0 is not None
                 if not self._wait(w0 + int((due - t0) / self.speed)):
                     return
-                self._hand_on(batch, reader)
+                self._hand_on(batch)
             self.ended_input = not self.stopping.is_set()
             log.info("link %s: the end of %s (%d datagrams, %d records)", self.link,
                      self.path, reader.stats.datagrams, reader.stats.records)

@@ -215,8 +215,8 @@ class LinkSet:
             link.producer.stop()
         for link in self._links.values():
             if getattr(link.producer, "releases_on_stop", False):
-                # a NETFLOW collector releases the records it held: they go through before
-                # the queries close their windows
+                # a NETFLOW collector queues the datagrams it received: they go through
+                # before the queries close their windows
                 link.producer.join(timeout=30)
         if self._router is not None:
             self._router.stop()
