@@ -10,6 +10,8 @@ from typing import Any
 
 import click
 
+from tools.commands.params import Duration
+
 log = logging.getLogger(__name__)
 
 
@@ -71,21 +73,44 @@ def iop_vs_oop(quick: bool, json_out: Path | None, plot_dir: Path | None, groups
 
 @bench.command("disorder")
 @click.option("--quick", is_flag=True, help="Shorter inputs (same windows, slacks and disorder).")
+@click.option("--case", "cases", multiple=True, type=click.Choice(["band", "block", "netflow"]),
+              help="Run only these experiments (repeatable; default all three).")
+@click.option("--netflow-in", "netflow_in", default=None, metavar="FILE.pcap",
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The netflow case's input: a capture of exported NetFlow v5/v9/IPFIX "
+                   "datagrams (default: a router's minute purges made by oopscope's exporter).")
+@click.option("--netflow-timeout", "netflow_timeout", type=Duration(), default="60s",
+              show_default=True, help="The netflow case: the exporter's active timeout, the "
+                                      "bound of its disorder (the generated router's purge "
+                                      "interval is 60 s).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               default=None, help="Write the report as JSON here.")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
               default=None, help="Write bench_disorder.png into this directory (matplotlib).")
-def disorder(quick: bool, json_path: Path | None, plot_dir: Path | None) -> None:
-    """Buffering with slack (consistent, generous) vs punctuation on band and block disorder."""
+def disorder(quick: bool, cases: tuple[str, ...], netflow_in: Path | None,
+             netflow_timeout: int, json_path: Path | None, plot_dir: Path | None) -> None:
+    """Buffering with slack (consistent, generous) vs punctuation on band and block disorder,
+    and on exported NetFlow records (windows on flow start)."""
+    import tempfile
+
+    from tools.experiments import nfdisorder
     from tools.experiments.disorder import format_report, plain_json, plot_report, run
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="bench: %(message)s")
-    report = run(quick)
-    click.echo(format_report(report))
+    cases = cases or ("band", "block", "netflow")
+    report = run(quick, [c for c in cases if c != "netflow"])
+    if report["workloads"]:
+        click.echo(format_report(report))
+    if "netflow" in cases:
+        case = nfdisorder.NetflowCase(timeout_s=netflow_timeout / 1e9)
+        with tempfile.TemporaryDirectory(prefix="oopscope-nfdisorder-") as tmp:
+            pcap = netflow_in or nfdisorder.make_input(Path(tmp), quick)
+            report["netflow"] = nfdisorder.run_case(pcap, case)
+        click.echo(nfdisorder.format_case(report["netflow"]))
     if json_path is not None:
         json_path.write_text(json.dumps(report, indent=1, default=plain_json))
         log.info("report written to %s", json_path)
-    if plot_dir is not None:
+    if plot_dir is not None and report["workloads"]:
         path = plot_report(report, plot_dir)
         click.echo(f"plot: {path}", err=True)
