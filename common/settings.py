@@ -8,7 +8,7 @@ case); an unusable value is logged once and its default used.
 |---|---|---|
 | OOPSCOPE_SPARK_MASTER | local[*] | the Spark master when `--master` is not given |
 | OOPSCOPE_SPARK_CDS | on | the driver JVM maps a class-data sharing archive of Spark's classes |
-| OOPSCOPE_SPARK_QUICK_JVM | on | a full-speed replay's local driver JVM runs C1 only, serial GC |
+| OOPSCOPE_SPARK_QUICK_JVM | on | a full-speed replay's local driver JVM runs C1 only, serial GC (`always`: every local driver JVM, paced, live and served too) |
 | OOPSCOPE_SPARK_LAUNCH_CACHE | on | the driver JVM is launched with the remembered java command |
 | OOPSCOPE_EXECUTOR_CHECK_TIMEOUT | 120 | seconds a cluster's executors have to import oopscope at start (0: no check) |
 | OOPSCOPE_JVM_NICE | 0 | niceness of the driver JVM in a full-speed replay (0-19) |
@@ -63,6 +63,12 @@ def spark_cds() -> bool:
 
 def spark_quick_jvm() -> bool:
     return _flag("OOPSCOPE_SPARK_QUICK_JVM")
+
+
+def spark_quick_jvm_always() -> bool:
+    """Whether every local driver JVM runs quick, not only a full-speed replay's (for many
+    short-lived ones on few cores, as a test suite starts; a lasting one loses C2's code)."""
+    return os.environ.get("OOPSCOPE_SPARK_QUICK_JVM", "").strip().lower() == "always"
 
 
 def spark_launch_cache() -> bool:

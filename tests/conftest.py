@@ -14,6 +14,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+# Every local Spark driver JVM the tests start (in-process sessions, and the runs, servers,
+# agents and collectors started as processes, which inherit this) runs the C1 compiler only
+# and the serial collector: a paced run's JVM took 11 CPU-seconds with the defaults and 6
+# with this, and the suite on 2 cores is bound by the CPU of its ~hundreds of JVMs.
+os.environ.setdefault("OOPSCOPE_SPARK_QUICK_JVM", "always")
 SHARED = Path(os.environ.get("OOPSCOPE_SHARED", REPO.parent / "shared"))
 PCAPS = SHARED / "pcaps"
 
