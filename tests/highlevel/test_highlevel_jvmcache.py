@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _env(cache_home: Path, **extra) -> dict[str, str]:
     env = dict(os.environ, XDG_CACHE_HOME=str(cache_home), PYTHONPATH=str(REPO), **extra)
-    for name in ("OOPSCOPE_SPARK_CDS", "OOPSCOPE_SPARK_LAUNCH_CACHE"):
+    # the launches as users have them (the suite makes every JVM quick: one launch for all)
+    for name in ("OOPSCOPE_SPARK_CDS", "OOPSCOPE_SPARK_LAUNCH_CACHE", "OOPSCOPE_SPARK_QUICK_JVM"):
         env.pop(name, None)
     return env
 
