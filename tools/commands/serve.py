@@ -33,9 +33,9 @@ from tools.commands.params import Duration, Size
                    "submitted read it as NETFLOW (FROM NAME.NETFLOW).")
 @click.option("--netflow-in-active-timeout", "netflow_in_timeout", type=Duration(),
               default="30min", show_default=True,
-              help="The exporters' active timeout: a NETFLOW link releases a record once "
-                   "every exporter's latest export time minus this has passed its flow start "
-                   "(an exporter that sends its own timeout is taken at its word).")
+              help="The exporters' active timeout: a NETFLOW link's punctuation on flow "
+                   "start is each exporter's latest export time minus this (an exporter that "
+                   "sends its own timeout is taken at its word).")
 @click.option("--speed", type=click.FloatRange(min=0.001), default=1.0, show_default=True,
               help="Replay --link files (and --records files) at this many times real "
                    "time.")

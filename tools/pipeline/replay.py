@@ -230,7 +230,7 @@ class FileLink:
 
     @property
     def holds_on_stop(self) -> bool:
-        """A NETFLOW collector: records held for punctuation are released at a stop."""
+        """A NETFLOW collector: the datagrams it received are handed on at a stop."""
         return self.record is not None and self.record.kind == "netflow" and \
             bool(getattr(self.reader, "stream", False))
 
@@ -257,7 +257,7 @@ def replay(links: dict, feeds: dict, *, speed: float | None, period_ns: int,
     if reason == "stopped":
         for name, link in links.items():
             if link.holds_on_stop and not feeds[name].finished:
-                # a NETFLOW collector releases the records it held (capture.flowreader)
+                # a NETFLOW collector hands on the datagrams it received (capture.flowreader)
                 while (batch := link.take_until(END)) is not None:
                     feeds[name].process(batch)
     for name in links:
