@@ -20,6 +20,9 @@ REPO = Path(__file__).resolve().parents[1]
 # and the serial collector: a paced run's JVM took 11 CPU-seconds with the defaults and 6
 # with this, and the suite on 2 cores is bound by the CPU of its ~hundreds of JVMs.
 os.environ.setdefault("OOPSCOPE_SPARK_QUICK_JVM", "always")
+# The servers the tests start do not warm their Spark up before the first window (~4-6
+# CPU-seconds each, for latency the tests do not measure); test_serve_threads turns it on.
+os.environ.setdefault("OOPSCOPE_SPARK_WARMUP", "0")
 SHARED = Path(os.environ.get("OOPSCOPE_SHARED", REPO.parent / "shared"))
 PCAPS = SHARED / "pcaps"
 
@@ -89,11 +92,15 @@ def nfcapd(flowdir: Path):
 
 
 #: the longest modules (measured: minutes each), handed out first; the rest follow
-HEAVY = ("tools/test_tools_readme_tour.py", "highlevel/test_highlevel_graph.py", "tools/test_tools_bench_iop_oop.py",
-         "tools/test_tools_run_closing.py", "tools/test_tools_run.py",
+HEAVY = ("highlevel/test_highlevel_graph.py", "tools/test_tools_readme_tour.py",
+         "tools/test_tools_run_udaf.py", "tools/test_tools_cluster.py",
+         "tools/test_tools_run_closing.py", "tools/test_serve_netflow.py",
+         "tools/test_tools_cluster_python.py", "highlevel/test_highlevel_jvmcache.py",
          "tools/test_tools_run_resume_variants.py", "lowlevel/test_lowlevel_specialize.py",
-         "highlevel/test_highlevel_jvmcache.py", "tools/test_tools_run_udaf.py",
-         "tools/test_tools_run_records.py", "highlevel/test_highlevel_jvm.py")
+         "tools/test_serve_records.py", "tools/test_tools_run_paced.py",
+         "tools/test_tools_run_sampling.py", "tools/test_tools_manual_examples.py",
+         "tools/test_tools_run_resume.py", "tools/test_tools_run.py",
+         "tools/test_tools_bench_iop_oop.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -30,7 +30,11 @@ def _threads(pid: int) -> int:
 
 
 @pytest.mark.slow
-def test_cancelled_queries_leave_no_thread_and_others_keep_running(ten_seconds_pcap, tmp_path):
+def test_cancelled_queries_leave_no_thread_and_others_keep_running(ten_seconds_pcap, tmp_path,
+                                                                  monkeypatch):
+    # the suite's servers skip Spark's warm-up (tests/conftest.py); this one runs it as
+    # users' servers do, and its threads count after it
+    monkeypatch.setenv("OOPSCOPE_SPARK_WARMUP", "1")
     server = Server(["--link", f"main={ten_seconds_pcap}", "--loop", "--speed", "4"],
                     tmp_path / "state", tmp_path / "serve.log").start()
     client = server.client
@@ -48,6 +52,8 @@ def test_cancelled_queries_leave_no_thread_and_others_keep_running(ten_seconds_p
 
     try:
         server.wait_spark()
+        wait_for(lambda: "Spark warmed up: a micro-batch's code paths compiled" in server.log(),
+                 120, "Spark's warm-up")
         # a query that runs through every cycle: its own callbacks must keep working
         client.submit(text=PER_SECOND, file="persec.gsql", name="keeps")
         wait_for(lambda: rows("keeps") >= 1, 90, "keeps' first window")

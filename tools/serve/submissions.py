@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from common import settings
 from common.errors import OopscopeError
 from common.units import INT64_MAX, NS_PER_S
 from tools.errors import RunConfigError
@@ -109,7 +110,10 @@ class Submissions:
             log.error("Spark did not start: %s; queries keep their spools until it does", exc)
             return
         log.info("Spark is up (it took %.1f s)", time.monotonic() - self._spark_asked)
-        self._warm_up(self._starter.result())
+        if settings.spark_warmup():
+            self._warm_up(self._starter.result())
+        else:
+            log.info("Spark not warmed up (OOPSCOPE_SPARK_WARMUP=0): the first windows pay it")
         for sub in list(self._running.values()):
             if not sub.stages_started:
                 self._start_stages(sub)
