@@ -61,6 +61,14 @@ SELECT tb, srcIP, destIP, count(*) AS packets, sum(len) AS bytes
 FROM main.IPV4
 GROUP BY time/{WINDOW_S} AS tb, srcIP, destIP;
 """
+
+
+def declared(query: str, groups: int | None) -> str:
+    """`query` with its groups per window declared (`expected_groups`: the table starts at
+    its size, as a query that ran before starts at its remembered one), or as it is."""
+    if groups is None:
+        return query
+    return query.replace("query_name pairs;", f"query_name pairs; expected_groups {groups};")
 #: seconds of trace in the generated capture (looped); long enough that every window sees
 #: every group at the rates of the grid
 TRACE_S = 20
@@ -157,13 +165,15 @@ def capture_for(pps: int, groups: int, workdir: Path) -> Path:
                                            sizes="fixed:64", seed=5))
 
 
-def one_run(pps: int, groups: int, minutes: float, mode: str, workdir: Path) -> dict:
+def one_run(pps: int, groups: int, minutes: float, mode: str, workdir: Path,
+            declare: bool = False) -> dict:
     from tools.serve.testing import Server
 
+    expected = groups if declare else None
     if mode == "cluster":
         from bench.sustained_cluster import cluster_run
 
-        return cluster_run(pps, groups, minutes, workdir)
+        return cluster_run(pps, groups, minutes, workdir, expected)
     pcap = capture_for(pps, groups, workdir)
     packets = max(groups * 4, pps * TRACE_S // 8)
     native = packets / TRACE_S
@@ -191,7 +201,7 @@ def one_run(pps: int, groups: int, minutes: float, mode: str, workdir: Path) -> 
             undo.callback(sender.wait)
             undo.callback(sender.terminate)
         time.sleep(3)                               # the rate settles
-        reply = server.client.submit(text=QUERY, file="pairs.gsql")
+        reply = server.client.submit(text=declared(QUERY, expected), file="pairs.gsql")
         out = Path(reply["outputs"]["pairs"])
         threading.Thread(target=_tail, args=(server.client, sampled, stop), daemon=True).start()
         seen: set = set()
@@ -289,6 +299,9 @@ def main(argv: list[str] | None = None) -> None:
                          "(root; veth, its old name): serve --interface on a veth pair")
     ap.add_argument("--dir", type=Path, default=None,
                     help="keep the captures and logs here (default: a new temporary folder)")
+    ap.add_argument("--declare", action="store_true",
+                    help="declare the groups per window in the query (expected_groups): its "
+                         "table starts at their size instead of growing over the first windows")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -301,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(f"bench.sustained --mode live needs {tool}")
     workdir = args.dir or Path(tempfile.mkdtemp(prefix="oopscope-bench-sustained-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    results = [one_run(int(p), int(g), args.minutes, args.mode, workdir)
+    results = [one_run(int(p), int(g), args.minutes, args.mode, workdir, args.declare)
                for p in args.pps.split(",") for g in args.groups.split(",")]
     keys = [k for k in results[0] if k != "series"]
     width = max(map(len, keys))

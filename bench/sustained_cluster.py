@@ -33,6 +33,7 @@ from bench.sustained import (
     WINDOW_S,
     Sampled,
     capture_for,
+    declared,
     report,
     rss_mb,
     seconds_text,
@@ -142,7 +143,8 @@ def _scan_spool(spool: Path, seen: set, partials: dict) -> None:
             partials[int(pane)] = partials.get(int(pane), 0) + int(count)
 
 
-def cluster_run(pps: int, groups: int, minutes: float, workdir: Path) -> dict:
+def cluster_run(pps: int, groups: int, minutes: float, workdir: Path,
+                expected: int | None = None) -> dict:
     """One run: 2 agents at `pps` each + a collector, for `minutes` of load."""
     from bench.cluster import _wait_quiet
     from bench.workloads import cli
@@ -150,7 +152,7 @@ def cluster_run(pps: int, groups: int, minutes: float, workdir: Path) -> dict:
     pcap = capture_for(pps, groups, workdir)
     run = Path(tempfile.mkdtemp(prefix=f"cluster-{pps}-{groups}-", dir=workdir))
     query, spool, out = run / "pairs.gsql", run / "spool", run / "pairs.csv"
-    query.write_text(QUERY)
+    query.write_text(declared(QUERY, expected))
     sampled = Sampled()
     procs: dict[str, subprocess.Popen] = {}
     with contextlib.ExitStack() as undo:
