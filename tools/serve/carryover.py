@@ -11,9 +11,11 @@ stop and restart). Two sources, each the truth of its kind:
   *mark* per stream (the rows up to a batch) and a start reads only the files after it:
   months of output are not read again at each restart;
 - the low level's and the stages' counters live in memory: `Tally` keeps their totals in
-  the query's record at each micro-batch the stages commit (`KeepCounters`), and a restart
-  adds the new process's counts to them. After a crash the counts of the last moments
-  before it (since that batch) are lost with the packets of the gap.
+  the query's record before each micro-batch's rows reach their file, and at the end of
+  the others at most every `SAVE_EVERY_S` (`KeepCounters`); a restart adds the new
+  process's counts to them. So the partial rows behind every row in the files are counted
+  (a partial row is counted at the low level before the stage reads it); after a crash the
+  counts of the last moments before it are lost with the packets of the gap.
 """
 
 from __future__ import annotations
@@ -94,23 +96,28 @@ class Tally:
 
 
 class KeepCounters(Sink):
-    """A sink beside a stream's output: at the end of each micro-batch (before the stage
-    commits it) `on_batch(batch_id)`, and its query's counters saved in its record by
-    `save()` (at most every `SAVE_EVERY_S`)."""
+    """A sink ahead of a stream's output: its query's counters saved in its record by
+    `save()` before a micro-batch's rows are written (the output comes after it in the
+    stage's sinks), so a crash between the two never leaves rows in the files whose partial
+    rows were not counted; at the end of each micro-batch (before the stage commits it)
+    `on_batch(batch_id)`, and a save at most every `SAVE_EVERY_S`."""
 
     def __init__(self, on_batch, save):
         self._on_batch, self._save = on_batch, save
         self._last = 0.0
 
     def write(self, batch_id: int, table) -> bool:
+        if table.num_rows:
+            self._save_now()
         return True
 
     def end_batch(self, batch_id: int, punctuation) -> None:
         self._on_batch(batch_id)
-        now = time.monotonic()
-        if now - self._last < SAVE_EVERY_S:
-            return
-        self._last = now
+        if time.monotonic() - self._last >= SAVE_EVERY_S:
+            self._save_now()
+
+    def _save_now(self) -> None:
+        self._last = time.monotonic()
         try:
             self._save()
         except OSError as exc:     # the next batch tries again; the rows are written

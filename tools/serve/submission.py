@@ -386,9 +386,10 @@ class Submission:
             self.outputs[stream] = StreamOutput(
                 stream, qp.high.outputs, arrow_schema(qp.name, qp.high.outputs), out,
                 self.record.format, f"g{self.record.generation:04d}-", hub, clock, self.links)
-            sinks[qp.name] = [self.outputs[stream],
-                              KeepCounters(functools.partial(self._batch_ended, stream),
-                                           self.save_counters)]
+            # the counters first: saved before the rows are in their file
+            sinks[qp.name] = [KeepCounters(functools.partial(self._batch_ended, stream),
+                                           self.save_counters),
+                              self.outputs[stream]]
         try:
             self.graph = StageGraph(self.plan, [qp.name for qp in self.chosen], spool,
                                     checkpoint, sinks=sinks, fanout=self.fanout or None)
