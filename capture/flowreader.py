@@ -54,10 +54,12 @@ PUNCTUATE_NS = 10**9
 
 @dataclass
 class FlowReaderStats(FlowStats):
-    """The decoder's counts plus the records released late (what the run summary reads)."""
+    """The decoder's counts plus the records released late (what the run summary reads): on
+    the reader's clock (`late`) and on each clock it punctuates (`late_by_clock`)."""
 
     late: int = 0
     problems: list | None = None
+    late_by_clock: dict | None = None
 
     def __post_init__(self) -> None:
         if self.problems is None:
@@ -175,7 +177,7 @@ class FlowReader:
                  active_timeout_ns: int = DEFAULT_ACTIVE_TIMEOUT_NS,
                  idle_timeout_ns: int | None = None, lull_slack_ns: int = 10**9,
                  decoder: FlowDecoder | None = None, stop=None, state_path=None,
-                 **_options):
+                 clocks: tuple[str, ...] = (), **_options):
         self.path = str(path)
         self.link = link if link is not None else Path(path).stem
         self.format = fmt
@@ -191,7 +193,12 @@ class FlowReader:
         self.decoder.stats = FlowReaderStats()
         #: the field records are timed and punctuated by: what the queries window on
         self.clock = fmt.clock if fmt.clock in ("first", "last") else "first"
-        self.meld = FlowMeld(active_timeout_ns, self.clock, idle_timeout_ns, lull_slack_ns)
+        #: a meld per clock punctuated: the reader's own, and `clocks` (a served link's
+        #: queries may window on either: each batch carries the punctuation of every one,
+        #: `RecordBatch.punctuations`); a meld costs a pass over the sub-links per decode
+        self.melds = {c: FlowMeld(active_timeout_ns, c, idle_timeout_ns, lull_slack_ns)
+                      for c in dict.fromkeys((self.clock, *clocks))}
+        self.meld = self.melds[self.clock]
         self._stop = stop
         self._closed = False
         address = collector_address(self.path)
@@ -212,6 +219,7 @@ class FlowReader:
         s = self.decoder.stats
         assert isinstance(s, FlowReaderStats)
         s.late = self.meld.late
+        s.late_by_clock = {c: m.late for c, m in self.melds.items()}
         return s
 
     @property
@@ -291,8 +299,8 @@ class FlowReader:
             dg = self._collector.receive(0.1)
             if not len(dg):
                 # a quiet slice: the punctuation goes on by the wall clock
-                given = self.meld.given
-                p = self.meld.advance(self.meld.punctuation(self.decoder, time.time_ns()))
+                given = self._given()
+                p = self._advance(time.time_ns())
                 if self.idle_batches or p != given:
                     yield self._batch(_no_records(), p)
                 continue
@@ -303,9 +311,10 @@ class FlowReader:
 
     def _release(self, cols: dict[str, np.ndarray], now: int | None):
         """The batches of records just decoded, the last with the punctuation after them."""
-        self.meld.admit(cols[self.clock])
-        given = self.meld.given
-        p = self.meld.advance(self.meld.punctuation(self.decoder, now))
+        for clock, meld in self.melds.items():
+            meld.admit(cols[clock])
+        given = self._given()
+        p = self._advance(now)
         n = len(cols["first"])
         if not n:
             if p != given:
@@ -316,7 +325,16 @@ class FlowReader:
             yield self._batch({k: v[a:a + self.batch_size] for k, v in cols.items()},
                               p if last else given)
 
-    def _batch(self, cols: dict[str, np.ndarray], punctuation: int | None) -> RecordBatch:
+    def _given(self) -> dict[str, int | None]:
+        """The punctuation given so far on each clock."""
+        return {c: m.given for c, m in self.melds.items()}
+
+    def _advance(self, now: int | None) -> dict[str, int | None]:
+        """Each clock's punctuation at `now` (see `FlowMeld.punctuation`), given."""
+        return {c: m.advance(m.punctuation(self.decoder, now)) for c, m in self.melds.items()}
+
+    def _batch(self, cols: dict[str, np.ndarray],
+               punctuations: dict[str, int | None]) -> RecordBatch:
         m = len(cols["first"])
         # `arrival` (ns, capture time or ours): what a replay paces and interleaves links by
         out = {"timestamp": cols[self.clock], "arrival": cols["arrival"],
@@ -329,5 +347,5 @@ class FlowReader:
                     v = cols[c]
                     out[c] = v.astype(np.int64 if f.type in ("llong", "int") else np.uint64)
         return RecordBatch(self.link, out, np.arange(m, dtype=np.int64), False,
-                           punctuation=punctuation)
+                           punctuation=punctuations[self.clock], punctuations=punctuations)
 
