@@ -14,6 +14,10 @@ the export time itself would hold for records ordered by flow end; softflowd's e
 dump is not (368 of its 394 records of skype.pcap end before the export time of the datagram
 before theirs), so the lag is what makes the punctuation safe.
 
+A served link's queries may window on either clock at once: its reader then melds both
+(`clocks`, a `FlowMeld` each) and each batch carries the punctuation on both
+(`RecordBatch.punctuations`; `tools.pipeline.flowlinks` stamps a lane per clock with it).
+
 The link melds its sub-links OOP-style (`FlowMeld`): its punctuation is the smallest of those
 of the sub-links heard from within their active timeout, each extrapolated by the time it
 has been silent on our clock less the lull slack (`lull_slack_ns`, `--lull-slack`: its next
