@@ -349,7 +349,10 @@ class FlowReader:
             for c in field_columns(f):
                 if c not in out:
                     v = cols[c]
-                    out[c] = v.astype(np.int64 if f.type in ("llong", "int") else np.uint64)
+                    # no copy where the decoder made the type already (first, last: the
+                    # lanes stamp their records with these columns, shared)
+                    out[c] = v.astype(np.int64 if f.type in ("llong", "int") else np.uint64,
+                                      copy=False)
         return RecordBatch(self.link, out, np.arange(m, dtype=np.int64), False,
                            punctuation=punctuations[self.clock], punctuations=punctuations)
 

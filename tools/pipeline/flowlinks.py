@@ -300,9 +300,13 @@ class NetflowFileLink(_FlowProducer):
             reader.close()
 
     def _unskipped(self, batch):
-        """The batch without its records before `skip_before` (None: none is left)."""
+        """The batch without its records before `skip_before` (None: none is left): by flow
+        end when a resumed query windows on it (a record starting before a `last` query's
+        first window may end in it; one ending before starts before too, so a `first`
+        query's records are kept as well, those it wrote held back by its start)."""
         assert self.skip_before is not None
-        keep = batch["timestamp"] >= self.skip_before
+        clock = "last" if "last" in self.lanes else self._stamped
+        keep = batch.columns[clock] >= self.skip_before
         n = int(np.count_nonzero(keep))
         self.skipped += len(batch) - n
         if n == len(batch):
