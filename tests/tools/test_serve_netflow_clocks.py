@@ -2,9 +2,10 @@
 end at once, as real processes. softflowd's v9 datagrams of skype.pcap, and one more that
 moves the exporter's clock an hour on (its records again, with a later export time: the
 punctuation on both clocks passes every window), sent to a served UDP collector after two
-queries were submitted, one windowed on `first`, one on `last`: both write their windows
-before the server stops (closed by the link's punctuation on their own clock), and their
-rows equal `oopscope run`'s for the same queries over a capture of the same datagrams."""
+queries were submitted, one windowed on `first`, one on `last` (and a third file holding one
+query on each): each writes its windows before the server stops (closed by the link's
+punctuation on its own clock), and their rows equal `oopscope run`'s for the same queries
+over a capture of the same datagrams."""
 
 from __future__ import annotations
 
@@ -85,6 +86,10 @@ def test_one_served_link_windowed_on_first_and_last(pcaps_dir, tmp_path):
             assert "runs on r1" in reply.stdout and "from the first one read" in reply.stdout, \
                 reply.stdout
             assert list(_netflow(server)["late_by_clock"]) == lanes
+        # one submission whose two queries window the link on either clock
+        both = tmp_path / "both.gsql"
+        both.write_text("".join(_query(f"both_{n}", c) for n, c in QUERIES.items()))
+        assert "runs on r1" in server.cli("submit", str(both), "--name", "both").stdout
         _send(port, datagrams)
         nf = wait_for(lambda: (n := _netflow(server))["datagrams"] == len(datagrams) and n,
                       60, "every datagram counted")
@@ -92,11 +97,16 @@ def test_one_served_link_windowed_on_first_and_last(pcaps_dir, tmp_path):
         assert nf["late_by_clock"] == {"first": 0, "last": 0} and nf["late"] == 0, nf
 
         # every window closes by the punctuation on its query's clock, the server running
-        def written(name: str):
-            table, _ = read_output(state / name)
+        def written_as(stream: str, name: str):
+            table, _ = read_output(state / stream)
             return table is not None and len(table) == len(want[name]) and table
+
+        def written(name: str):
+            return written_as(name, name)
         got = {name: wait_for(lambda n=name: written(n), 120, f"{name}'s windows")
                for name in QUERIES}
+        got_both = {name: wait_for(lambda n=name: written_as(f"both.both_{n}", n), 120,
+                                   f"both_{name}'s windows") for name in QUERIES}
         (link,) = [s for s in server.client.status()["links"] if s["name"] == "r1"]
         assert link["packets"] == nf["records"] and link["ring_drops"] == 0, link
         metrics = metric_samples(server.client)
@@ -108,3 +118,4 @@ def test_one_served_link_windowed_on_first_and_last(pcaps_dir, tmp_path):
         assert server.stop() == 0, server.log()
     for name in QUERIES:
         pd.testing.assert_frame_equal(_frame(got[name]), want[name], check_dtype=False)
+        pd.testing.assert_frame_equal(_frame(got_both[name]), want[name], check_dtype=False)
