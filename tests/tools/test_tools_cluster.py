@@ -89,9 +89,14 @@ def test_two_agents_and_a_collector_on_a_standalone_cluster(two_links, reference
     spool = tmp_path / "spool"
     agents = [_agent(query, link, pcap, spool, f"host-{link}", tmp_path / f"{link}.log")
               for link, pcap in two_links.items()]
+    lent = []
     for proc, link in zip(agents, two_links):
         text = _finish(proc, tmp_path / f"{link}.log")
         assert f"agent host-{link} ended: end of input" in text
+        m = re.search(r"query per_window: (\d+) partial rows in \d+ spool files, .*; "
+                      r"table ([\d,]+) slots", text)
+        assert m, text[-2000:]
+        lent.append((int(m[1]), int(m[2].replace(",", ""))))
     out = tmp_path / "cluster.csv"
     log = tmp_path / "collect.log"
     with LocalCluster(cores=1, memory="1g", workdir=str(tmp_path / "cluster")) as url:
@@ -105,6 +110,16 @@ def test_two_agents_and_a_collector_on_a_standalone_cluster(two_links, reference
     assert "run ended: end of input" in text
     assert len(want) > 100
     assert_same_rows(out, want, plan.query("per_window"))
+    # the collector shows the agents' tables and how much their low level reduced
+    m = re.search(r"query per_window: (\d+) rows -> .*; (\d+) partial rows in \d+ spool "
+                  r"files, .*; table ([\d,]+) slots \(\d+ resizes\), ([\d.]+) partial rows "
+                  r"per result row", text)
+    assert m, text[-2000:]
+    rows, partials, slots = int(m[1]), int(m[2]), int(m[3].replace(",", ""))
+    assert rows == len(pd.read_csv(out)) == len(want)
+    assert partials == sum(p for p, _ in lent) and partials >= rows
+    assert slots == sum(s for _, s in lent) > 0
+    assert float(m[4]) == pytest.approx(partials / rows, abs=0.006)
     # the same rows as one process over both files
     single = tmp_path / "single.csv"
     code, _, err = run_cli(["run", str(query), "--link", f"l0={two_links['l0']}", "--link",
