@@ -75,3 +75,29 @@ def test_a_fanout_member_keeps_its_own_sizes(tmp_path):
     TableLog(member, resumed=True).note("q", "eth0#1", 8192)
     assert TableLog(member, resumed=True).slots("q", "eth0#1") == 8192
     assert TableLog(agent_tables(tmp_path, "h1"), resumed=True).slots("q", "eth0#1") is None
+
+
+def test_a_watching_agent_sizes_each_work_item_from_its_record(tmp_path):
+    """The watching agent (`tools.cluster.watch.Work`): a query it ran before starts at the
+    size it had here, another query at its declared one; its heartbeat reports both."""
+    from tools.cluster.watch import Work
+    from tools.cluster.work import WorkItem
+    from tools.pipeline.tablesizes import TableLog, agent_tables, table_report
+
+    tables = TableLog(agent_tables(tmp_path, "h1"), resumed=True)
+    tables.note("pairs", "l0", 16384)
+    works = {name: Work(WorkItem(name, 1, f"{name}.gsql", QUERY.replace("pairs", name),
+                                 queries=[name], links=["l0"], agents={"l0": "h1"},
+                                 spool=str(tmp_path / name)), ["l0"],
+                        TableLog(agent_tables(tmp_path, "h1"), resumed=True))
+             for name in ("pairs", "other")}
+    try:
+        report = {q: t for w in works.values()
+                  for q, t in table_report(f for af in w.feeds.values()
+                                           for f in af.feeds).items()}
+        assert report == {"pairs": {"l0": {"slots": 16384, "resizes": 0}},
+                          "other": {"l0": {"slots": 256, "resizes": 0}}}
+        assert works["pairs"].report()["slots"] == 16384
+    finally:
+        for w in works.values():
+            w.close()
