@@ -6,8 +6,9 @@ Each (exporter, observation domain) is a sub-link: its records arrive in order o
 disordered on flow start by up to the exporter's active timeout (a router purges its cache
 in blocks). The link's clock is the field its queries window on (`RecordFormat.clock`):
 `first` (flow start) or `last` (flow end). A sub-link's punctuation is the export time of its
-latest datagram minus a lag: for `first` the active timeout (`active_timeout_ns`, or the
-exporter's own, learned from its options); for `last` the idle timeout when known
+latest datagram minus a lag: for `first` the active timeout (the operator's for that exporter,
+`exporter_timeouts_ns`, else the exporter's own, learned from its options, else the operator's
+for all, `active_timeout_ns`); for `last` the idle timeout when known
 (`idle_timeout_ns`, or the exporter's `flowIdleTimeout`: a flow leaves the cache at most that
 long after its last packet), else the active timeout too (a flow ends after it starts). Taking
 the export time itself would hold for records ordered by flow end; softflowd's end-of-capture
@@ -29,8 +30,10 @@ the low level's open windows, not the active timeout's records.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,14 +79,31 @@ class FlowReaderStats(FlowStats):
                 f"sequence gaps{f' ({gaps})' if gaps else ''}, {self.late} late records")
 
 
+def exporter_key(text: str) -> str:
+    """An exporter's address as the sub-links are keyed (`192.0.2.1`, `2001:db8::1`): the
+    canonical text, an IPv4-mapped IPv6 address as its IPv4 (a dual-stack socket's view);
+    ValueError when `text` is no IP address."""
+    ip = ipaddress.ip_address(text.strip().strip("[]"))
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip)
+
+
 class FlowMeld:
     """The link's punctuation on its clock, melded over the sub-links (module docstring);
     owns the punctuation given so far and the count of late records."""
 
     def __init__(self, active_timeout_ns: int = DEFAULT_ACTIVE_TIMEOUT_NS,
                  clock: str = "first", idle_timeout_ns: int | None = None,
-                 lull_slack_ns: int = 0):
+                 lull_slack_ns: int = 0,
+                 exporter_timeouts_ns: Mapping[str, int] | None = None):
         self.active_timeout_ns = int(active_timeout_ns)
+        #: the operator's active timeout of some exporters (their address, `exporter_key`):
+        #: above the exporter's own, which may be wrong (a router's option template saying
+        #: 30 min while it purges every minute)
+        self.exporter_timeouts_ns = {exporter_key(e): int(t)
+                                     for e, t in (exporter_timeouts_ns or {}).items()}
+        self._keys: dict[str, str | None] = {}
         #: a silence is carried forward less this (datagrams' delays differ by up to it)
         self.lull_slack_ns = int(lull_slack_ns)
         self.idle_timeout_ns = None if idle_timeout_ns is None else int(idle_timeout_ns)
@@ -98,12 +118,27 @@ class FlowMeld:
             # an exporter's own timeout, when sane (a day at most)
             return s * 10**9 if s and s <= 86400 else default
 
-        active = option("active_timeout_s", self.active_timeout_ns)
+        active = self._operators(exporter)
+        if active is None:
+            active = option("active_timeout_s", self.active_timeout_ns)
         assert active is not None
         if self.clock != "last":
             return active, active
         idle = option("idle_timeout_s", self.idle_timeout_ns)
         return active, active if idle is None else min(idle, active)
+
+    def _operators(self, exporter: str) -> int | None:
+        """The operator's active timeout of `exporter` (None: none given for it)."""
+        if not self.exporter_timeouts_ns:
+            return None
+        key = self._keys.get(exporter, "")
+        if key == "":
+            try:
+                key = exporter_key(exporter)
+            except ValueError:
+                key = None
+            self._keys[exporter] = key
+        return None if key is None else self.exporter_timeouts_ns.get(key)
 
     def punctuation(self, decoder: FlowDecoder, now: int | None = None) -> int | None:
         """The meld's punctuation at `now` (our clock, ns; default: the latest arrival), or
@@ -174,6 +209,7 @@ class FlowReader:
                  batch_size: int = 65536, *, port: int | None = None,
                  active_timeout_ns: int = DEFAULT_ACTIVE_TIMEOUT_NS,
                  idle_timeout_ns: int | None = None, lull_slack_ns: int = 10**9,
+                 exporter_timeouts_ns: Mapping[str, int] | None = None,
                  decoder: FlowDecoder | None = None, stop=None, state_path=None,
                  **_options):
         self.path = str(path)
@@ -191,7 +227,8 @@ class FlowReader:
         self.decoder.stats = FlowReaderStats()
         #: the field records are timed and punctuated by: what the queries window on
         self.clock = fmt.clock if fmt.clock in ("first", "last") else "first"
-        self.meld = FlowMeld(active_timeout_ns, self.clock, idle_timeout_ns, lull_slack_ns)
+        self.meld = FlowMeld(active_timeout_ns, self.clock, idle_timeout_ns, lull_slack_ns,
+                             exporter_timeouts_ns)
         self._stop = stop
         self._closed = False
         address = collector_address(self.path)
