@@ -61,6 +61,10 @@ class FlowReaderStats(FlowStats):
 
     late: int = 0
     problems: list | None = None
+    #: a collector's datagrams dropped by the kernel at its socket (buffer full; None: not
+    #: a collector) and by its own queue (`capture.flowsource.UdpCollector`)
+    socket_drops: int | None = None
+    queue_drops: int = 0
 
     def __post_init__(self) -> None:
         if self.problems is None:
@@ -75,8 +79,12 @@ class FlowReaderStats(FlowStats):
         """`13 datagrams (v9: 13), 0 sequence gaps, 0 late records` for the run summary."""
         versions = ", ".join(f"v{v}: {n}" for v, n in sorted(self.versions.items()))
         gaps = ", ".join(f"{e}/{d}: {n}" for (e, d), n in self.gaps.items())
+        drops = "" if self.socket_drops is None else (
+            f", {self.socket_drops} datagrams dropped at the socket (its buffer full), "
+            f"{self.queue_drops} by the collector's queue")
         return (f"{self.datagrams} datagrams ({versions or 'none'}), {self.sequence_gaps} "
-                f"sequence gaps{f' ({gaps})' if gaps else ''}, {self.late} late records")
+                f"sequence gaps{f' ({gaps})' if gaps else ''}, {self.late} late records"
+                + drops)
 
 
 def exporter_key(text: str) -> str:
@@ -249,6 +257,9 @@ class FlowReader:
         s = self.decoder.stats
         assert isinstance(s, FlowReaderStats)
         s.late = self.meld.late
+        if self._collector is not None:
+            s.socket_drops = self._collector.kernel_drops
+            s.queue_drops = self._collector.dropped
         return s
 
     @property

@@ -49,8 +49,12 @@ class _FlowTotals:
 
     def __init__(self):
         self.reader = None
-        self.kernel_drops = 0
         self.problems: list = []
+
+    @property
+    def kernel_drops(self) -> int:
+        """A collector's datagrams the kernel dropped at its socket (its buffer full)."""
+        return 0 if self.reader is None else int(self.reader.stats.socket_drops or 0)
 
     @property
     def malformed(self) -> int:
@@ -65,12 +69,17 @@ class _FlowTotals:
 
     def netflow(self) -> dict:
         """Datagrams, records, versions, sequence gaps, late records, records waiting for a
-        template, malformed datagrams by reason and exporter (status and /metrics)."""
+        template, malformed datagrams by reason and exporter, a collector's datagrams dropped
+        at its socket and by its queue (None: not a collector) (status and /metrics)."""
         if self.reader is None:
             return {"datagrams": 0, "records": 0, "versions": {}, "sequence_gaps": 0,
-                    "gaps": {}, "late": 0, "malformed": {}, "by_exporter": {}}
+                    "gaps": {}, "late": 0, "malformed": {}, "by_exporter": {},
+                    "socket_drops": None, "queue_drops": None}
         s = self.reader.stats
+        collector = s.socket_drops is not None
         return {"datagrams": int(s.datagrams), "records": int(s.records),
+                "socket_drops": s.socket_drops,
+                "queue_drops": int(s.queue_drops) if collector else None,
                 "versions": {str(v): int(n) for v, n in s.versions.items()},
                 "sequence_gaps": int(s.sequence_gaps),
                 "gaps": {f"{e}/{d}": int(n) for (e, d), n in s.gaps.items()},

@@ -415,7 +415,12 @@ def drive(config: RunConfig, sources: dict, feeds: dict, stop, info: dict) -> st
 
 
 def drops(source) -> tuple[int, int]:
-    """(our ring's drops, the kernel's drops) of a source."""
+    """(our ring's drops, the kernel's drops) of a source (a NETFLOW collector's: its
+    queue's and its socket's)."""
+    flow = getattr(getattr(source, "reader", None), "stats", None)
+    kernel = getattr(flow, "socket_drops", None)
+    if kernel is not None:
+        return int(getattr(flow, "queue_drops", 0)), int(kernel)
     ring = getattr(source, "ring", None)
     capture = getattr(source, "capture", None)
     ring_drops = ring.stats().dropped if ring is not None else 0
