@@ -34,9 +34,13 @@ def _send(port: int, datagrams: list[bytes]) -> None:
             time.sleep(0.002)
 
 
-def _netflow(server: Server) -> dict:
+def _link(server: Server) -> dict:
     (link,) = [s for s in server.client.status()["links"] if s["name"] == "r1"]
-    return link["netflow"]
+    return link
+
+
+def _netflow(server: Server) -> dict:
+    return _link(server)["netflow"]
 
 
 def _start(args: list[str], state: Path, log: Path, port: int) -> Server:
@@ -251,16 +255,22 @@ def test_socket_drops_of_a_paused_collector_shown(pcaps_dir, tmp_path):
     the socket's buffer holds a few thousand, the kernel drops the rest. Continued, the
     server reads the drops from /proc/net/udp; `status`, its line of `oopscope status` and
     /metrics show them, and every datagram sent is accounted for: decoded, or dropped at
-    the socket or by the collector's queue."""
+    the socket or by the collector's queue.
+
+    The server takes the operator's active timeout of the exporter (127.0.0.1=7s, beside
+    the 30 min of the rest): the link's punctuation is its export time less 7 s, not 30 min.
+    """
     import os
     import signal
+    import struct
 
     from capture.flowsource import read_datagrams
 
     real = read_datagrams(pcaps_dir / "netflowv9.pcap").payloads
+    (export_s,) = {struct.unpack_from(">I", d, 8)[0] for d in real}
     port = free_udp_port()
-    server = _start(["--netflow-in", f"r1=127.0.0.1:{port}"], tmp_path / "state",
-                    tmp_path / "serve.log", port)
+    server = _start(["--netflow-in", f"r1=127.0.0.1:{port}", "--netflow-in-active-timeout",
+                     "127.0.0.1=7s"], tmp_path / "state", tmp_path / "serve.log", port)
     assert server.proc is not None
     sent = 20000
     try:
@@ -278,6 +288,8 @@ def test_socket_drops_of_a_paused_collector_shown(pcaps_dir, tmp_path):
         assert nf["socket_drops"] > 1000 and nf["datagrams"] > 1000, nf
         (link,) = [s for s in server.client.status()["links"] if s["name"] == "r1"]
         assert link["kernel_drops"] == nf["socket_drops"]
+        punctuation = wait_for(lambda: _link(server)["punctuation_ns"], 30, "a punctuation")
+        assert (export_s - 7) * 10**9 <= punctuation < (export_s + 60) * 10**9
         metrics = metric_samples(server.client)
         r1 = (("link", "r1"),)
         assert metrics[("oopscope_link_netflow_socket_drops_total", r1)] == nf["socket_drops"]

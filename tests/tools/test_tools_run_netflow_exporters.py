@@ -86,6 +86,7 @@ def _send_from(address: str, port: int, datagrams: list[bytes]) -> None:
             s.sendto(d, ("127.0.0.1", port))
 
 
+@pytest.mark.slow
 def test_two_clocks_and_a_silent_exporter(exporters, pcaps_dir, tmp_path):
     a, b, order, theirs = exporters
     assert len(a) > 50 and len(b) > 5 and len(theirs) > 400
