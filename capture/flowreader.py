@@ -333,7 +333,9 @@ class FlowReader:
         self.decoder.drop_pending()
 
     def _collect(self):
-        """A collector's records until `stop` says so."""
+        """A collector's records until `stop` says so, then those of the datagrams it had
+        received (queued behind the decoder: a burst, or a busy machine), so that a datagram
+        received is decoded or counted, never lost at the stop."""
         assert self._collector is not None
         while not self._stopped():
             dg = self._collector.receive(0.1)
@@ -344,10 +346,18 @@ class FlowReader:
                 if self.idle_batches or p != given:
                     yield self._batch(_no_records(), p)
                 continue
-            cols = self.decoder.decode(dg.payloads, dg.exporters, dg.arrivals)
-            self._save_state()
-            yield from self._release(cols, time.time_ns())
+            yield from self._decoded(dg)
+        while not self._closed:
+            dg = self._collector.receive(0)
+            if not len(dg):
+                break
+            yield from self._decoded(dg)
         self.decoder.drop_pending()
+
+    def _decoded(self, dg: Datagrams):
+        cols = self.decoder.decode(dg.payloads, dg.exporters, dg.arrivals)
+        self._save_state()
+        yield from self._release(cols, time.time_ns())
 
     def _release(self, cols: dict[str, np.ndarray], now: int | None):
         """The batches of records just decoded, the last with the punctuation after them."""

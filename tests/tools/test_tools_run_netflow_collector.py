@@ -201,6 +201,16 @@ def test_kill_restart_mid_stream(datagrams, tmp_path):
                                   check_dtype=False)
 
 
+def _receive_queue(port: int) -> int | None:
+    """Bytes waiting in the receive buffer of the socket bound to UDP `port` (None: none)."""
+    with open("/proc/net/udp") as f:
+        for line in f.readlines()[1:]:
+            cols = line.split()
+            if int(cols[1].split(":")[1], 16) == port:
+                return int(cols[4].split(":")[1], 16)
+    return None
+
+
 def test_socket_drops_of_a_paused_run_in_its_summary(datagrams, tmp_path):
     """The run is stopped (SIGSTOP) while 20000 datagrams flood its collector: the kernel
     drops what its socket's buffer cannot hold. Continued and stopped, the run's summary
@@ -219,7 +229,8 @@ def test_socket_drops_of_a_paused_run_in_its_summary(datagrams, tmp_path):
                     s.sendto(datagrams[i % len(datagrams)], ("127.0.0.1", port))
         finally:
             os.kill(proc.pid, signal.SIGCONT)
-        time.sleep(3)                   # the collector's thread empties the socket's buffer
+        # the collector's thread empties the socket's buffer
+        wait_for(lambda: _receive_queue(port) == 0, proc, tmp_path / "err")
         err = stop(proc, tmp_path / "err")
     finally:
         if proc.poll() is None:
