@@ -9,6 +9,7 @@ datagram is cheap beside the records' decoding (which never runs per record in P
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -25,6 +26,32 @@ log = logging.getLogger(__name__)
 #: the socket's receive buffer asked for (the kernel may cap it: net.core.rmem_max)
 RCVBUF = 8 << 20
 _MAX_DATAGRAM = 65535
+#: the socket's drops are read from /proc at most this often (status, metrics, progress)
+DROPS_EVERY_S = 0.25
+#: the column of /proc/net/udp{,6} holding a socket's drops, and of its inode
+_DROPS_COLUMN, _INODE_COLUMN = 12, 9
+
+
+def socket_drops(sock: socket.socket) -> int | None:
+    """The datagrams the kernel dropped for UDP socket `sock` (its receive buffer full, or
+    a checksum failed): the `drops` column of its line in /proc/net/udp (udp6 for an
+    IPv6 socket), found by the socket's inode. None when the kernel does not say (no
+    /proc, another system)."""
+    try:
+        inode = str(os.fstat(sock.fileno()).st_ino)
+    except (OSError, ValueError):
+        return None
+    name = "/proc/net/udp6" if sock.family == socket.AF_INET6 else "/proc/net/udp"
+    try:
+        with open(name) as f:
+            next(f, None)                               # the header
+            for line in f:
+                cols = line.split()
+                if len(cols) > _DROPS_COLUMN and cols[_INODE_COLUMN] == inode:
+                    return int(cols[_DROPS_COLUMN])
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 @dataclass
@@ -66,7 +93,8 @@ class UdpCollector:
     """A bound UDP socket drained by a thread of its own into a queue, so that the socket's
     buffer empties while the link decodes and the queries work (`receive` takes what came).
     The queue is bounded (`max_queued` datagrams): past it datagrams are counted as
-    `dropped` rather than growing memory without end."""
+    `dropped` rather than growing memory without end. What the kernel dropped before the
+    thread took it (the socket's buffer full) is `kernel_drops`."""
 
     def __init__(self, host: str, port: int, rcvbuf: int = RCVBUF, max_queued: int = 1 << 18):
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -81,6 +109,8 @@ class UdpCollector:
         self.address = self.sock.getsockname()[:2]
         self.max_queued = max_queued
         self.dropped = 0
+        self._kernel_drops = 0
+        self._drops_read = 0.0                  # monotonic s of the last /proc read
         self._queue: deque = deque()
         self._ready = threading.Event()
         self._closing = False
@@ -120,7 +150,22 @@ class UdpCollector:
             self._ready.set()
         return out
 
+    @property
+    def kernel_drops(self) -> int:
+        """Datagrams the kernel dropped at the socket (`socket_drops`), read at most every
+        DROPS_EVERY_S (the last count once closed)."""
+        now = time.monotonic()
+        if now - self._drops_read >= DROPS_EVERY_S and self.sock.fileno() >= 0:
+            self._drops_read = now
+            n = socket_drops(self.sock)
+            if n is not None:
+                self._kernel_drops = n
+        return self._kernel_drops
+
     def close(self) -> None:
         self._closing = True
         self._thread.join(timeout=1.0)
+        if self.sock.fileno() >= 0:
+            self._drops_read = 0.0
+            _ = self.kernel_drops                   # the last count, before the socket goes
         self.sock.close()
