@@ -219,7 +219,11 @@ class FlowDecoder:
     """Decodes datagrams into NETFLOW columns; owns the templates, the held data sets, the
     sequence expectations and the statistics of one input (module docstring)."""
 
-    def __init__(self, templates: TemplateCache | None = None, max_pending: int = MAX_PENDING):
+    def __init__(self, templates: TemplateCache | None = None, max_pending: int = MAX_PENDING,
+                 wide: bool = False):
+        #: every column 64 bits wide (unsigned ones uint64): what a link's batches hold, so
+        #: the columns go on without a second conversion
+        self.wide = wide
         self.templates = templates if templates is not None else TemplateCache()
         self.stats = FlowStats()
         self.max_pending = max_pending
@@ -258,7 +262,12 @@ class FlowDecoder:
         after them."""
         n = len(payloads)
         lens = np.fromiter(map(len, payloads), np.int64, n)
-        blob = b"".join(payloads)
+        return self.decode_joined(b"".join(payloads), lens, exporters, arrivals)
+
+    def decode_joined(self, blob: bytes, lens: np.ndarray, exporters,
+                      arrivals) -> dict[str, np.ndarray]:
+        """`decode` of datagrams given end to end in `blob`, of lengths `lens`."""
+        n = len(lens)
         buf = np.frombuffer(blob, np.uint8)
         d_start = np.zeros(n, np.int64)
         np.cumsum(lens[:-1], out=d_start[1:])
@@ -275,9 +284,10 @@ class FlowDecoder:
         i = 0
         while i < n:
             sq = self._kernel_sequences()
-            i = fk.walk_datagrams(buf, d_start, lens, codes, i, *tk, *sq.arrays, w.ctx_dom,
-                                  w.ctx_export_s, w.ctx_ver, w.s_start, w.s_end, w.s_row,
-                                  w.s_unix_ms, w.s_uptime, w.s_dgram, w.s_sampling, w.n_sets)
+            args = (buf, d_start, lens, codes, i, *tk, *sq.arrays, w.ctx_dom, w.ctx_export_s,
+                    w.ctx_ver, w.s_start, w.s_end, w.s_row, w.s_unix_ms, w.s_uptime, w.s_dgram,
+                    w.s_sampling, w.n_sets)
+            i = fk.walk_datagrams(*args)
             self._sequences_back(sq)
             if i >= n:
                 break
@@ -669,10 +679,12 @@ class FlowDecoder:
         pairs = np.array(self._pair_rows or [(0, 0)], np.uint64)
         code = c_exp[d]
         cols: dict[str, np.ndarray] = {}
+        wide = self.wide
         for name, dtype in FLOW_COLUMNS:
             slot = _SLOT_OF.get(name)
             if slot is not None:
-                cols[name] = out[slot].astype(dtype)
+                # wide: the kernel's own 64-bit row, no copy
+                cols[name] = out[slot] if wide else out[slot].astype(dtype)
         cols["first"] = out[fk.S_FIRST].view(np.int64).copy()
         cols["last"] = out[fk.S_LAST].view(np.int64).copy()
         cols["exporter_hi"] = pairs[code, 0]
@@ -686,6 +698,10 @@ class FlowDecoder:
         v4 = (out[fk.S_SRC_HI] == 0) & ((out[fk.S_SRC_LO] >> np.uint64(32)) == 0xFFFF)
         ipv = out[fk.S_IPVERSION].astype(np.uint8)
         cols["ipversion"] = np.where(ipv != 0, ipv, np.where(v4, 4, 6)).astype(np.uint8)
+        if wide:
+            return {name: cols[name] if cols[name].dtype.itemsize == 8 or
+                    cols[name].dtype.kind == "i" else cols[name].astype(np.uint64)
+                    for name, _ in FLOW_COLUMNS}
         return {name: cols[name] for name, _ in FLOW_COLUMNS}
 
     def _pair(self, exporter: str) -> tuple[int, int]:

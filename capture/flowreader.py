@@ -186,6 +186,7 @@ class FlowReader:
         self._state_path = None if state_path is None else Path(state_path)
         if decoder is None:
             decoder = self._load_state() or FlowDecoder()
+        decoder.wide = True
         self.decoder = decoder
         self._saved = self.decoder.templates.revision
         self.decoder.stats = FlowReaderStats()
@@ -288,17 +289,19 @@ class FlowReader:
         """A collector's records until `stop` says so."""
         assert self._collector is not None
         while not self._stopped():
-            dg = self._collector.receive(0.1)
-            if not len(dg):
+            blob, lengths, exporters, arrivals = self._collector.receive_joined(0.1)
+            if not len(lengths):
                 # a quiet slice: the punctuation goes on by the wall clock
                 given = self.meld.given
                 p = self.meld.advance(self.meld.punctuation(self.decoder, time.time_ns()))
                 if self.idle_batches or p != given:
                     yield self._batch(_no_records(), p)
                 continue
-            cols = self.decoder.decode(dg.payloads, dg.exporters, dg.arrivals)
+            cols = self.decoder.decode_joined(blob, lengths, exporters, arrivals)
             self._save_state()
-            yield from self._release(cols, time.time_ns())
+            # silence is measured up to the latest datagram handled, not the wall clock: a
+            # backlog in the collector's queue is no silence of the exporters
+            yield from self._release(cols, max(arrivals))
         self.decoder.drop_pending()
 
     def _release(self, cols: dict[str, np.ndarray], now: int | None):
@@ -327,7 +330,9 @@ class FlowReader:
             for c in field_columns(f):
                 if c not in out:
                     v = cols[c]
-                    out[c] = v.astype(np.int64 if f.type in ("llong", "int") else np.uint64)
+                    # a no-op for the decoder's wide columns (`FlowDecoder.wide`)
+                    out[c] = v.astype(np.int64 if f.type in ("llong", "int") else np.uint64,
+                                      copy=False)
         return RecordBatch(self.link, out, np.arange(m, dtype=np.int64), False,
                            punctuation=punctuation)
 
