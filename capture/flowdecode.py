@@ -224,6 +224,9 @@ class FlowDecoder:
         #: every column 64 bits wide (unsigned ones uint64): what a link's batches hold, so
         #: the columns go on without a second conversion
         self.wide = wide
+        #: plain datagrams walked by the kernel (False: each read in Python, the reference
+        #: the tests hold the walk to)
+        self.walk = True
         self.templates = templates if templates is not None else TemplateCache()
         self.stats = FlowStats()
         self.max_pending = max_pending
@@ -283,6 +286,9 @@ class FlowDecoder:
         order: list[int] = []                # each of `sets`' datagram (its place)
         i = 0
         while i < n:
+            if not self.walk:
+                i = self._read_one(blob, d_start, lens, codes, arr, i, sets, ctx, order)
+                continue
             sq = self._kernel_sequences()
             args = (buf, d_start, lens, codes, i, *tk, *sq.arrays, w.ctx_dom, w.ctx_export_s,
                     w.ctx_ver, w.s_start, w.s_end, w.s_row, w.s_unix_ms, w.s_uptime, w.s_dgram,
@@ -291,19 +297,23 @@ class FlowDecoder:
             self._sequences_back(sq)
             if i >= n:
                 break
-            exporter = self._names[codes[i]]
-            before = len(sets.start)
-            try:
-                self._datagram(blob[d_start[i]:d_start[i] + lens[i]], exporter, int(arr[i]),
-                               sets, ctx)
-            except (struct.error, IndexError, ValueError):     # a cut we did not foresee
-                self.stats.note(exporter, "truncated_header")
-            order += [i] * (len(sets.start) - before)
+            i = self._read_one(blob, d_start, lens, codes, arr, i, sets, ctx, order)
             tk = self._kernel_templates()
-            i += 1
         fast = np.flatnonzero(w.ctx_ver)
         self._fast_exports(fast, codes, w, arr)
         return self._run(buf, w, codes, arr, sets, ctx, order, n)
+
+    def _read_one(self, blob, d_start, lens, codes, arr, i, sets, ctx, order) -> int:
+        """Read datagram i in Python (`_datagram`), its sets in its place; the next one."""
+        exporter = self._names[codes[i]]
+        before = len(sets.start)
+        try:
+            self._datagram(blob[d_start[i]:d_start[i] + lens[i]], exporter, int(arr[i]),
+                           sets, ctx)
+        except (struct.error, IndexError, ValueError):     # a cut we did not foresee
+            self.stats.note(exporter, "truncated_header")
+        order += [i] * (len(sets.start) - before)
+        return i + 1
 
     def _code(self, exporter) -> int:
         """The exporter's code (stable over the decoder's life)."""
