@@ -5,13 +5,17 @@ columns out (one row per flow record), whatever mix of versions and exporters.
     cols = dec.decode(payloads, exporters, arrivals)   # bytes, exporter address, arrival ns
     dec.stats.reasons                                   # malformed input by reason
 
-The version is read per datagram (5, 9 or 10 = IPFIX). Headers and template sets are walked in
-Python (a few per datagram); the data records of all data sets of a call are decoded by one
-Numba kernel (`capture.flowkernels.decode_sets`) with each set's template as arrays, so no
-Python runs per record. Templates and options live in a `capture.flowtemplates.TemplateCache`
-per (exporter, observation domain, template id); a data set whose template is not known yet is
-held (at most `max_pending` sets, oldest dropped and counted as `no_template`) and decoded in
-the call that brings its template. Sequence numbers are checked per (exporter, domain) as
+The version is read per datagram (5, 9 or 10 = IPFIX). The datagrams of a call are joined
+into one buffer and walked by a Numba kernel (`capture.flowkernels.walk_datagrams`: headers,
+data sets of known templates, sequence numbers) as long as they are plain v9 / IPFIX data
+datagrams; one that needs more (templates, options, v5, an unknown template, anything
+malformed) is read here in Python in its place, and the walk goes on after it. The data
+records of all data sets of a call are then decoded by one kernel call
+(`capture.flowkernels.decode_sets`) with each set's template as arrays, so no Python runs
+per record, nor per plain datagram. Templates and options live in a
+`capture.flowtemplates.TemplateCache` per (exporter, observation domain, template id); a
+data set whose template is not known yet is held (at most `max_pending` sets, oldest
+dropped and counted as `no_template`) and decoded in the call that brings its template. Sequence numbers are checked per (exporter, domain) as
 nfcapd does: a datagram whose sequence is not the one expected counts a gap.
 
 Malformed input never raises: a datagram (or the rest of it) that cannot be read is counted by

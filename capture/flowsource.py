@@ -2,8 +2,10 @@
 replayed by capture time), or a UDP socket (a collector), each datagram with its exporter's
 address and its arrival time, ready for `capture.flowdecode.FlowDecoder.decode`.
 
-Datagrams, not records, are the unit here: a few dozen records each, so a Python step per
-datagram is cheap beside the records' decoding (which never runs per record in Python).
+Datagrams, not records, are the unit here. The collector takes them in batches (recvmmsg,
+`capture.udpbatch`) and hands each batch on joined into one bytes object with its lengths,
+which the decoder walks as is: at a million records a second (~40,000 datagrams) even a
+Python step per datagram costs more than the records' decoding.
 """
 
 from __future__ import annotations
