@@ -378,6 +378,19 @@ class FlowDecoder:
         for k, e, a in zip(uk.tolist(), exp_max.tolist(), arr_max.tolist()):
             self._export(self._names[k >> 32], k & 0xFFFF_FFFF, e, a)
 
+    @staticmethod
+    def warm() -> None:
+        """Compile (or load from Numba's cache) the decoder's kernels by decoding a datagram
+        of each kind of call: a collector does this before it binds its socket, as a compile
+        under load takes seconds, during which the socket's buffer would overflow."""
+        tmpl = struct.pack(">HHHHHHHH", 0, 20, 256, 3, 8, 4, 2, 4) + struct.pack(">HH", 1, 4)
+        data = struct.pack(">HHIII", 256, 16, 0x0A000001, 5, 700)
+        head = struct.pack(">HHIIII", 9, 2, 1000, 1_700_000_000, 0, 0)
+        plain = struct.pack(">HHIIII", 9, 1, 1000, 1_700_000_000, 1, 0) + data
+        for wide in (False, True):
+            dec = FlowDecoder(wide=wide)
+            dec.decode([head + tmpl + data, plain], ["192.0.2.1"] * 2, [0, 1])
+
     def drop_pending(self) -> int:
         """Count the held data sets as `no_template` (the input ended); how many."""
         n = len(self._held)

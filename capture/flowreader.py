@@ -200,6 +200,7 @@ class FlowReader:
         self._collector: UdpCollector | None = None
         self._datagrams = Datagrams()
         if address is not None:
+            FlowDecoder.warm()               # before the socket fills (FlowDecoder.warm)
             try:
                 self._collector = UdpCollector(*address)
             except OSError as exc:

@@ -21,7 +21,7 @@ import numpy as np
 
 from capture.addresses import ip_text
 from capture.schema import L_UDP
-from capture.udpbatch import UdpBatchReceiver, big_receive_buffer, sockaddr_text
+from capture.udpbatch import UdpBatchReceiver, big_receive_buffer, compact, sockaddr_text
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,8 @@ class UdpCollector:
 
     def __init__(self, host: str, port: int, rcvbuf: int = RCVBUF, max_queued: int = 1 << 18,
                  slots: int = SLOTS, fallback: bool = False):
+        # the batch copy's kernel compiled (or loaded) before a datagram can wait for it
+        compact(np.zeros((1, 1), np.uint8), np.ones(1, np.int64), 1, np.zeros(1, np.uint8))
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
         try:
