@@ -42,6 +42,15 @@ _NTP_EPOCH_OFFSET_S = 2208988800
 
 @ngjit_inline
 def _be(buf, p, n):
+    # the common widths spelled out: a loop of unknown count per field costs more than the
+    # record's other work
+    if n == 4:
+        return ((np.uint64(buf[p]) << np.uint64(24)) | (np.uint64(buf[p + 1]) << np.uint64(16))
+                | (np.uint64(buf[p + 2]) << np.uint64(8)) | np.uint64(buf[p + 3]))
+    if n == 2:
+        return (np.uint64(buf[p]) << np.uint64(8)) | np.uint64(buf[p + 1])
+    if n == 1:
+        return np.uint64(buf[p])
     v = np.uint64(0)
     for i in range(n):
         v = (v << np.uint64(8)) | np.uint64(buf[p + i])
