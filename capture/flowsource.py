@@ -131,11 +131,14 @@ class UdpCollector:
     def _exporters(self, n: int) -> list:
         """The senders' addresses as text, one per datagram (few exporters: a cache)."""
         raw = self._rx.addresses[:n]
-        # the address part of the sockaddr (IPv4 at 4:8, IPv6 at 8:24): the port differs
-        # from one exporter process to the next but names the same exporter
+        # the sockaddr up to the end of an IPv6 address is the key: a sender's port is in it
+        # too, which costs an entry per port, not a wrong name; bounded against senders
+        # spoofing addresses
         keys = raw[:, :24]
         first = keys[0].tobytes()
         names = self._names
+        if len(names) > 65536:
+            names.clear()
         if (keys == keys[0]).all():
             name = names.get(first)
             if name is None:
