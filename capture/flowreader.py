@@ -230,6 +230,7 @@ class FlowReader:
         self._state_path = None if state_path is None else Path(state_path)
         if decoder is None:
             decoder = self._load_state() or FlowDecoder()
+        decoder.wide = True
         self.decoder = decoder
         self._saved = self.decoder.templates.revision
         self.decoder.stats = FlowReaderStats()
@@ -244,6 +245,7 @@ class FlowReader:
         self._collector: UdpCollector | None = None
         self._datagrams = Datagrams()
         if address is not None:
+            FlowDecoder.warm()               # before the socket fills (FlowDecoder.warm)
             try:
                 self._collector = UdpCollector(*address)
             except OSError as exc:
@@ -338,26 +340,28 @@ class FlowReader:
         received is decoded or counted, never lost at the stop."""
         assert self._collector is not None
         while not self._stopped():
-            dg = self._collector.receive(0.1)
-            if not len(dg):
+            blob, lengths, exporters, arrivals = self._collector.receive_joined(0.1)
+            if not len(lengths):
                 # a quiet slice: the punctuation goes on by the wall clock
                 given = self.meld.given
                 p = self.meld.advance(self.meld.punctuation(self.decoder, time.time_ns()))
                 if self.idle_batches or p != given:
                     yield self._batch(_no_records(), p)
                 continue
-            yield from self._decoded(dg)
+            yield from self._joined(blob, lengths, exporters, arrivals)
         while not self._closed:
-            dg = self._collector.receive(0)
-            if not len(dg):
+            blob, lengths, exporters, arrivals = self._collector.receive_joined(0)
+            if not len(lengths):
                 break
-            yield from self._decoded(dg)
+            yield from self._joined(blob, lengths, exporters, arrivals)
         self.decoder.drop_pending()
 
-    def _decoded(self, dg: Datagrams):
-        cols = self.decoder.decode(dg.payloads, dg.exporters, dg.arrivals)
+    def _joined(self, blob, lengths, exporters, arrivals):
+        cols = self.decoder.decode_joined(blob, lengths, exporters, arrivals)
         self._save_state()
-        yield from self._release(cols, time.time_ns())
+        # silence is measured up to the latest datagram handled, not the wall clock: a
+        # backlog in the collector's queue is no silence of the exporters
+        yield from self._release(cols, max(arrivals))
 
     def _release(self, cols: dict[str, np.ndarray], now: int | None):
         """The batches of records just decoded, the last with the punctuation after them."""
@@ -385,7 +389,9 @@ class FlowReader:
             for c in field_columns(f):
                 if c not in out:
                     v = cols[c]
-                    out[c] = v.astype(np.int64 if f.type in ("llong", "int") else np.uint64)
+                    # a no-op for the decoder's wide columns (`FlowDecoder.wide`)
+                    out[c] = v.astype(np.int64 if f.type in ("llong", "int") else np.uint64,
+                                      copy=False)
         return RecordBatch(self.link, out, np.arange(m, dtype=np.int64), False,
                            punctuation=punctuation)
 
