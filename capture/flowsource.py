@@ -23,12 +23,10 @@ import numpy as np
 from capture.addresses import ip_text
 from capture.schema import L_UDP
 from capture.udpbatch import UdpBatchReceiver, big_receive_buffer, compact, sockaddr_text
+from common import settings
 
 log = logging.getLogger(__name__)
 
-#: the socket's receive buffer asked for (as root forced past net.core.rmem_max, else capped
-#: by it): ~1.5 s of datagrams at a million records a second
-RCVBUF = 64 << 20
 #: datagrams taken per system call
 SLOTS = 1024
 #: a datagram longer than this is cut (and counted malformed): NetFlow/IPFIX exporters keep
@@ -106,7 +104,7 @@ class UdpCollector:
     rather than growing memory without end. What the kernel dropped before
     the thread took it (the socket's buffer full) is `kernel_drops`."""
 
-    def __init__(self, host: str, port: int, rcvbuf: int = RCVBUF, max_queued: int = 1 << 18,
+    def __init__(self, host: str, port: int, rcvbuf: int | None = None, max_queued: int = 1 << 18,
                  slots: int = SLOTS, fallback: bool = False):
         # the batch copy's kernel compiled (or loaded) before a datagram can wait for it
         compact(np.zeros((1, 1), np.uint8), np.ones(1, np.int64), 1, np.zeros(1, np.uint8))
@@ -114,7 +112,8 @@ class UdpCollector:
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
         try:
             #: the receive buffer the kernel gave (forced past rmem_max as root)
-            self.rcvbuf = big_receive_buffer(self.sock, rcvbuf)
+            self.rcvbuf = big_receive_buffer(
+                self.sock, settings.netflow_receive_buffer() if rcvbuf is None else rcvbuf)
             self.sock.bind((host, port))
         except OSError:
             self.sock.close()

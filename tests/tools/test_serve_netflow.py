@@ -250,7 +250,7 @@ def test_a_netflow_link_that_cannot_open_stops_the_start(tmp_path):
             assert why in line, line
 
 
-def test_socket_drops_of_a_paused_collector_shown(pcaps_dir, tmp_path):
+def test_socket_drops_of_a_paused_collector_shown(pcaps_dir, tmp_path, monkeypatch):
     """The server is stopped (SIGSTOP) while 20000 real v9 datagrams flood its collector:
     the socket's buffer holds a few thousand, the kernel drops the rest. Continued, the
     server reads the drops from /proc/net/udp; `status`, its line of `oopscope status` and
@@ -260,6 +260,8 @@ def test_socket_drops_of_a_paused_collector_shown(pcaps_dir, tmp_path):
     The server takes the operator's active timeout of the exporter (127.0.0.1=7s, beside
     the 30 min of the rest): the link's punctuation is its export time less 7 s, not 30 min.
     """
+    # a small socket buffer, as the test's flood means to overflow it (the default holds it)
+    monkeypatch.setenv("OOPSCOPE_NETFLOW_RCVBUF", str(1 << 21))
     import os
     import signal
     import struct

@@ -211,11 +211,13 @@ def _receive_queue(port: int) -> int | None:
     return None
 
 
-def test_socket_drops_of_a_paused_run_in_its_summary(datagrams, tmp_path):
+def test_socket_drops_of_a_paused_run_in_its_summary(datagrams, tmp_path, monkeypatch):
     """The run is stopped (SIGSTOP) while 20000 datagrams flood its collector: the kernel
     drops what its socket's buffer cannot hold. Continued and stopped, the run's summary
     says how many the socket dropped (read from /proc/net/udp), and with the datagrams it
     decoded that is every one sent."""
+    # a small socket buffer, as the test's flood means to overflow it (the default holds it)
+    monkeypatch.setenv("OOPSCOPE_NETFLOW_RCVBUF", str(1 << 21))
     import re
 
     port = free_udp_port()
