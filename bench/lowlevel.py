@@ -1,12 +1,15 @@
 """Benchmark of the low level: thesis Q8-1 (count per srcIP, destIP per minute), pcap in -> partial rows out, beside tcpdump, softflowd and nfpcapd on the same files.
 
     python -m bench.lowlevel [--quick] [--packets 5000000] [--repeat 3]
-                                   [--dir DIR] [--json bench_lowlevel.json]
+                                   [--dir DIR] [--json bench_lowlevel.json] [--probes N]
 
 Captures come from the traffic generator (`tools.gen.traffic`): Ethernet/IPv4 TCP+UDP, 64-byte snap
 length, 10 minutes of data time, 66K/130K/260K/520K (srcIP, destIP) groups, in time order.
 For each capture and each hash table of 1/2, 1 and 2 x groups and each flush policy (iop_slow
 with i = 1, oop_lazy, oop_slow with i = 160; m = 2) we time, on a warm JIT and warm page cache:
+
+The tables are adaptive (`lowlevel.sizing`; started at the factor's size) and probe
+`--probes` slots before evicting (default `lowlevel.sizing.ADAPTIVE_PROBES`).
 
 - `read+agg`: `capture.reader.open_capture(columns=op.read_columns)` (only the plan's
   columns decoded; `--prefetch 2` adds the read-ahead thread, `--plain-reader` decodes every
@@ -72,6 +75,15 @@ def q81_plan(slots: int, flush: str):
 #: reader options of `time_operator`: decode only the columns the plan reads (the target is
 #: one core, so no read-ahead thread unless --prefetch; `--plain-reader`: every column)
 READER = {"columns": True, "prefetch": 0, "batch_size": 65536}
+#: the slots a packet probes before evicting (`--probes`; None: the operator's choice,
+#: `lowlevel.sizing.ADAPTIVE_PROBES` for these adaptive tables)
+PROBES: dict[str, int | None] = {"probes": None}
+
+
+def _probes() -> int:
+    from lowlevel.sizing import ADAPTIVE_PROBES
+
+    return PROBES["probes"] or ADAPTIVE_PROBES
 
 
 def time_operator(path: Path, plan) -> tuple[float, int, int, dict]:
@@ -79,7 +91,7 @@ def time_operator(path: Path, plan) -> tuple[float, int, int, dict]:
     from capture.reader import open_capture
     from lowlevel.operator import LowLevelOperator
 
-    op = LowLevelOperator(plan)
+    op = LowLevelOperator(plan, probes=_probes())
     rows = packets = 0
     t0 = time.perf_counter()
     columns = op.read_columns if READER["columns"] else None
@@ -134,7 +146,7 @@ def decoded_batches(path: Path, columns) -> list:
 def time_op_only(batches, plan) -> float:
     from lowlevel.operator import LowLevelOperator
 
-    op = LowLevelOperator(plan)
+    op = LowLevelOperator(plan, probes=_probes())
     t0 = time.perf_counter()
     for batch in batches:
         op.process(batch)
@@ -160,7 +172,8 @@ def time_engine(ts, keys, plan, batch: int = 65536) -> float:
 
     layout = StateLayout([AggSpec(s.name, s.kind, s.dtype) for s in plan.subaggs])
     agg = HashAggregator(layout, 2, plan.slots, pane_ns=plan.window.pane_ns, flush=plan.flush,
-                         slow_flush=plan.slow_flush, max_disorder=plan.max_disorder)
+                         slow_flush=plan.slow_flush, max_disorder=plan.max_disorder,
+                         probes=_probes())
     args = layout.empty_args(batch)
     t0 = time.perf_counter()
     for a in range(0, len(ts), batch):
@@ -286,10 +299,14 @@ def _m(rate: float | None) -> str:
 @click.option("--factors", type=str, default=None,
               help="Comma-separated table factors (default 0.5,1,2).")
 @click.option("--no-tools", is_flag=True, help="Skip tcpdump/nfpcapd/softflowd.")
+@click.option("--probes", type=click.IntRange(1, 16), default=None,
+              help="Slots a packet probes before evicting (default: the adaptive table's, 3).")
 def main(quick: bool, packets: int | None, repeat: int | None, directory: Path | None,
          json_path: Path, with_softflowd: bool, groups_opt: str | None, plain_reader: bool,
-         prefetch: int, batch_size: int, factors: str | None, no_tools: bool) -> None:
+         prefetch: int, batch_size: int, factors: str | None, no_tools: bool,
+         probes: int | None) -> None:
     """Q8-1 throughput of the low level beside tcpdump, softflowd and nfpcapd."""
+    PROBES["probes"] = probes
     READER.update(columns=not plain_reader, prefetch=0 if plain_reader else prefetch,
                   batch_size=batch_size)
     factor_list = tuple(float(f) for f in factors.split(",")) if factors else FACTORS

@@ -1,7 +1,7 @@
 """Benchmark of NetFlow input: `oopscope run --netflow-in` beside nfcapd on the same datagrams.
 
     python -m bench.netflow_in [--records 3M] [--versions 9,10] [--repeat 2]
-                               [--rates 25k,50k,100k,200k,400k] [--no-top]
+                               [--rates 25k,50k,100k,200k,400k] [--no-top] [--paced-nfcapd]
                                [--tools oopscope,nfcapd]
                                [--dir DIR] [--timeout 600] [--json bench_netflow_in.json]
 
@@ -335,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rates", default="25k,50k,100k,200k,400k",
                     help="records/s for oopscope's loss-free rate (empty: skip)")
     ap.add_argument("--tools", default=",".join(TOOLS), help="comma-separated subset")
+    ap.add_argument("--paced-nfcapd", action="store_true",
+                    help="run nfcapd at the same --rates after oopscope (its drops there)")
     ap.add_argument("--dir", type=Path, default=None,
                     help="where the datagrams are kept and reused (default: a fresh temporary "
                          "directory, removed at the end)")
@@ -397,6 +399,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"highest rate without drops: {report['loss_free_rate']}; highest it kept pace "
               f"with (done within {KEEP_PACE_S} s of the last datagram): "
               f"{report['kept_pace_rate']}")
+    if rates and args.paced_nfcapd:
+        dg = datagrams.get("9") or next(iter(datagrams.values()))
+        print(f"nfcapd, v{dg.version} paced (~10 s of datagrams each)")
+        print(HEADER)
+        report["nfcapd_rates"] = []
+        for rate in sorted(rates):
+            limit, total = 0, 0
+            while limit < len(dg.records) and total < rate * 10:
+                total += dg.records[limit]
+                limit += 1
+            r = run_nfcapd(dg, args.dir, float(rate), args.timeout, limit)
+            r["rate"] = rate
+            report["nfcapd_rates"].append(r)
+            print(_row("nfcapd", r))
     report["load_end"] = os.getloadavg()
     print(f"load average {report['load_start'][0]:.1f} at start, {report['load_end'][0]:.1f} "
           f"at end, on {report['cpus']} CPUs")

@@ -5,13 +5,17 @@ columns out (one row per flow record), whatever mix of versions and exporters.
     cols = dec.decode(payloads, exporters, arrivals)   # bytes, exporter address, arrival ns
     dec.stats.reasons                                   # malformed input by reason
 
-The version is read per datagram (5, 9 or 10 = IPFIX). Headers and template sets are walked in
-Python (a few per datagram); the data records of all data sets of a call are decoded by one
-Numba kernel (`capture.flowkernels.decode_sets`) with each set's template as arrays, so no
-Python runs per record. Templates and options live in a `capture.flowtemplates.TemplateCache`
-per (exporter, observation domain, template id); a data set whose template is not known yet is
-held (at most `max_pending` sets, oldest dropped and counted as `no_template`) and decoded in
-the call that brings its template. Sequence numbers are checked per (exporter, domain) as
+The version is read per datagram (5, 9 or 10 = IPFIX). The datagrams of a call are joined
+into one buffer and walked by a Numba kernel (`capture.flowkernels.walk_datagrams`: headers,
+data sets of known templates, sequence numbers) as long as they are plain v9 / IPFIX data
+datagrams; one that needs more (templates, options, v5, an unknown template, anything
+malformed) is read here in Python in its place, and the walk goes on after it. The data
+records of all data sets of a call are then decoded by one kernel call
+(`capture.flowkernels.decode_sets`) with each set's template as arrays, so no Python runs
+per record, nor per plain datagram. Templates and options live in a
+`capture.flowtemplates.TemplateCache` per (exporter, observation domain, template id); a
+data set whose template is not known yet is held (at most `max_pending` sets, oldest
+dropped and counted as `no_template`) and decoded in the call that brings its template. Sequence numbers are checked per (exporter, domain) as
 nfcapd does: a datagram whose sequence is not the one expected counts a gap.
 
 Malformed input never raises: a datagram (or the rest of it) that cannot be read is counted by
@@ -159,11 +163,74 @@ class _Held:
     uptime_ms: int
 
 
+@dataclass
+class _Walk:
+    """What `fk.walk_datagrams` writes in a call: per datagram (domain, export seconds,
+    version; 0 = not walked by it) and per data set."""
+
+    ctx_dom: np.ndarray
+    ctx_export_s: np.ndarray
+    ctx_ver: np.ndarray
+    s_start: np.ndarray
+    s_end: np.ndarray
+    s_row: np.ndarray
+    s_unix_ms: np.ndarray
+    s_uptime: np.ndarray
+    s_dgram: np.ndarray
+    s_sampling: np.ndarray
+    n_sets: np.ndarray
+
+    @classmethod
+    def make(cls, datagrams: int, size: int) -> _Walk:
+        # room for a set per datagram and one per 256 bytes beyond (a datagram past it is
+        # read in Python instead)
+        cap = datagrams + size // 256 + 16
+        z = np.zeros
+        return cls(z(datagrams, np.int64), z(datagrams, np.int64), z(datagrams, np.int64),
+                   z(cap, np.int64), z(cap, np.int64), z(cap, np.int32), z(cap, np.int64),
+                   z(cap, np.int64), z(cap, np.int64), z(cap, np.uint64), z(1, np.int64))
+
+
+@dataclass
+class _Seq:
+    """The sequence expectations as arrays for the walk (`FlowDecoder._next_seq`)."""
+
+    exp: np.ndarray
+    dom: np.ndarray
+    ver: np.ndarray
+    last: np.ndarray
+    step: np.ndarray
+    gaps: np.ndarray
+    n: np.ndarray
+
+    @property
+    def arrays(self) -> tuple:
+        return self.exp, self.dom, self.ver, self.last, self.step, self.gaps, self.n
+
+    @classmethod
+    def make(cls, expected: dict, code, room: int) -> _Seq:
+        m = len(expected) + room
+        sq = cls(np.zeros(m, np.int32), np.zeros(m, np.int64), np.zeros(m, np.int64),
+                 np.full(m, -1, np.int64), np.zeros(m, np.int64), np.zeros(m, np.int64),
+                 np.array([len(expected)], np.int64))
+        for r, ((e, d, v), x) in enumerate(expected.items()):
+            sq.exp[r], sq.dom[r], sq.ver[r] = code(e), d, v
+            sq.last[r], sq.step[r] = x >> 32, x & 0xFFFF_FFFF
+        return sq
+
+
 class FlowDecoder:
     """Decodes datagrams into NETFLOW columns; owns the templates, the held data sets, the
     sequence expectations and the statistics of one input (module docstring)."""
 
-    def __init__(self, templates: TemplateCache | None = None, max_pending: int = MAX_PENDING):
+    def __init__(self, templates: TemplateCache | None = None, max_pending: int = MAX_PENDING,
+                 wide: bool = False):
+        #: every column 64 bits wide (unsigned ones uint64): what a link's batches hold, so
+        #: the columns go on without a second conversion
+        self.wide = wide
+        #: plain datagrams walked by the kernel (False: each read in Python, the reference
+        #: the tests hold the walk to)
+        self.walk = True
         self.templates = templates if templates is not None else TemplateCache()
         self.stats = FlowStats()
         self.max_pending = max_pending
@@ -178,6 +245,12 @@ class FlowDecoder:
         self._ready: list[_Held] = []
         #: IPFIX data records walked (for the sequence step of a message)
         self._ipfix_records = 0
+        #: exporters by code (the walk's arrays name them by it), and their address halves
+        self._codes: dict[str, int] = {}
+        self._names: list[str] = []
+        self._pair_rows: list[tuple[int, int]] = []
+        self._tk: tuple | None = None
+        self._tk_revision = -1
 
     @property
     def pending(self) -> int:
@@ -187,17 +260,136 @@ class FlowDecoder:
 
     def decode(self, payloads, exporters, arrivals) -> dict[str, np.ndarray]:
         """The records of `payloads` (bytes), sent by `exporters` (addresses as text), received
-        at `arrivals` (ns), as NETFLOW columns (`FLOW_COLUMNS`), in datagram order."""
-        sets = _Sets()
+        at `arrivals` (ns), as NETFLOW columns (`FLOW_COLUMNS`), in datagram order.
+
+        Plain v9 / IPFIX datagrams of known templates are walked by one kernel call
+        (`capture.flowkernels.walk_datagrams`) over the datagrams joined into one buffer; the
+        others (templates, options, v5, anything malformed: a datagram in 64 or fewer in a
+        steady export) are read here one at a time, in their place, and the kernel goes on
+        after them."""
+        n = len(payloads)
+        lens = np.fromiter(map(len, payloads), np.int64, n)
+        return self.decode_joined(b"".join(payloads), lens, exporters, arrivals)
+
+    def decode_joined(self, blob: bytes, lens: np.ndarray, exporters,
+                      arrivals) -> dict[str, np.ndarray]:
+        """`decode` of datagrams given end to end in `blob`, of lengths `lens`."""
+        n = len(lens)
+        buf = np.frombuffer(blob, np.uint8)
+        d_start = np.zeros(n, np.int64)
+        np.cumsum(lens[:-1], out=d_start[1:])
+        code = self._code
+        codes = np.fromiter(map(code, exporters), np.int32, n)
+        arr = np.asarray(arrivals, np.int64) if n else np.zeros(0, np.int64)
+        self.stats.datagrams += n
+        self.stats.bytes += int(lens.sum())
+        w = _Walk.make(n, len(blob))
+        tk = self._kernel_templates()
+        sets = _Sets()                       # the sets of datagrams read here (bytes)
         ctx: list[tuple[str, int, int, int, int]] = []   # exporter, domain, export, arrival, ver
-        for data, exporter, arrival in zip(payloads, exporters, arrivals):
-            self.stats.datagrams += 1
-            self.stats.bytes += len(data)
-            try:
-                self._datagram(bytes(data), str(exporter), int(arrival), sets, ctx)
-            except (struct.error, IndexError, ValueError):     # a cut we did not foresee
-                self.stats.note(str(exporter), "truncated_header")
-        return self._run(sets, ctx)
+        order: list[int] = []                # each of `sets`' datagram (its place)
+        i = 0
+        while i < n:
+            if not self.walk:
+                i = self._read_one(blob, d_start, lens, codes, arr, i, sets, ctx, order)
+                continue
+            sq = self._kernel_sequences()
+            args = (buf, d_start, lens, codes, i, *tk, *sq.arrays, w.ctx_dom, w.ctx_export_s,
+                    w.ctx_ver, w.s_start, w.s_end, w.s_row, w.s_unix_ms, w.s_uptime, w.s_dgram,
+                    w.s_sampling, w.n_sets)
+            i = fk.walk_datagrams(*args)
+            self._sequences_back(sq)
+            if i >= n:
+                break
+            i = self._read_one(blob, d_start, lens, codes, arr, i, sets, ctx, order)
+            tk = self._kernel_templates()
+        fast = np.flatnonzero(w.ctx_ver)
+        self._fast_exports(fast, codes, w, arr)
+        return self._run(buf, w, codes, arr, sets, ctx, order, n)
+
+    def _read_one(self, blob, d_start, lens, codes, arr, i, sets, ctx, order) -> int:
+        """Read datagram i in Python (`_datagram`), its sets in its place; the next one."""
+        exporter = self._names[codes[i]]
+        before = len(sets.start)
+        try:
+            self._datagram(blob[d_start[i]:d_start[i] + lens[i]], exporter, int(arr[i]),
+                           sets, ctx)
+        except (struct.error, IndexError, ValueError):     # a cut we did not foresee
+            self.stats.note(exporter, "truncated_header")
+        order += [i] * (len(sets.start) - before)
+        return i + 1
+
+    def _code(self, exporter) -> int:
+        """The exporter's code (stable over the decoder's life)."""
+        c = self._codes.get(exporter)
+        if c is None:
+            exporter = str(exporter)
+            c = self._codes[exporter] = len(self._names)
+            self._names.append(exporter)
+            self._pair_rows.append(self._pair(exporter))
+        return c
+
+    def _kernel_templates(self) -> tuple:
+        """The template cache as the walk's lookup arrays (remade when it changes)."""
+        tc = self.templates
+        if self._tk is not None and self._tk_revision == tc.revision:
+            return self._tk
+        rows = []
+        for (exporter, domain, tid), (t, row) in tc._templates.items():
+            init = tc.option(exporter, domain, "system_init_ms")
+            sampling = min(tc.option(exporter, domain, "sampling") or 0, 0xFFFF_FFFF)
+            rows.append((self._code(exporter), domain, tid, row, t.fixed_length,
+                         -1 if init is None else init, sampling))
+        cols = list(zip(*rows)) if rows else [()] * 7
+        dtypes = (np.int32, np.int64, np.int64, np.int32, np.int64, np.int64, np.uint64)
+        self._tk = tuple(np.array(c, d) for c, d in zip(cols, dtypes))
+        self._tk_revision = tc.revision
+        return self._tk
+
+    def _kernel_sequences(self) -> _Seq:
+        """The sequence expectations as the walk's arrays (room for new ones)."""
+        return _Seq.make(self._next_seq, self._code, 64)
+
+    def _sequences_back(self, sq: _Seq) -> None:
+        for r in range(int(sq.n[0])):
+            exporter = self._names[sq.exp[r]]
+            dom, ver = int(sq.dom[r]), int(sq.ver[r])
+            if sq.last[r] >= 0:
+                self._next_seq[(exporter, dom, ver)] = (int(sq.last[r]) << 32) | int(sq.step[r])
+            if sq.gaps[r]:
+                g = (exporter, dom)
+                self.stats.gaps[g] = self.stats.gaps.get(g, 0) + int(sq.gaps[r])
+
+    def _fast_exports(self, fast: np.ndarray, codes: np.ndarray, w: _Walk,
+                      arr: np.ndarray) -> None:
+        """The versions seen and each (exporter, domain)'s latest export and arrival, over
+        the datagrams the kernel walked (what `_datagram` notes for the others)."""
+        if not len(fast):
+            return
+        ver = w.ctx_ver[fast]
+        for v, k in zip(*np.unique(ver, return_counts=True)):
+            self.stats.versions[int(v)] = self.stats.versions.get(int(v), 0) + int(k)
+        key = (codes[fast].astype(np.int64) << 32) | w.ctx_dom[fast]
+        uk, inv = np.unique(key, return_inverse=True)
+        exp_max = np.full(len(uk), -1, np.int64)
+        arr_max = np.full(len(uk), -(1 << 63), np.int64)
+        np.maximum.at(exp_max, inv, w.ctx_export_s[fast] * 10**9)
+        np.maximum.at(arr_max, inv, arr[fast])
+        for k, e, a in zip(uk.tolist(), exp_max.tolist(), arr_max.tolist()):
+            self._export(self._names[k >> 32], k & 0xFFFF_FFFF, e, a)
+
+    @staticmethod
+    def warm() -> None:
+        """Compile (or load from Numba's cache) the decoder's kernels by decoding a datagram
+        of each kind of call: a collector does this before it binds its socket, as a compile
+        under load takes seconds, during which the socket's buffer would overflow."""
+        tmpl = struct.pack(">HHHHHHHH", 0, 20, 256, 3, 8, 4, 2, 4) + struct.pack(">HH", 1, 4)
+        data = struct.pack(">HHIII", 256, 16, 0x0A000001, 5, 700)
+        head = struct.pack(">HHIIII", 9, 2, 1000, 1_700_000_000, 0, 0)
+        plain = struct.pack(">HHIIII", 9, 1, 1000, 1_700_000_000, 1, 0) + data
+        for wide in (False, True):
+            dec = FlowDecoder(wide=wide)
+            dec.decode([head + tmpl + data, plain], ["192.0.2.1"] * 2, [0, 1])
 
     def drop_pending(self) -> int:
         """Count the held data sets as `no_template` (the input ended); how many."""
@@ -448,7 +640,10 @@ class FlowDecoder:
 
     # --- the kernel -----------------------------------------------------------------------------
 
-    def _run(self, sets: _Sets, ctx) -> dict[str, np.ndarray]:
+    def _run(self, buf: np.ndarray, w: _Walk, codes: np.ndarray, arr: np.ndarray,
+             sets: _Sets, ctx: list, order: list, n: int) -> dict[str, np.ndarray]:
+        """Decode every data set of the call, the walk's and those read in Python, in
+        datagram order, by one kernel call."""
         ready, self._ready = self._ready, []
         for h in ready:
             found = self.templates.find(h.exporter, h.domain, h.template_id)
@@ -456,58 +651,84 @@ class FlowDecoder:
                 self.stats.note(h.exporter, "no_template")
                 continue
             ctx.append((h.exporter, h.domain, h.export_ns, h.arrival_ns, h.version))
+            before = len(sets.start)
             self._data_set(h.body, h.template_id, h.version, h.exporter, h.domain,
                            h.export_ns // 1_000_000, h.uptime_ms, sets, ctx)
-        buf = np.frombuffer(b"".join(sets.chunks), np.uint8)
-        n_sets = len(sets.start)
+            order += [n] * (len(sets.start) - before)
+        k = int(w.n_sets[0])
+        # the call's contexts: the datagrams' (index = datagram), then those read in Python
+        c_exp = np.concatenate([codes.astype(np.int64),
+                                np.array([self._code(c[0]) for c in ctx], np.int64)])
+        c_dom = np.concatenate([w.ctx_dom, np.array([c[1] for c in ctx], np.int64)])
+        c_export = np.concatenate([w.ctx_export_s * 10**9,
+                                   np.array([c[2] for c in ctx], np.int64)])
+        c_arrival = np.concatenate([arr, np.array([c[3] for c in ctx], np.int64)])
+        c_ver = np.concatenate([w.ctx_ver, np.array([c[4] for c in ctx], np.int64)])
+        if sets.start:
+            extra = np.frombuffer(b"".join(sets.chunks), np.uint8)
+            base = len(buf)
+            buf = np.concatenate([buf, extra])
+            key = np.concatenate([w.s_dgram[:k], np.asarray(order, np.int64)])
+            pick = np.argsort(key, kind="stable")
+            start = np.concatenate([w.s_start[:k], np.asarray(sets.start, np.int64) + base])[pick]
+            end = np.concatenate([w.s_end[:k], np.asarray(sets.end, np.int64) + base])[pick]
+            row = np.concatenate([w.s_row[:k], np.asarray(sets.row, np.int32)])[pick]
+            unix_ms = np.concatenate([w.s_unix_ms[:k], np.asarray(sets.unix_ms, np.int64)])[pick]
+            uptime = np.concatenate([w.s_uptime[:k], np.asarray(sets.uptime_ms, np.int64)])[pick]
+            dgram = np.concatenate([w.s_dgram[:k], np.asarray(sets.dgram, np.int64) + n])[pick]
+            sampling = np.concatenate([w.s_sampling[:k],
+                                       np.asarray(sets.sampling, np.uint64)])[pick]
+        else:
+            start, end, row = w.s_start[:k], w.s_end[:k], w.s_row[:k]
+            unix_ms, uptime, dgram = w.s_unix_ms[:k], w.s_uptime[:k], w.s_dgram[:k]
+            sampling = w.s_sampling[:k]
+        n_sets = len(start)
         tc = self.templates
-        rows = np.asarray(sets.row, np.int32)
-        fixed = np.where(tc.f_len == fk.VARLEN, 1, tc.f_len).sum(axis=1)[rows] \
+        fixed = np.where(tc.f_len == fk.VARLEN, 1, tc.f_len).sum(axis=1)[row] \
             if n_sets else np.zeros(0, np.int64)
-        set_len = np.asarray(sets.end, np.int64) - np.asarray(sets.start, np.int64)
-        cap = int((set_len // np.maximum(fixed, 1)).sum()) if n_sets else 0
+        cap = int(((end - start) // np.maximum(fixed, 1)).sum()) if n_sets else 0
         out = np.zeros((fk.N_SLOTS, cap), np.uint64)
         out_set = np.zeros(cap, np.int64)
         status = np.zeros(n_sets, np.int8)
-        n = fk.decode_sets(buf, np.asarray(sets.start, np.int64), np.asarray(sets.end, np.int64),
-                           rows, np.asarray(sets.unix_ms, np.int64),
-                           np.asarray(sets.uptime_ms, np.int64), tc.f_count, tc.f_slot,
+        m = fk.decode_sets(buf, start, end, row, unix_ms, uptime, tc.f_count, tc.f_slot,
                            tc.f_kind, tc.f_len, out, out_set, status) if n_sets else 0
         for s in np.flatnonzero(status == fk.ST_TRUNCATED_RECORD):
-            self.stats.note(ctx[sets.dgram[s]][0], "truncated_record")
-        out, rec_set = out[:, :n], out_set[:n]
-        self.stats.records += n
-        return self._columns(out, rec_set, sets, ctx)
+            self.stats.note(self._names[c_exp[dgram[s]]], "truncated_record")
+        out, rec_set = out[:, :m], out_set[:m]
+        self.stats.records += m
+        d = dgram[rec_set]
+        return self._columns(out, d, sampling[rec_set], c_exp, c_dom, c_export, c_arrival,
+                             c_ver)
 
-    def _columns(self, out, rec_set, sets: _Sets, ctx) -> dict[str, np.ndarray]:
-        n = out.shape[1]
-        d = np.asarray(sets.dgram, np.int64)[rec_set] if n else np.zeros(0, np.int64)
-        exp_codes: dict[str, int] = {}
-        per_ctx_exp = np.zeros(len(ctx), np.int64)
-        for i, c in enumerate(ctx):
-            per_ctx_exp[i] = exp_codes.setdefault(c[0], len(exp_codes))
-        pairs = np.array([self._pair(e) for e in exp_codes] or [(0, 0)], np.uint64)
-        code = per_ctx_exp[d]
-        ctx_arr = np.array([(c[1], c[2], c[3], c[4]) for c in ctx] or [(0, 0, 0, 0)], np.int64)
+    def _columns(self, out, d, set_sampling, c_exp, c_dom, c_export, c_arrival,
+                 c_ver) -> dict[str, np.ndarray]:
+        """The NETFLOW columns of the decoded records (`out`), each of context `d`."""
+        pairs = np.array(self._pair_rows or [(0, 0)], np.uint64)
+        code = c_exp[d]
         cols: dict[str, np.ndarray] = {}
+        wide = self.wide
         for name, dtype in FLOW_COLUMNS:
             slot = _SLOT_OF.get(name)
             if slot is not None:
-                cols[name] = out[slot].astype(dtype)
+                # wide: the kernel's own 64-bit row, no copy
+                cols[name] = out[slot] if wide else out[slot].astype(dtype)
         cols["first"] = out[fk.S_FIRST].view(np.int64).copy()
         cols["last"] = out[fk.S_LAST].view(np.int64).copy()
         cols["exporter_hi"] = pairs[code, 0]
         cols["exporter_lo"] = pairs[code, 1]
-        cols["domain"] = ctx_arr[d, 0].astype(np.uint32)
-        cols["export"] = ctx_arr[d, 1]
-        cols["arrival"] = ctx_arr[d, 2]
-        cols["version"] = ctx_arr[d, 3].astype(np.uint8)
+        cols["domain"] = c_dom[d].astype(np.uint32)
+        cols["export"] = c_export[d]
+        cols["arrival"] = c_arrival[d]
+        cols["version"] = c_ver[d].astype(np.uint8)
         sampling = out[fk.S_SAMPLING]
-        set_sampling = np.asarray(sets.sampling, np.uint64)[rec_set] if n else sampling
         cols["sampling"] = np.where(sampling != 0, sampling, set_sampling).astype(np.uint32)
         v4 = (out[fk.S_SRC_HI] == 0) & ((out[fk.S_SRC_LO] >> np.uint64(32)) == 0xFFFF)
         ipv = out[fk.S_IPVERSION].astype(np.uint8)
         cols["ipversion"] = np.where(ipv != 0, ipv, np.where(v4, 4, 6)).astype(np.uint8)
+        if wide:
+            return {name: cols[name] if cols[name].dtype.itemsize == 8 or
+                    cols[name].dtype.kind == "i" else cols[name].astype(np.uint64)
+                    for name, _ in FLOW_COLUMNS}
         return {name: cols[name] for name, _ in FLOW_COLUMNS}
 
     def _pair(self, exporter: str) -> tuple[int, int]:

@@ -42,6 +42,15 @@ _NTP_EPOCH_OFFSET_S = 2208988800
 
 @ngjit_inline
 def _be(buf, p, n):
+    # the common widths spelled out: a loop of unknown count per field costs more than the
+    # record's other work
+    if n == 4:
+        return ((np.uint64(buf[p]) << np.uint64(24)) | (np.uint64(buf[p + 1]) << np.uint64(16))
+                | (np.uint64(buf[p + 2]) << np.uint64(8)) | np.uint64(buf[p + 3]))
+    if n == 2:
+        return (np.uint64(buf[p]) << np.uint64(8)) | np.uint64(buf[p + 1])
+    if n == 1:
+        return np.uint64(buf[p])
     v = np.uint64(0)
     for i in range(n):
         v = (v << np.uint64(8)) | np.uint64(buf[p + i])
@@ -146,3 +155,136 @@ def decode_sets(buf, set_start, set_end, set_tmpl, set_unix_ms, set_uptime_ms,
             n += 1
             p = q
     return n
+
+
+# --- the walk over whole datagrams ---------------------------------------------------------
+
+@ngjit_inline
+def _be16(buf, p):
+    return (np.int64(buf[p]) << 8) | np.int64(buf[p + 1])
+
+
+@ngjit_inline
+def _be32(buf, p):
+    return ((np.int64(buf[p]) << 24) | (np.int64(buf[p + 1]) << 16)
+            | (np.int64(buf[p + 2]) << 8) | np.int64(buf[p + 3]))
+
+
+@ngjit_inline
+def _find_template(tk_exp, tk_dom, tk_tid, n_tk, exp, dom, tid):
+    for k in range(n_tk):
+        if tk_tid[k] == tid and tk_dom[k] == dom and tk_exp[k] == exp:
+            return k
+    return -1
+
+
+@ngjit
+def walk_datagrams(buf, d_start, d_len, d_exp, first,
+                   tk_exp, tk_dom, tk_tid, tk_row, tk_fixed, tk_init, tk_sampling,
+                   sq_exp, sq_dom, sq_ver, sq_last, sq_step, sq_gaps, n_sq,
+                   ctx_dom, ctx_export_s, ctx_ver,
+                   s_start, s_end, s_row, s_unix_ms, s_uptime, s_dgram, s_sampling, n_sets):
+    """Walk datagrams `first`, `first + 1`, ... (buf[d_start[i]:d_start[i] + d_len[i]], sent
+    by exporter code d_exp[i]) while they are plain v9 / IPFIX datagrams of data sets whose
+    template is known (`tk_*`, a row per (exporter, domain, template id): kernel row, fixed
+    length, IPFIX boot time ms or -1, sampling interval): each datagram's domain, export
+    seconds and version go to `ctx_*[i]`, its data sets to the `s_*` arrays (from
+    `n_sets[0]`, which is advanced; set bounds index `buf`), its sequence number is checked
+    against `sq_*` (a row per (exporter, domain, version): the last sequence and its step,
+    gaps counted; rows added from `n_sq[0]`, -1 = no room). Stops at the first datagram that
+    needs more (another version, a template or options set, an unknown template, options
+    data, anything malformed) and returns its index (len(d_start): all walked); the caller
+    reads that one its own way and calls again after it."""
+    n_tk = len(tk_exp)
+    cap_sq = len(sq_exp)
+    for i in range(first, len(d_start)):
+        p0 = d_start[i]
+        ln = d_len[i]
+        if ln < 20:
+            return i
+        version = _be16(buf, p0)
+        if version == 9:
+            seq = _be32(buf, p0 + 12)
+            dom = _be32(buf, p0 + 16)
+            secs = _be32(buf, p0 + 8)
+            uptime = _be32(buf, p0 + 4)
+            pos = p0 + 20
+            end = p0 + ln
+        elif version == 10:
+            length = _be16(buf, p0 + 2)
+            if length < 16 or length > ln:
+                return i
+            secs = _be32(buf, p0 + 4)
+            seq = _be32(buf, p0 + 8)
+            dom = _be32(buf, p0 + 12)
+            uptime = np.int64(0)
+            pos = p0 + 16
+            end = p0 + length
+        else:
+            return i
+        exp = d_exp[i]
+        mark = n_sets[0]
+        records = np.int64(0)
+        slow = False
+        while pos + 4 <= end:
+            set_id = _be16(buf, pos)
+            slen = _be16(buf, pos + 2)
+            if slen < 4 or pos + slen > end or set_id < 256:
+                slow = True
+                break
+            k = _find_template(tk_exp, tk_dom, tk_tid, n_tk, exp, dom, set_id)
+            if k < 0 or tk_row[k] < 0:
+                slow = True                 # held for its template, or options data
+                break
+            body = pos + 4
+            blen = slen - 4
+            m = n_sets[0]
+            if m >= len(s_start):
+                slow = True
+                break
+            unix_ms = secs * 1000
+            up = uptime
+            if version == 10:
+                up = ((unix_ms - tk_init[k]) & 0xFFFF_FFFF) if tk_init[k] >= 0 else 0
+                if tk_fixed[k] > 0:
+                    records += blen // tk_fixed[k]
+            s_start[m] = body
+            s_end[m] = body + blen
+            s_row[m] = tk_row[k]
+            s_unix_ms[m] = unix_ms
+            s_uptime[m] = up
+            s_dgram[m] = i
+            s_sampling[m] = tk_sampling[k]
+            n_sets[0] = m + 1
+            pos += slen
+        if slow:
+            n_sets[0] = mark
+            return i
+        # the sequence, as the Python reader checks it (FlowDecoder._sequence)
+        step = np.int64(1) if version == 9 else records
+        q = -1
+        for r in range(n_sq[0]):
+            if sq_exp[r] == exp and sq_dom[r] == dom and sq_ver[r] == version:
+                q = r
+                break
+        if q < 0:
+            if n_sq[0] >= cap_sq:
+                n_sets[0] = mark
+                return i                    # no room: the caller grows the table
+            q = n_sq[0]
+            n_sq[0] = q + 1
+            sq_exp[q] = exp
+            sq_dom[q] = dom
+            sq_ver[q] = version
+        elif sq_last[q] >= 0:
+            ok = seq == ((sq_last[q] + sq_step[q]) & 0xFFFF_FFFF)
+            if version == 10 and not ok:
+                ok = seq == ((sq_last[q] + step) & 0xFFFF_FFFF)
+            if not ok:
+                sq_gaps[q] += 1
+        sq_last[q] = seq
+        sq_step[q] = step & 0xFFFF_FFFF
+        ctx_dom[i] = dom
+        ctx_export_s[i] = secs
+        ctx_ver[i] = version
+    return len(d_start)

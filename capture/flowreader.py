@@ -6,8 +6,9 @@ Each (exporter, observation domain) is a sub-link: its records arrive in order o
 disordered on flow start by up to the exporter's active timeout (a router purges its cache
 in blocks). The link's clock is the field its queries window on (`RecordFormat.clock`):
 `first` (flow start) or `last` (flow end). A sub-link's punctuation is the export time of its
-latest datagram minus a lag: for `first` the active timeout (`active_timeout_ns`, or the
-exporter's own, learned from its options); for `last` the idle timeout when known
+latest datagram minus a lag: for `first` the active timeout (the operator's for that exporter,
+`exporter_timeouts_ns`, else the exporter's own, learned from its options, else the operator's
+for all, `active_timeout_ns`); for `last` the idle timeout when known
 (`idle_timeout_ns`, or the exporter's `flowIdleTimeout`: a flow leaves the cache at most that
 long after its last packet), else the active timeout too (a flow ends after it starts). Taking
 the export time itself would hold for records ordered by flow end; softflowd's end-of-capture
@@ -33,8 +34,10 @@ the low level's open windows, not the active timeout's records.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +67,10 @@ class FlowReaderStats(FlowStats):
     late: int = 0
     problems: list | None = None
     late_by_clock: dict | None = None
+    #: a collector's datagrams dropped by the kernel at its socket (buffer full; None: not
+    #: a collector) and by its own queue (`capture.flowsource.UdpCollector`)
+    socket_drops: int | None = None
+    queue_drops: int = 0
 
     def __post_init__(self) -> None:
         if self.problems is None:
@@ -78,8 +85,22 @@ class FlowReaderStats(FlowStats):
         """`13 datagrams (v9: 13), 0 sequence gaps, 0 late records` for the run summary."""
         versions = ", ".join(f"v{v}: {n}" for v, n in sorted(self.versions.items()))
         gaps = ", ".join(f"{e}/{d}: {n}" for (e, d), n in self.gaps.items())
+        drops = "" if self.socket_drops is None else (
+            f", {self.socket_drops} datagrams dropped at the socket (its buffer full), "
+            f"{self.queue_drops} by the collector's queue")
         return (f"{self.datagrams} datagrams ({versions or 'none'}), {self.sequence_gaps} "
-                f"sequence gaps{f' ({gaps})' if gaps else ''}, {self.late} late records")
+                f"sequence gaps{f' ({gaps})' if gaps else ''}, {self.late} late records"
+                + drops)
+
+
+def exporter_key(text: str) -> str:
+    """An exporter's address as the sub-links are keyed (`192.0.2.1`, `2001:db8::1`): the
+    canonical text, an IPv4-mapped IPv6 address as its IPv4 (a dual-stack socket's view);
+    ValueError when `text` is no IP address."""
+    ip = ipaddress.ip_address(text.strip().strip("[]"))
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip)
 
 
 class FlowMeld:
@@ -88,8 +109,15 @@ class FlowMeld:
 
     def __init__(self, active_timeout_ns: int = DEFAULT_ACTIVE_TIMEOUT_NS,
                  clock: str = "first", idle_timeout_ns: int | None = None,
-                 lull_slack_ns: int = 0):
+                 lull_slack_ns: int = 0,
+                 exporter_timeouts_ns: Mapping[str, int] | None = None):
         self.active_timeout_ns = int(active_timeout_ns)
+        #: the operator's active timeout of some exporters (their address, `exporter_key`):
+        #: above the exporter's own, which may be wrong (a router's option template saying
+        #: 30 min while it purges every minute)
+        self.exporter_timeouts_ns = {exporter_key(e): int(t)
+                                     for e, t in (exporter_timeouts_ns or {}).items()}
+        self._keys: dict[str, str | None] = {}
         #: a silence is carried forward less this (datagrams' delays differ by up to it)
         self.lull_slack_ns = int(lull_slack_ns)
         self.idle_timeout_ns = None if idle_timeout_ns is None else int(idle_timeout_ns)
@@ -104,12 +132,27 @@ class FlowMeld:
             # an exporter's own timeout, when sane (a day at most)
             return s * 10**9 if s and s <= 86400 else default
 
-        active = option("active_timeout_s", self.active_timeout_ns)
+        active = self._operators(exporter)
+        if active is None:
+            active = option("active_timeout_s", self.active_timeout_ns)
         assert active is not None
         if self.clock != "last":
             return active, active
         idle = option("idle_timeout_s", self.idle_timeout_ns)
         return active, active if idle is None else min(idle, active)
+
+    def _operators(self, exporter: str) -> int | None:
+        """The operator's active timeout of `exporter` (None: none given for it)."""
+        if not self.exporter_timeouts_ns:
+            return None
+        key = self._keys.get(exporter, "")
+        if key == "":
+            try:
+                key = exporter_key(exporter)
+            except ValueError:
+                key = None
+            self._keys[exporter] = key
+        return None if key is None else self.exporter_timeouts_ns.get(key)
 
     def punctuation(self, decoder: FlowDecoder, now: int | None = None) -> int | None:
         """The meld's punctuation at `now` (our clock, ns; default: the latest arrival), or
@@ -180,6 +223,7 @@ class FlowReader:
                  batch_size: int = 65536, *, port: int | None = None,
                  active_timeout_ns: int = DEFAULT_ACTIVE_TIMEOUT_NS,
                  idle_timeout_ns: int | None = None, lull_slack_ns: int = 10**9,
+                 exporter_timeouts_ns: Mapping[str, int] | None = None,
                  decoder: FlowDecoder | None = None, stop=None, state_path=None,
                  clocks: tuple[str, ...] = (), **_options):
         self.path = str(path)
@@ -192,6 +236,7 @@ class FlowReader:
         self._state_path = None if state_path is None else Path(state_path)
         if decoder is None:
             decoder = self._load_state() or FlowDecoder()
+        decoder.wide = True
         self.decoder = decoder
         self._saved = self.decoder.templates.revision
         self.decoder.stats = FlowReaderStats()
@@ -200,7 +245,8 @@ class FlowReader:
         #: a meld per clock punctuated: the reader's own, and `clocks` (a served link's
         #: queries may window on either: each batch carries the punctuation of every one,
         #: `RecordBatch.punctuations`); a meld costs a pass over the sub-links per decode
-        self.melds = {c: FlowMeld(active_timeout_ns, c, idle_timeout_ns, lull_slack_ns)
+        self.melds = {c: FlowMeld(active_timeout_ns, c, idle_timeout_ns, lull_slack_ns,
+                                  exporter_timeouts_ns)
                       for c in dict.fromkeys((self.clock, *clocks))}
         self.meld = self.melds[self.clock]
         self._stop = stop
@@ -210,6 +256,7 @@ class FlowReader:
         self._collector: UdpCollector | None = None
         self._datagrams = Datagrams()
         if address is not None:
+            FlowDecoder.warm()               # before the socket fills (FlowDecoder.warm)
             try:
                 self._collector = UdpCollector(*address)
             except OSError as exc:
@@ -224,6 +271,9 @@ class FlowReader:
         assert isinstance(s, FlowReaderStats)
         s.late = self.meld.late
         s.late_by_clock = {c: m.late for c, m in self.melds.items()}
+        if self._collector is not None:
+            s.socket_drops = self._collector.kernel_drops
+            s.queue_drops = self._collector.dropped
         return s
 
     @property
@@ -297,21 +347,33 @@ class FlowReader:
         self.decoder.drop_pending()
 
     def _collect(self):
-        """A collector's records until `stop` says so."""
+        """A collector's records until `stop` says so, then those of the datagrams it had
+        received (queued behind the decoder: a burst, or a busy machine), so that a datagram
+        received is decoded or counted, never lost at the stop."""
         assert self._collector is not None
         while not self._stopped():
-            dg = self._collector.receive(0.1)
-            if not len(dg):
+            blob, lengths, exporters, arrivals = self._collector.receive_joined(0.1)
+            if not len(lengths):
                 # a quiet slice: the punctuation goes on by the wall clock
                 given = self._given()
                 p = self._advance(time.time_ns())
                 if self.idle_batches or p != given:
                     yield self._batch(_no_records(), p)
                 continue
-            cols = self.decoder.decode(dg.payloads, dg.exporters, dg.arrivals)
-            self._save_state()
-            yield from self._release(cols, time.time_ns())
+            yield from self._joined(blob, lengths, exporters, arrivals)
+        while not self._closed:
+            blob, lengths, exporters, arrivals = self._collector.receive_joined(0)
+            if not len(lengths):
+                break
+            yield from self._joined(blob, lengths, exporters, arrivals)
         self.decoder.drop_pending()
+
+    def _joined(self, blob, lengths, exporters, arrivals):
+        cols = self.decoder.decode_joined(blob, lengths, exporters, arrivals)
+        self._save_state()
+        # silence is measured up to the latest datagram handled, not the wall clock: a
+        # backlog in the collector's queue is no silence of the exporters
+        yield from self._release(cols, max(arrivals))
 
     def _release(self, cols: dict[str, np.ndarray], now: int | None):
         """The batches of records just decoded, the last with the punctuation after them."""
@@ -349,8 +411,8 @@ class FlowReader:
             for c in field_columns(f):
                 if c not in out:
                     v = cols[c]
-                    # no copy where the decoder made the type already (first, last: the
-                    # lanes stamp their records with these columns, shared)
+                    # a no-op for the decoder's wide columns (`FlowDecoder.wide`); first and
+                    # last are shared with the lanes, which stamp their records with them
                     out[c] = v.astype(np.int64 if f.type in ("llong", "int") else np.uint64,
                                       copy=False)
         return RecordBatch(self.link, out, np.arange(m, dtype=np.int64), False,

@@ -315,6 +315,7 @@ def open_records(path: str | os.PathLike, fmt: RecordFormat, link: str | None = 
     options.pop("active_timeout_ns", None)
     options.pop("idle_timeout_ns", None)
     options.pop("lull_slack_ns", None)
+    options.pop("exporter_timeouts_ns", None)
     if fmt.kind.lower() == "gdat":
         return GdatReader(path, fmt, link, batch_size, **options)
     return RecordReader(path, fmt, link, batch_size, **options)

@@ -83,6 +83,24 @@ def spark_warmup() -> bool:
     return _flag("OOPSCOPE_SPARK_WARMUP")
 
 
+def netflow_receive_buffer() -> int:
+    """Bytes of receive buffer a NETFLOW collector's socket asks for
+    (`OOPSCOPE_NETFLOW_RCVBUF`; default 64 MiB, ~1.5 s of datagrams at a million records a
+    second: as root forced past net.core.rmem_max, else capped by it)."""
+    text = os.environ.get("OOPSCOPE_NETFLOW_RCVBUF", "").strip()
+    default = 64 << 20
+    if not text:
+        return default
+    try:
+        return max(4096, int(text))
+    except ValueError:
+        if "OOPSCOPE_NETFLOW_RCVBUF" not in _warned:
+            _warned.add("OOPSCOPE_NETFLOW_RCVBUF")
+            log.warning("OOPSCOPE_NETFLOW_RCVBUF=%r is not a number of bytes; %d is used",
+                        text, default)
+        return default
+
+
 def executor_check_timeout() -> float:
     """Seconds a cluster's executors have to answer the start check (0: none is made)."""
     text = os.environ.get("OOPSCOPE_EXECUTOR_CHECK_TIMEOUT", "").strip()

@@ -45,7 +45,7 @@ from lowlevel.engine import HashAggregator, Partials
 from lowlevel.errors import LowLevelError
 from lowlevel.flowtable import FlowAggregator
 from lowlevel.partials import KeySpec, PartialSchema, encode_key, key_width
-from lowlevel.sizing import TableSizer, first_slots
+from lowlevel.sizing import ADAPTIVE_PROBES, TableSizer, first_slots
 from lowlevel.strings import StringOrder, move_ranks
 from lowlevel.values import StringCodes, promote_ip
 from queries.plan import FLUSH_POLICIES, LowLevelPlan
@@ -86,6 +86,8 @@ def _default_evaluate():
 
 #: rows `oopscope run` lets an operator hold before handing them out (see `hold_rows`)
 HOLD_ROWS = 8192
+#: the probes of a fixed table and a flow table (an adaptive one: `sizing.ADAPTIVE_PROBES`)
+FIXED_PROBES = 2
 
 
 class LowLevelOperator:
@@ -96,12 +98,14 @@ class LowLevelOperator:
     with the batch instead (handy for tools that build plans without GSQL text).
     """
 
-    def __init__(self, plan: LowLevelPlan, *, probes: int = 2,
+    def __init__(self, plan: LowLevelPlan, *, probes: int | None = None,
                  evaluate: Callable | None = None, hold_rows: int = 0,
                  punctuation_flush: bool = False,
                  allow_slots: Callable[[int], bool] | None = None,
                  start_slots: int | None = None):
         self.plan = plan
+        # probes: slots a packet tries before evicting; None: ADAPTIVE_PROBES for an adaptive
+        # table (`lowlevel.sizing`), FIXED_PROBES for a fixed one and a flow table
         # allow_slots(n): whether the memory budget lets this operator's table grow to n
         # slots (an adaptive table's, `lowlevel.sizing`; None: no budget but the plan's cap)
         # start_slots: the size an adaptive table had when its query last ran (a resumed run,
@@ -164,7 +168,8 @@ class LowLevelOperator:
                 self.engine = FlowAggregator(
                     self.layout, self.schema.nkeys - 1, plan.slots, pane_ns=w.pane_ns,
                     offset_ns=w.offset_ns, idle_ns=self._flow.idle_ns,
-                    reason_state=self._flow.reason, link=plan.link, probes=probes)
+                    reason_state=self._flow.reason, link=plan.link,
+                    probes=FIXED_PROBES if probes is None else probes)
             except ValueError as exc:
                 raise LowLevelError(f"{where}: {exc}") from None
         elif w is not None:
@@ -174,7 +179,9 @@ class LowLevelOperator:
                 self.engine = HashAggregator(
                     self.layout, self.schema.nkeys, slots, pane_ns=w.pane_ns,
                     offset_ns=w.offset_ns, flush=plan.flush, slow_flush=plan.slow_flush,
-                    max_disorder=plan.max_disorder, probes=probes,
+                    max_disorder=plan.max_disorder,
+                    probes=probes if probes is not None
+                    else ADAPTIVE_PROBES if plan.max_slots else FIXED_PROBES,
                     hold_rows=self.hold_rows if plan.late != "correct" else 0,
                     punctuation_flush=punctuation_flush,
                     sizer=TableSizer(slots, plan.max_slots, allow=allow_slots)

@@ -134,3 +134,37 @@ def test_records_leave_as_decoded_with_the_punctuation(v9, tmp_path, clock):
         given = b.punctuation
     assert any((np.diff(b["timestamp"]) < 0).any() for b in batches)      # disordered
     assert reader.stats.late == 0 and reader.punctuation == given
+
+
+def ipfix_active_timeout(seconds: int, export_s: int, domain: int = 0) -> bytes:
+    """An IPFIX datagram of an options template (scope: exportingProcessId) and its record
+    giving the exporter's flowActiveTimeout (IE 36), as a router sends it."""
+    tmpl = struct.pack(">HHHHHHHH", 3, 18, 300, 2, 1, 144, 4, 36) + struct.pack(">H", 2)
+    data = struct.pack(">HHIH", 300, 10, 1, seconds) + b"\0\0"
+    body = tmpl + data
+    return struct.pack(">HHIII", 10, 16 + len(body), export_s, 0, domain) + body
+
+
+def test_the_operators_timeout_of_an_exporter_goes_first(v9):
+    """Three exporters on one link, operator's timeout 1 h for all and 60 s for .1: .1 and
+    .2 say theirs is 120 s (an options record), .3 says nothing. .1 is taken at the
+    operator's word, .2 at its own, .3 at the operator's for all; the link's punctuation is
+    the smallest of the three export times less their own lag."""
+    export_s = struct.unpack_from(">I", v9[0], 8)[0]
+    dec = FlowDecoder()
+    meld = FlowMeld(3600 * S, exporter_timeouts_ns={"192.0.2.1": 60 * S})
+    for exporter in ("192.0.2.1", "192.0.2.2"):
+        dec.decode([ipfix_active_timeout(120, export_s)], [exporter], [0])
+    feed = [(d, e) for d in v9 for e in ("192.0.2.1", "192.0.2.2", "192.0.2.3")]
+    cols = dec.decode([d for d, _ in feed], [e for _, e in feed], [0] * len(feed))
+    assert len(cols["first"]) == 3 * 394 and dec.stats.malformed == 0
+    lags = {e: meld._timeouts(dec, e, 0) for e in ("192.0.2.1", "192.0.2.2", "192.0.2.3")}
+    assert lags == {"192.0.2.1": (60 * S, 60 * S), "192.0.2.2": (120 * S, 120 * S),
+                    "192.0.2.3": (3600 * S, 3600 * S)}
+    marks = {e: dec.latest_export[(e, 0)] - lags[e][1] for e in lags}
+    assert meld.punctuation(dec) == min(marks.values()) == marks["192.0.2.3"]
+    # the operator's key is an address, however written (a dual-stack socket's view of .1)
+    mapped = FlowMeld(3600 * S, exporter_timeouts_ns={"::ffff:192.0.2.1": 60 * S})
+    assert mapped._timeouts(dec, "192.0.2.1", 0) == (60 * S, 60 * S)
+    # without the operator's value for .1 it is taken at its own word too
+    assert FlowMeld(3600 * S)._timeouts(dec, "192.0.2.1", 0) == (120 * S, 120 * S)

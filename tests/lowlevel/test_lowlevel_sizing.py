@@ -196,3 +196,37 @@ def test_planner_sizes_from_defines():
     low = plan_text(q.format(d="expected_groups 300000;"), ["main"],
                     overrides={"aggregate_slots": "4"}).queries[0].low[0]
     assert (low.slots, low.max_slots) == (4, 0)
+
+
+def test_adaptive_tables_probe_more_slots_than_fixed_ones():
+    from lowlevel.operator import FIXED_PROBES, LowLevelOperator
+    from lowlevel.sizing import ADAPTIVE_PROBES
+    from tools.experiments.q81 import q81_plan
+
+    q = "DEFINE { query_name q; } SELECT tb, srcIP, count(*) FROM main.IPV4 GROUP BY time/10 " \
+        "AS tb, srcIP"
+    adaptive = plan_text(q, ["main"]).queries[0].low[0]
+    fixed = plan_text(q, ["main"], overrides={"aggregate_slots": "4096"}).queries[0].low[0]
+    assert ADAPTIVE_PROBES > FIXED_PROBES
+    assert LowLevelOperator(adaptive).engine.probes == ADAPTIVE_PROBES
+    assert LowLevelOperator(fixed).engine.probes == FIXED_PROBES
+    # the IOP-vs-OOP experiments model Gigascope's fixed table with its probes
+    assert LowLevelOperator(q81_plan(4096, "iop_slow")).engine.probes == FIXED_PROBES
+    assert LowLevelOperator(adaptive, probes=1).engine.probes == 1
+
+
+def test_a_third_probe_cuts_the_evictions_at_the_target_load():
+    """At the load an adaptive table is sized for, most groups that two probes evict find
+    room in a third: fewer partial rows per group and window."""
+    layout = StateLayout([AggSpec("cnt", "count")])
+    evictions = {}
+    for probes in (2, 3):
+        rng = np.random.default_rng(35)
+        agg = HashAggregator(layout, 1, slots_for(1500), pane_ns=10, probes=probes,
+                             punctuation_flush=True)
+        out: list = []
+        for w in range(4):
+            feed(agg, rng, w, 1500, 20_000, out)
+        out += agg.finish()[0]
+        evictions[probes] = sum(len(c) for c in out) - 4 * 1500
+    assert evictions[3] < evictions[2] / 2, evictions

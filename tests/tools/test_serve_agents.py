@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO
-from tests.tools.serving import Server, per_window, read_output, wait_for
+from tests.tools.serving import Server, metric_samples, per_window, read_output, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -125,6 +125,13 @@ def test_a_query_on_an_agents_link(ten_seconds_pcap, tmp_path):
         assert re.search(r"edge-host\s+running\s+.*\s+edge\s+.*persec", st), st
         q = server.client.queries()[0]
         assert q["partial_rows"] > 0 and q["links"] == ["edge"], q
+        # its table is the agent's: the server shows its size (the default, or the smallest
+        # once a few windows of one group each let it shrink) and the reduction over its rows
+        assert q["slots"] in (1024, 65536), q
+        assert q["partials_per_row"] == pytest.approx(q["partial_rows"] / q["rows_out"],
+                                                      abs=1e-3), q
+        beat = json.loads((shared / "agents" / "edge-host.json").read_text())
+        assert beat["tables"]["persec"]["edge"]["slots"] in (1024, 65536), beat
 
         cancelled_at = time.time_ns()
         res = server.cli("cancel", "persec")
@@ -140,6 +147,18 @@ def test_a_query_on_an_agents_link(ten_seconds_pcap, tmp_path):
             in agent.log()
         tail_out, tail_err = tail.communicate(timeout=60)
         assert "ended" in tail_err
+        # what it ended with: the agent's table and partial rows, over the rows written,
+        # the same in `queries` and the metrics (the agent's partial rows as it reported
+        # them before the cancel: those of the windows it closed after are not counted)
+        q = next(q for q in server.client.queries() if q["name"] == "persec")
+        done = read_output(out)[0].num_rows
+        assert q["state"] == "cancelled" and q["rows_out"] == done, q
+        assert q["slots"] in (1024, 65536), q
+        assert q["partials_per_row"] == pytest.approx(q["partial_rows"] / done, abs=1e-3)
+        m = metric_samples(server.client)
+        assert m[("oopscope_query_table_slots", (("query", "persec"),))] == q["slots"]
+        assert m[("oopscope_query_partials_per_row", (("query", "persec"),))] == \
+            q["partials_per_row"] > 0
 
         # an agent killed while it runs a query: the cancel still closes every window
         again = server.client.submit(text=PER_SECOND, file="persec.gsql", name="again")

@@ -34,9 +34,13 @@ def _send(port: int, datagrams: list[bytes]) -> None:
             time.sleep(0.002)
 
 
-def _netflow(server: Server) -> dict:
+def _link(server: Server) -> dict:
     (link,) = [s for s in server.client.status()["links"] if s["name"] == "r1"]
-    return link["netflow"]
+    return link
+
+
+def _netflow(server: Server) -> dict:
+    return _link(server)["netflow"]
 
 
 def _start(args: list[str], state: Path, log: Path, port: int) -> Server:
@@ -244,3 +248,57 @@ def test_a_netflow_link_that_cannot_open_stops_the_start(tmp_path):
             line = proc.stderr.strip()
             assert "\n" not in line and f"--netflow-in r1={source}: " in line, line
             assert why in line, line
+
+
+def test_socket_drops_of_a_paused_collector_shown(pcaps_dir, tmp_path, monkeypatch):
+    """The server is stopped (SIGSTOP) while 20000 real v9 datagrams flood its collector:
+    the socket's buffer holds a few thousand, the kernel drops the rest. Continued, the
+    server reads the drops from /proc/net/udp; `status`, its line of `oopscope status` and
+    /metrics show them, and every datagram sent is accounted for: decoded, or dropped at
+    the socket or by the collector's queue.
+
+    The server takes the operator's active timeout of the exporter (127.0.0.1=7s, beside
+    the 30 min of the rest): the link's punctuation is its export time less 7 s, not 30 min.
+    """
+    # a small socket buffer, as the test's flood means to overflow it (the default holds it)
+    monkeypatch.setenv("OOPSCOPE_NETFLOW_RCVBUF", str(1 << 21))
+    import os
+    import signal
+    import struct
+
+    from capture.flowsource import read_datagrams
+
+    real = read_datagrams(pcaps_dir / "netflowv9.pcap").payloads
+    (export_s,) = {struct.unpack_from(">I", d, 8)[0] for d in real}
+    port = free_udp_port()
+    server = _start(["--netflow-in", f"r1=127.0.0.1:{port}", "--netflow-in-active-timeout",
+                     "127.0.0.1=7s"], tmp_path / "state", tmp_path / "serve.log", port)
+    assert server.proc is not None
+    sent = 20000
+    try:
+        nf = _netflow(server)
+        assert nf["socket_drops"] == 0 and nf["queue_drops"] == 0
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                for i in range(sent):
+                    s.sendto(real[i % len(real)], ("127.0.0.1", port))
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        nf = wait_for(lambda: (n := _netflow(server))["datagrams"] + n["socket_drops"]
+                      + n["queue_drops"] == sent and n, 60, "every datagram accounted for")
+        assert nf["socket_drops"] > 1000 and nf["datagrams"] > 1000, nf
+        (link,) = [s for s in server.client.status()["links"] if s["name"] == "r1"]
+        assert link["kernel_drops"] == nf["socket_drops"]
+        punctuation = wait_for(lambda: _link(server)["punctuation_ns"], 30, "a punctuation")
+        assert (export_s - 7) * 10**9 <= punctuation < (export_s + 60) * 10**9
+        metrics = metric_samples(server.client)
+        r1 = (("link", "r1"),)
+        assert metrics[("oopscope_link_netflow_socket_drops_total", r1)] == nf["socket_drops"]
+        assert metrics[("oopscope_link_netflow_queue_drops_total", r1)] == nf["queue_drops"]
+        assert metrics[("oopscope_link_kernel_drops_total", r1)] == nf["socket_drops"]
+        status = server.cli("status").stdout
+        assert f"{nf['socket_drops']} datagrams dropped at the socket, {nf['queue_drops']} " \
+            "by the collector's queue" in status, status
+    finally:
+        assert server.stop() == 0, server.log()

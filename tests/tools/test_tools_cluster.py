@@ -89,9 +89,14 @@ def test_two_agents_and_a_collector_on_a_standalone_cluster(two_links, reference
     spool = tmp_path / "spool"
     agents = [_agent(query, link, pcap, spool, f"host-{link}", tmp_path / f"{link}.log")
               for link, pcap in two_links.items()]
+    lent = []
     for proc, link in zip(agents, two_links):
         text = _finish(proc, tmp_path / f"{link}.log")
         assert f"agent host-{link} ended: end of input" in text
+        m = re.search(r"query per_window: (\d+) partial rows in \d+ spool files, .*; "
+                      r"table ([\d,]+) slots", text)
+        assert m, text[-2000:]
+        lent.append((int(m[1]), int(m[2].replace(",", ""))))
     out = tmp_path / "cluster.csv"
     log = tmp_path / "collect.log"
     with LocalCluster(cores=1, memory="1g", workdir=str(tmp_path / "cluster")) as url:
@@ -105,6 +110,16 @@ def test_two_agents_and_a_collector_on_a_standalone_cluster(two_links, reference
     assert "run ended: end of input" in text
     assert len(want) > 100
     assert_same_rows(out, want, plan.query("per_window"))
+    # the collector shows the agents' tables and how much their low level reduced
+    m = re.search(r"query per_window: (\d+) rows -> .*; (\d+) partial rows in \d+ spool "
+                  r"files, .*; table ([\d,]+) slots \(\d+ resizes\), ([\d.]+) partial rows "
+                  r"per result row", text)
+    assert m, text[-2000:]
+    rows, partials, slots = int(m[1]), int(m[2]), int(m[3].replace(",", ""))
+    assert rows == len(pd.read_csv(out)) == len(want)
+    assert partials == sum(p for p, _ in lent) and partials >= rows
+    assert slots == sum(s for _, s in lent) > 0
+    assert float(m[4]) == pytest.approx(partials / rows, abs=0.006)
     # the same rows as one process over both files
     single = tmp_path / "single.csv"
     code, _, err = run_cli(["run", str(query), "--link", f"l0={two_links['l0']}", "--link",
@@ -279,7 +294,10 @@ def test_an_agent_refuses_a_link_another_agent_captures(tmp_path):
 def test_an_agent_collecting_netflow_feeds_collect(pcaps_dir, tmp_path):
     """`oopscope agent QUERY --netflow-in r1=127.0.0.1:PORT`: softflowd's IPFIX datagrams
     received by the agent, its partial rows melded by `oopscope collect`: per 5-tuple sums of
-    packets and bytes equal nfdump's over the same datagrams."""
+    packets and bytes equal nfdump's over the same datagrams. The agent takes the operator's
+    active timeout of the exporter (127.0.0.1=1h; with the 5 s given for every exporter,
+    softflowd's end-of-capture dump would come late and be dropped), and its heartbeat says
+    its collector's socket dropped nothing."""
     import json
     import socket
 
@@ -299,7 +317,8 @@ def test_an_agent_collecting_netflow_feeds_collect(pcaps_dir, tmp_path):
     with open(log, "ab") as out:
         agent = subprocess.Popen(_cli("agent", str(query), "--netflow-in",
                                       f"r1=127.0.0.1:{port}", "--spool", str(spool),
-                                      "--host-id", "nf"),
+                                      "--host-id", "nf", "--netflow-in-active-timeout", "5s",
+                                      "--netflow-in-active-timeout", "127.0.0.1=1h"),
                                  cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                                  start_new_session=True)
     beat = heartbeat_path(spool, "nf")
@@ -321,11 +340,13 @@ def test_an_agent_collecting_netflow_feeds_collect(pcaps_dir, tmp_path):
         while received() < len(datagrams):
             assert agent.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
+        link = json.loads(beat.read_text())["links"]["r1"]
+        assert link["kernel_drops"] == 0 and link["ring_drops"] == 0, link
     finally:
         agent.send_signal(signal.SIGTERM)         # the records held are released, then ended
     text = _finish(agent, log)
-    assert f"link r1: {len(datagrams)} datagrams (v10: {len(datagrams)}), 0 sequence gaps" \
-        in text, text
+    assert f"link r1: {len(datagrams)} datagrams (v10: {len(datagrams)}), 0 sequence gaps, " \
+        "0 late records, 0 datagrams dropped at the socket" in text, text
     out_csv = tmp_path / "flows.csv"
     clog = tmp_path / "collect.log"
     with open(clog, "wb") as fh:

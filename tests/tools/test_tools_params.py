@@ -64,3 +64,52 @@ def test_click_types_give_usage_errors():
     assert runner.invoke(cmd, ["--d", "2h", "--n", "260k"]).output.strip() == f"{7200 * NS} 260000"
     bad = runner.invoke(cmd, ["--d", "soon"])
     assert bad.exit_code == 2 and "not a duration" in bad.output and "--d" in bad.output
+
+
+def test_active_timeouts_for_all_and_per_exporter():
+    """`--netflow-in-active-timeout D` and repeated `EXPORTER=D`: the default for exporters
+    given none is 30 min; addresses are kept canonical (a v4-mapped one as its IPv4)."""
+    from tools.commands.params import ActiveTimeouts, active_timeouts
+
+    assert active_timeouts(()) == ActiveTimeouts(1800 * NS, ())
+    assert active_timeouts(("60s",)) == ActiveTimeouts(60 * NS, ())
+    got = active_timeouts(("10min", "192.0.2.1=60s", "[2001:DB8::1]=2min",
+                           "::ffff:198.51.100.7=1h", "192.0.2.1=1min"))
+    assert got == ActiveTimeouts(600 * NS, (("192.0.2.1", 60 * NS), ("198.51.100.7", 3600 * NS),
+                                            ("2001:db8::1", 120 * NS)))
+
+
+@pytest.mark.parametrize("values, message", [
+    (("router1=60s",), "'router1' in 'router1=60s' is not an exporter's IP address"),
+    (("192.0.2.1=soon",), "not a duration: 'soon'"),
+    (("192.0.2.1=",), "not a duration: ''"),
+    (("1min", "2min"), "two active timeouts for every exporter (1min and 2min)"),
+    (("192.0.2.1=1min", "192.0.2.1=2min"), "two active timeouts for exporter 192.0.2.1"),
+])
+def test_active_timeouts_malformed(values, message):
+    from tools.commands.params import active_timeouts
+
+    with pytest.raises(ValueError) as err:
+        active_timeouts(values)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("command", ["run", "serve", "agent"])
+def test_active_timeout_malformed_on_every_command(command, tmp_path):
+    """One clear usage line naming the option, exit 2, no traceback, before anything runs."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    args = {"run": ["run", "q8_1", "--netflow-in", "r1=127.0.0.1:9"],
+            "serve": ["serve", "--netflow-in", "r1=127.0.0.1:9", "--state", str(tmp_path)],
+            "agent": ["agent", "q8_1", "--netflow-in", "r1=127.0.0.1:9", "--spool",
+                      str(tmp_path)]}[command]
+    r = subprocess.run([sys.executable, "-m", "tools.cli", *args, "--netflow-in-active-timeout",
+                        "10min", "--netflow-in-active-timeout", "edge-router=60s"],
+                       cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert "--netflow-in-active-timeout" in r.stderr
+    assert "'edge-router' in 'edge-router=60s' is not an exporter's IP address" in r.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -173,6 +174,15 @@ def test_query_file_with_avg_and_tiny_table(capture, batches, spark_session, tmp
     want = evaluate_file(plan, batches)["avg_len"]
     assert len(want) > 0
     assert_same_rows(out, want, plan.query("avg_len"))
+    # the summary shows the table (fixed: never re-sized) and how much it reduced, counted
+    # over the rows written
+    m = re.search(r"query avg_len: (\d+) rows -> .*?; (\d+) partial rows in .*; table 4 "
+                  r"slots \(0 resizes\), ([\d.]+) partial rows per result row", err)
+    assert m, err
+    rows, partials = int(m[1]), int(m[2])
+    assert rows == len(want) == len(pd.read_csv(out))
+    assert partials > 2 * rows        # 4 slots: most groups leave many times per window
+    assert float(m[3]) == pytest.approx(partials / rows, abs=0.006)
 
 
 TWO_QUERIES = """

@@ -199,3 +199,48 @@ def test_kill_restart_mid_stream(datagrams, tmp_path):
     pd.testing.assert_frame_equal(after.xs(late_tb, level="tb", drop_level=False),
                                   want.xs(late_tb, level="tb", drop_level=False),
                                   check_dtype=False)
+
+
+def _receive_queue(port: int) -> int | None:
+    """Bytes waiting in the receive buffer of the socket bound to UDP `port` (None: none)."""
+    with open("/proc/net/udp") as f:
+        for line in f.readlines()[1:]:
+            cols = line.split()
+            if int(cols[1].split(":")[1], 16) == port:
+                return int(cols[4].split(":")[1], 16)
+    return None
+
+
+def test_socket_drops_of_a_paused_run_in_its_summary(datagrams, tmp_path, monkeypatch):
+    """The run is stopped (SIGSTOP) while 20000 datagrams flood its collector: the kernel
+    drops what its socket's buffer cannot hold. Continued and stopped, the run's summary
+    says how many the socket dropped (read from /proc/net/udp), and with the datagrams it
+    decoded that is every one sent."""
+    # a small socket buffer, as the test's flood means to overflow it (the default holds it)
+    monkeypatch.setenv("OOPSCOPE_NETFLOW_RCVBUF", str(1 << 21))
+    import re
+
+    port = free_udp_port()
+    proc = start(tmp_path, port)
+    sent = 20000
+    try:
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                for i in range(sent):
+                    s.sendto(datagrams[i % len(datagrams)], ("127.0.0.1", port))
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        # the collector's thread empties the socket's buffer
+        wait_for(lambda: _receive_queue(port) == 0, proc, tmp_path / "err")
+        err = stop(proc, tmp_path / "err")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    m = re.search(r"link r1: (\d+) datagrams .*, (\d+) datagrams dropped at the socket \(its "
+                  r"buffer full\), (\d+) by the collector's queue", err)
+    assert m, err
+    decoded, dropped, queue = (int(x) for x in m.groups())
+    assert dropped > 1000 and decoded > 1000 and queue == 0, err
+    assert decoded + dropped == sent, err

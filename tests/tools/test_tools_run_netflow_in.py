@@ -183,3 +183,29 @@ def test_late_records_counted_and_corrected(pcaps_dir, tmp_path):
     # correction rows) depends on its timer: the merged sums are nfdump's either way
     ours = ours.groupby(["tb", "srcIP"])[["b", "p"]].sum().sort_index()
     pd.testing.assert_frame_equal(ours, _nfdump_sums(datagrams, tmp_path), check_dtype=False)
+
+
+def test_the_operators_timeout_of_one_exporter(pcaps_dir, tmp_path):
+    """The same datagrams as above, with a 10 s active timeout for every exporter but an
+    hour for theirs (127.0.0.1, `EXPORTER=D`): that exporter's records are punctuated by
+    its hour, so none is late (with 10 s for it, many are: the test above), and each window
+    is written once, equal to nfdump's."""
+    from tests.capture.test_capture_flowdecode import softflowd_datagrams
+    from tools.netflow.sender import PcapWriter
+
+    datagrams = softflowd_datagrams(pcaps_dir / "skype.pcap", 9)
+    pcap = tmp_path / "dg.pcap"
+    writer = PcapWriter(str(pcap))            # from 127.0.0.1
+    writer.send([(d, None, 1_431_969_808_000 + 1000 * i) for i, d in enumerate(datagrams)])
+    writer.close()
+    (tmp_path / "q.gsql").write_text(QUERY)
+    out = tmp_path / "q.csv"
+    proc = oopscope("run", str(tmp_path / "q.gsql"), "--netflow-in", f"r1={pcap}",
+                    "--netflow-in-active-timeout", "10s",
+                    "--netflow-in-active-timeout", "127.0.0.1=1h", "--output", f"q={out}")
+    assert proc.returncode == 0, proc.stderr
+    assert " 0 late records" in proc.stderr, proc.stderr
+    ours = pd.read_csv(out).astype({"tb": int, "b": int, "p": int})
+    assert not ours.duplicated(["tb", "srcIP"]).any()
+    ours = ours.set_index(["tb", "srcIP"]).sort_index()
+    pd.testing.assert_frame_equal(ours, _nfdump_sums(datagrams, tmp_path), check_dtype=False)

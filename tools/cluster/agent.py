@@ -4,7 +4,8 @@ An agent plans the query file as `run` does, keeps the low-level plans of its ow
 (capture, ring, operators, flush policy, timer punctuation: `tools.pipeline.feeds`), and writes
 their partial rows and punctuation to `SPOOL/<query>/partials/<link>-<seq>.parquet`, where a
 collector (`tools.cluster.collector`) on a Spark cluster melds every agent's links. Beside
-them it beats (`tools.pipeline.heartbeat`). Its spool files hold only rows of panes its own
+them it beats (`tools.pipeline.heartbeat`) and keeps its tables' sizes (`SPOOL/agents/HOST.tables`,
+`tools.pipeline.tablesizes`): started again, its tables start at them. Its spool files hold only rows of panes its own
 punctuation closed (`OperatorFeed.complete_only`), so an agent killed and started again
 continues: a capture file from the pane holding its last punctuation (nothing written twice),
 an interface from the next window on (the windows in between are the gap it reports).
@@ -59,7 +60,9 @@ class AgentSummary:
                  if line.startswith("link ")]
         for q in self.queries.values():
             lines.append(f"query {q.name}: {q.partial_rows} partial rows in {q.spool_files} "
-                         f"spool files, {q.evictions} evictions, {q.late_packets} late packets")
+                         f"spool files, {q.evictions} evictions, {q.late_packets} late packets"
+                         + (f"; table {q.slots:,} slots ({q.resizes} resizes)"
+                            if q.slots else ""))
         if self.resumed:
             lines.append("agent resumed from the spool; packets already in it, read past: "
                          + ", ".join(f"link {n} {v:,}" for n, v in self.resumed.items()))
@@ -99,6 +102,7 @@ def run_agent(agent: AgentConfig, stop) -> AgentSummary:
     from tools.pipeline.config import QuerySummary, RunSummary, choose_queries
     from tools.pipeline.heartbeat import Heartbeat, check_host_id
     from tools.pipeline.sources import LocalSources, LowLevel, check_sources
+    from tools.pipeline.tablesizes import TableLog, agent_tables, table_report
 
     started = time.perf_counter()
     config = agent.run
@@ -137,12 +141,17 @@ def run_agent(agent: AgentConfig, stop) -> AgentSummary:
         # a collector's templates beside its heartbeat: an agent started again decodes at once
         config = replace(config, flow_state_dir=str(
             heartbeat_path(spool, host).with_suffix(".netflow")))
+    # the tables start at the sizes they had when this agent last ran (a first window that
+    # does not evict), and every resize is noted for the next start
+    tables = TableLog(agent_tables(spool, host), resumed=True)
     low = LowLevel(config, low_plans, spool, queries, graph.query_of, complete_only=True,
-                   starts=resume.starts(low_plans))
+                   starts=resume.starts(low_plans), tables=tables)
     low.check_records()
     sources = LocalSources(config, low)
     sources.open(stop)
     beat = Heartbeat(spool, host, sorted(queries), config.punctuate_every_ns, sources.status)
+    feeds = [feed for fs in low.per_link.values() for feed in fs]
+    beat.tables_of = lambda: table_report(feeds)
     beat.start()
     low.start_spool_queue()
     summary = AgentSummary(host, queries=queries, gap=resume.gap)

@@ -172,13 +172,52 @@ def _collect(config, run_config, plan, links, fanout, checkpoint: Path, stop, st
         q.rows = outputs[name].rows
         q.late_partial_rows = graph.late_rows(name)
         q.zero_divisor_rows = graph.zero_divisor_rows(name)
+    beats = read_heartbeats(spool)
+    _add_tables(queries, low, graph.query_of, spool, beats)
     summary = RunSummary(links={}, queries=queries, ended=ended)
-    add_link_totals(summary.links, read_heartbeats(spool), wanted=set(links))
+    add_link_totals(summary.links, beats, wanted=set(links))
     for name in sorted(set(liveness.silent)):
         summary.links.setdefault(name, LinkSummary(name, "agent ?")).problems.append(
             "declared silent: its agent stopped beating; windows closed without it")
     summary.total_seconds = summary.highlevel_seconds = time.perf_counter() - started
     return summary
+
+
+def _add_tables(queries: dict, low_plans, query_of, spool: Path, beats: dict) -> None:
+    """Per query the agents' tables (slots and resizes, from their last beats) and the
+    partial rows of its spool: the summary then shows how much the low level reduced."""
+    import pyarrow.parquet as pq
+
+    from common.spool import list_spool
+    from highlevel.batchfiles import ROWS_KEY
+    from highlevel.graph import base_link
+
+    for query, plans in _by_query(low_plans, query_of).items():
+        q = queries.get(query)
+        if q is None:
+            continue
+        wanted = {(lp.query, lp.link) for lp in plans}
+        for beat in beats.values():
+            for name, tables in beat.tables.items():
+                for link, t in tables.items():
+                    if (name, base_link(link)) in wanted and isinstance(t, dict):
+                        q.slots += int(t.get("slots") or 0)
+                        q.resizes += int(t.get("resizes") or 0)
+        for name in sorted({lp.query for lp in plans}):
+            for _, _, path in list_spool(spool, name):
+                try:      # its data rows (a file holds a punctuation row besides)
+                    meta = pq.read_schema(path).metadata or {}
+                    q.partial_rows += int(meta.get(ROWS_KEY, b"0"))
+                except (OSError, ValueError) as exc:
+                    log.warning("%s: cannot count its rows (%s)", path, exc)
+        q.spool_files += sum(len(list_spool(spool, n)) for n in {lp.query for lp in plans})
+
+
+def _by_query(low_plans, query_of) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for lp in low_plans:
+        out.setdefault(query_of(lp), []).append(lp)
+    return out
 
 
 def _all_ended(spool: Path, low_plans) -> bool:

@@ -43,6 +43,7 @@ from tools.cluster.work import RUNNING, WorkItem, read_work
 from tools.errors import RunConfigError
 from tools.pipeline.fanout import Member
 from tools.pipeline.heartbeat import Heartbeat, check_host_id
+from tools.pipeline.tablesizes import TableLog, agent_tables
 
 if TYPE_CHECKING:
     from tools.pipeline.links import LinkRouter
@@ -83,7 +84,7 @@ class WatchBeat(Heartbeat):
 class Work:
     """One work item running on this agent: its operators per link and their spool queue."""
 
-    def __init__(self, item: WorkItem, links: list[str]):
+    def __init__(self, item: WorkItem, links: list[str], tables: TableLog | None = None):
         from common.spool import last_punctuations
         from highlevel.graph import StageGraph, split_sublinks
         from tools.pipeline.config import QuerySummary, plan_text
@@ -129,8 +130,13 @@ class Work:
         self.spool_queue = SpoolQueue()
         per_link: dict[str, list] = {}
         for lp in low:
+            # sized per query: its tables start where they were when this agent last ran
+            # the query (`tools.pipeline.tablesizes`)
             feed = OperatorFeed(lp, spool, self.summaries[graph.query_of(lp)], "snappy",
-                                punctuation_flush=True, complete_only=True)
+                                punctuation_flush=True, complete_only=True,
+                                start_slots=tables.slots(lp.query, lp.link) if tables
+                                else None,
+                                on_resize=tables.note if tables else None)
             feed.spool_queue = self.spool_queue
             per_link.setdefault(lp.link, []).append(feed)
         self.feeds = {link: AttachedFeed(fs, self.start_ns) for link, fs in per_link.items()}
@@ -145,6 +151,9 @@ class Work:
                 "state": "failed" if self.error else "running", "error": self.error,
                 "start_ns": self.start_ns, "attached_ns": self.attached_ns,
                 "partial_rows": sum(s.partial_rows for s in self.summaries.values()),
+                # its tables' slots now (the server adds them to the query's)
+                "slots": sum(int(f.op.engine.slots) for af in self.feeds.values()
+                             for f in af.feeds if f.op.engine is not None),
                 "before_start_packets": sum(f.before_start for f in self.feeds.values())}
 
     def finish(self) -> None:
@@ -172,6 +181,8 @@ class Watcher:
         self.beat: WatchBeat | None = None
         self.running: dict[str, Work] = {}            # by query name
         self.failed: dict[tuple[str, int], str] = {}  # items that could not start here
+        #: its tables' sizes per query, kept across restarts (`tools.pipeline.tablesizes`)
+        self.tables = TableLog(agent_tables(self.shared, self.host), resumed=True)
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -201,6 +212,7 @@ class Watcher:
         # the heartbeat first: a host id whose agent still beats is refused before capture
         self.beat = WatchBeat(self.shared, self.host, [], cfg.punctuate_every_ns,
                               self._link_status)
+        self.beat.tables_of = self._tables
         self.links = open_links(cfg.links, interfaces, period_ns=cfg.punctuate_every_ns,
                                 slack_ns=cfg.lull_slack_ns, speed=cfg.speed, loop=cfg.loop,
                                 capture_options=options)
@@ -227,6 +239,14 @@ class Watcher:
                          "ring_drops": st["ring_drops"], "kernel_drops": st["kernel_drops"],
                          "source": st["source"], "error": st["error"], "ended": False}
         return out
+
+    def _tables(self) -> dict:
+        """Its work items' hash tables now (`Beat.tables`)."""
+        from tools.pipeline.tablesizes import table_report
+
+        with self._lock:
+            works = list(self.running.values())
+        return table_report(f for w in works for af in w.feeds.values() for f in af.feeds)
 
     def _report(self) -> None:
         with self._lock:
@@ -258,7 +278,7 @@ class Watcher:
 
     def _attach(self, item: WorkItem, links: list[str]) -> None:
         try:
-            work = Work(item, links)
+            work = Work(item, links, self.tables)
         except Exception as exc:  # noqa: BLE001 - reported to the server by the heartbeat
             why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             log.error("query %s: cannot run its low level here: %s", item.name, why)

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import click
 
-from tools.commands.params import Duration, functions_option, schema_option
+from tools.commands.params import (
+    Duration,
+    active_timeout_option,
+    functions_option,
+    schema_option,
+)
 from tools.commands.run import (
     _flow_links,
     _interfaces,
@@ -34,9 +39,7 @@ from tools.commands.run import (
                    "a capture file's exported datagrams, or a UDP collector on HOST:PORT "
                    "(until SIGTERM; its templates kept beside the heartbeat). Its queries "
                    "read it as NETFLOW.")
-@click.option("--netflow-in-active-timeout", "netflow_in_timeout", type=Duration(),
-              default="30min", show_default=True,
-              help="The exporters' active timeout of --netflow-in links (as on run).")
+@active_timeout_option("The exporters' active timeout of --netflow-in links (as on run).")
 @click.option("--spool", required=True, type=click.Path(file_okay=False),
               help="The shared spool directory (every agent and the collector see it).")
 @click.option("--host-id", "host_id", default=None,
@@ -117,7 +120,8 @@ def agent(query_files, links, schema_files, csv_separator, function_files, udf_m
     config = RunConfig(query_file=query_files[0], more_query_files=query_files[1:],
                        links=_links(links) + flow_links,
                        netflow_links=tuple(n for n, _ in flow_links),
-                       flow_timeout_ns=netflow_in_timeout,
+                       flow_timeout_ns=netflow_in_timeout.default_ns,
+                       flow_exporter_timeouts=netflow_in_timeout.exporters,
                        interfaces=_interfaces(interfaces), overrides=_pairs(sets, "--set"),
                        params=_pairs(params, "--param"), punctuate_every_ns=punctuate_every,
                        speed=_speed(speed), duration_ns=duration, lull_slack_ns=lull_slack,

@@ -8,6 +8,7 @@ call directly; the click types only turn their `ValueError` into a usage error n
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 import click
 
@@ -143,6 +144,75 @@ class Size(click.ParamType):
             return parse_size(value)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
+
+
+class ActiveTimeouts(NamedTuple):
+    """`--netflow-in-active-timeout`, repeated: the active timeout of every exporter
+    (`default_ns`) and the operator's own for some of them ((address, ns) pairs)."""
+
+    default_ns: int
+    exporters: tuple[tuple[str, int], ...] = ()
+
+
+#: the active timeout of exporters given none (softflowd's and Cisco's default)
+DEFAULT_ACTIVE_TIMEOUT = "30min"
+
+
+def parse_active_timeout(text: str) -> tuple[str | None, int]:
+    """(exporter address or None for every exporter, ns) from `30min` or `192.0.2.1=60s`
+    (`[2001:db8::1]=60s`); ValueError saying what is wrong."""
+    from capture.flowreader import exporter_key
+
+    exporter, sep, duration = text.rpartition("=")
+    if not sep:
+        return None, parse_duration(text)
+    try:
+        key = exporter_key(exporter)
+    except ValueError:
+        raise ValueError(f"{exporter!r} in {text!r} is not an exporter's IP address (write "
+                         f"DURATION for every exporter, or EXPORTER=DURATION: "
+                         f"192.0.2.1=60s)") from None
+    return key, parse_duration(duration)
+
+
+def active_timeouts(values) -> ActiveTimeouts:
+    """The `ActiveTimeouts` of the option's values (each `D` or `EXPORTER=D`); ValueError
+    when one is malformed or an exporter (or every exporter) is given two."""
+    default: int | None = None
+    exporters: dict[str, int] = {}
+    for text in values:
+        exporter, ns = parse_active_timeout(str(text))
+        if exporter is None:
+            if default is not None and default != ns:
+                raise ValueError(f"two active timeouts for every exporter "
+                                 f"({format_duration(default)} and {text}); give one, and "
+                                 f"EXPORTER=DURATION for the exporters that differ")
+            default = ns
+        elif exporters.setdefault(exporter, ns) != ns:
+            raise ValueError(f"two active timeouts for exporter {exporter} "
+                             f"({format_duration(exporters[exporter])} and "
+                             f"{format_duration(ns)})")
+    if default is None:
+        default = parse_duration(DEFAULT_ACTIVE_TIMEOUT)
+    return ActiveTimeouts(default, tuple(sorted(exporters.items())))
+
+
+def _active_timeouts(ctx, param, values) -> ActiveTimeouts:
+    try:
+        return active_timeouts(values)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
+def active_timeout_option(help_text: str):
+    """`--netflow-in-active-timeout [EXPORTER=]DURATION` (repeatable) as the
+    `netflow_in_timeout` argument, an `ActiveTimeouts`."""
+    return click.option(
+        "--netflow-in-active-timeout", "netflow_in_timeout", multiple=True,
+        metavar="[EXPORTER=]DURATION", callback=_active_timeouts,
+        help=f"{help_text} Repeatable: DURATION for every exporter (default "
+             f"{DEFAULT_ACTIVE_TIMEOUT}), EXPORTER=DURATION for one (its IP address), which "
+             f"goes before the timeout the exporter sends.")
 
 
 DURATION = Duration()

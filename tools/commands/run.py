@@ -6,7 +6,12 @@ from pathlib import Path
 
 import click
 
-from tools.commands.params import Duration, functions_option, schema_option
+from tools.commands.params import (
+    Duration,
+    active_timeout_option,
+    functions_option,
+    schema_option,
+)
 
 
 def _separator(text: str | None) -> str | None:
@@ -186,11 +191,9 @@ def live_options(command):
                    "capture file, replayed by capture time, or a UDP collector on HOST:PORT "
                    "(until SIGTERM or Ctrl-C; repeatable). Its queries read it "
                    "as NETFLOW (SELECT ... FROM NAME.NETFLOW).")
-@click.option("--netflow-in-active-timeout", "netflow_in_timeout", type=Duration(),
-              default="30min", show_default=True,
-              help="The exporters' active timeout: a NETFLOW link's punctuation on flow "
-                   "start is each exporter's latest export time minus this (an exporter "
-                   "that sends its own timeout is taken at its word).")
+@active_timeout_option("The exporters' active timeout: a NETFLOW link's punctuation on flow "
+                      "start is each exporter's latest export time minus this (an "
+                      "exporter that sends its own timeout is taken at its word).")
 @click.option("--netflow-in-idle-timeout", "netflow_in_idle", type=Duration(), default=None,
               help="The exporters' idle (inactive) timeout: a NETFLOW link's punctuation on "
                    "flow end (windows on `last`) is each exporter's latest export time minus "
@@ -247,7 +250,9 @@ def run(query_files: tuple[str, ...], links, schema_files, function_files, udf_m
     config = RunConfig(query_file=query_files[0], more_query_files=query_files[1:],
                        links=_links(links) + flow_links, interfaces=_interfaces(interfaces),
                        netflow_links=tuple(n for n, _ in flow_links),
-                       flow_timeout_ns=netflow_in_timeout, flow_idle_ns=netflow_in_idle,
+                       flow_timeout_ns=netflow_in_timeout.default_ns,
+                       flow_exporter_timeouts=netflow_in_timeout.exporters,
+                       flow_idle_ns=netflow_in_idle,
                        outputs=_pairs(outputs, "--output"), format=fmt,
                        overrides=_pairs(sets, "--set"), params=_pairs(params, "--param"),
                        master=master, spool=spool, checkpoint=checkpoint,

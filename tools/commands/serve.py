@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tools.commands.params import Duration, Size
+from tools.commands.params import Duration, Size, active_timeout_option
 
 
 @click.command()
@@ -31,11 +31,9 @@ from tools.commands.params import Duration, Size
                    "on HOST:PORT (its templates kept in --state), or the exported datagrams "
                    "of a capture file replayed once by capture time at --speed. Queries "
                    "submitted read it as NETFLOW (FROM NAME.NETFLOW).")
-@click.option("--netflow-in-active-timeout", "netflow_in_timeout", type=Duration(),
-              default="30min", show_default=True,
-              help="The exporters' active timeout: a NETFLOW link's punctuation on flow "
-                   "start is each exporter's latest export time minus this (an exporter that "
-                   "sends its own timeout is taken at its word).")
+@active_timeout_option("The exporters' active timeout: a NETFLOW link's punctuation on flow "
+                      "start is each exporter's latest export time minus this (an "
+                      "exporter that sends its own timeout is taken at its word).")
 @click.option("--speed", type=click.FloatRange(min=0.001), default=1.0, show_default=True,
               help="Replay --link files (and --records files) at this many times real "
                    "time.")
@@ -163,7 +161,8 @@ def serve(interfaces, links, records, schema_files, csv_separator, netflow_in,
                          agent_timeout_s=None if agent_timeout is None else agent_timeout / 1e9,
                          fanout=fanout, schema_files=tuple(schema_files),
                          records=_record_links(records), netflow=netflow,
-                         flow_timeout_ns=netflow_in_timeout,
+                         flow_timeout_ns=netflow_in_timeout.default_ns,
+                         flow_exporter_timeouts=netflow_in_timeout.exporters,
                          csv_separator=_separator(csv_separator),
                          data_dirs=tuple(data_dirs), memory_budget=memory_budget,
                          umask=umask)

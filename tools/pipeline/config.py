@@ -63,6 +63,8 @@ class RunConfig:
     netflow_links: tuple[str, ...] = ()
     #: the exporters' active timeout of NETFLOW links (capture.flowreader)
     flow_timeout_ns: int = 30 * 60 * NS
+    #: the operator's active timeout of some exporters ((address, ns)), before their own
+    flow_exporter_timeouts: tuple[tuple[str, int], ...] = ()
     #: where NETFLOW links keep their templates when not in a resumable run's checkpoint
     #: (an agent's: beside its heartbeat in the spool); None: there
     flow_state_dir: str | None = None

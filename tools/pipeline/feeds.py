@@ -96,6 +96,9 @@ class OperatorFeed:
         # remembers the size, `tools.pipeline.tablesizes`)
         self.on_resize = on_resize
         self._slots = self.op.adaptive_slots
+        if start_slots and self._slots is not None:
+            log.info("query %s, link %s: table starts at %d slots (it had %d when the query "
+                     "last ran)", plan.query, plan.link, self._slots, start_slots)
         # flow records are closed on the driver of this process (highlevel.flowrecords),
         # which takes their rows from memory
         flows = plan.flow is not None

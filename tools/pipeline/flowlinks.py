@@ -97,10 +97,14 @@ class _FlowTotals:
 
     def __init__(self):
         self.reader = None
-        self.kernel_drops = 0
         self.problems: list = []
         #: the link's lanes by clock (`FlowLane`): the clocks its queries window on
         self.lanes: dict = {}
+
+    @property
+    def kernel_drops(self) -> int:
+        """A collector's datagrams the kernel dropped at its socket (its buffer full)."""
+        return 0 if self.reader is None else int(self.reader.stats.socket_drops or 0)
 
     @property
     def malformed(self) -> int:
@@ -116,15 +120,20 @@ class _FlowTotals:
     def netflow(self) -> dict:
         """Datagrams, records, versions, sequence gaps, late records (`late`: summed over
         the clocks in use, `late_by_clock`: on each), malformed datagrams by reason and
-        exporter (status and /metrics)."""
+        exporter, a collector's datagrams dropped at its socket and by its queue (None: not a
+        collector) (status and /metrics)."""
         clocks = list(self.lanes) or ["first"]
         if self.reader is None:
             return {"datagrams": 0, "records": 0, "versions": {}, "sequence_gaps": 0,
                     "gaps": {}, "late": 0, "late_by_clock": {c: 0 for c in clocks},
-                    "malformed": {}, "by_exporter": {}}
+                    "malformed": {}, "by_exporter": {},
+                    "socket_drops": None, "queue_drops": None}
         s = self.reader.stats
         late = {c: int((s.late_by_clock or {}).get(c, 0)) for c in clocks}
+        collector = s.socket_drops is not None
         return {"datagrams": int(s.datagrams), "records": int(s.records),
+                "socket_drops": s.socket_drops,
+                "queue_drops": int(s.queue_drops) if collector else None,
                 "versions": {str(v): int(n) for v, n in s.versions.items()},
                 "sequence_gaps": int(s.sequence_gaps),
                 "gaps": {f"{e}/{d}": int(n) for (e, d), n in s.gaps.items()},
@@ -138,11 +147,13 @@ class _FlowProducer(RecordProducer):
     """What both kinds share: the reader's options and counters."""
 
     def __init__(self, name: str, path: str, timer: LinkTimer, *, period_ns: int,
-                 timeout_ns: int, state_path: Path | None):
+                 timeout_ns: int, state_path: Path | None, exporter_timeouts=()):
         fmt = BUILTIN.record_format("NETFLOW")
         super().__init__(name, path, fmt, timer, period_ns=period_ns, separator=None,
                          batch_size=BATCH_ROWS, ring_rows=RING_ROWS)
         self.timeout_ns = int(timeout_ns)
+        #: the operator's active timeout of some exporters ((address, ns))
+        self.exporter_timeouts = dict(exporter_timeouts)
         self.state_path = state_path
         self.totals = _FlowTotals()
         self.stats = self.totals        # type: ignore[assignment]  # the same counters' names
@@ -188,7 +199,9 @@ class _FlowProducer(RecordProducer):
         from capture.flowreader import FlowReader
 
         reader = FlowReader(self.path, self.format, self.link, self.batch_size,
-                            active_timeout_ns=self.timeout_ns, state_path=self.state_path,
+                            active_timeout_ns=self.timeout_ns,
+                            exporter_timeouts_ns=self.exporter_timeouts,
+                            state_path=self.state_path,
                             stop=stop, clocks=CLOCKS)
         self.totals.reader = reader
         self._stamped = reader.clock
@@ -325,21 +338,25 @@ class NetflowFileLink(_FlowProducer):
 
 
 def open_flow_links(netflow, *, period_ns: int, slack_ns: int, speed: float,
-                    timeout_ns: int, state_dir: Path | None) -> dict:
+                    timeout_ns: int, state_dir: Path | None, exporter_timeouts=()) -> dict:
     """The producers of `netflow` ((name, HOST:PORT or capture file)), not started (the
-    appliance starts them, and lets them read once its resumed queries are attached: `go`).
-    A collector's templates are kept in `state_dir` (None: not kept)."""
+    appliance starts them, and lets them read once its resumed queries are attached: `go`),
+    their exporters' active timeout `timeout_ns` or, for some, the operator's own
+    (`exporter_timeouts`: (address, ns)). A collector's templates are kept in `state_dir`
+    (None: not kept)."""
     out: dict[str, _FlowProducer] = {}
     for name, source in netflow:
         timer = LinkTimer(0, slack_ns)
         state = None if state_dir is None else state_dir / f"{quote(name, safe='')}.json"
         if flow_source(name, source) == "collector":
             out[name] = NetflowCollectorLink(name, source, timer, period_ns=period_ns,
-                                             timeout_ns=timeout_ns, state_path=state)
+                                             timeout_ns=timeout_ns, state_path=state,
+                                             exporter_timeouts=exporter_timeouts)
         else:
             out[name] = NetflowFileLink(name, str(Path(source).resolve()), timer,
                                         speed=speed, period_ns=period_ns,
-                                        timeout_ns=timeout_ns, state_path=None)
+                                        timeout_ns=timeout_ns, state_path=None,
+                                        exporter_timeouts=exporter_timeouts)
     return out
 
 

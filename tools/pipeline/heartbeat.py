@@ -69,6 +69,9 @@ class Beat:
     links: dict[str, dict] = field(default_factory=dict)
     #: a watch-mode agent's reports of the work items it runs (`tools.cluster.watch`)
     work: dict[str, dict] = field(default_factory=dict)
+    #: {query: {link: {"slots": n, "resizes": r}}}: its hash tables now
+    #: (`tools.pipeline.tablesizes.table_report`)
+    tables: dict[str, dict] = field(default_factory=dict)
 
     def age_s(self, now_ns: int | None = None) -> float:
         return ((now_ns if now_ns is not None else time.time_ns()) - self.time_ns) / 1e9
@@ -87,7 +90,8 @@ def read_heartbeats(spool: Path) -> dict[str, Beat]:
             out[data["host"]] = Beat(data["host"], int(data["pid"]), int(data["time_ns"]),
                                      data["state"], int(data["period_ns"]),
                                      list(data["queries"]), dict(data["links"]),
-                                     dict(data.get("work") or {}))
+                                     dict(data.get("work") or {}),
+                                     dict(data.get("tables") or {}))
         except FileNotFoundError:
             continue
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -109,6 +113,9 @@ def links_of(beats: dict[str, Beat]) -> dict[str, str]:
 
 class Heartbeat(threading.Thread):
     """The agent's beat: `status()` gives the links' numbers; written every `period_ns`."""
+
+    #: () -> its hash tables (`Beat.tables`), when the agent has any
+    tables_of: Callable[[], dict] | None = None
 
     def __init__(self, spool: Path, host: str, queries: list[str], period_ns: int, status):
         super().__init__(name="oopscope-heartbeat", daemon=True)
@@ -146,7 +153,8 @@ class Heartbeat(threading.Thread):
         return {"host": self.host, "pid": os.getpid(), "time_ns": time.time_ns(),
                 "started_ns": self.started_ns, "state": self.state,
                 "period_ns": self.period_ns, "queries": self.queries,
-                "links": self.status()}
+                "links": self.status(),
+                **({"tables": self.tables_of()} if self.tables_of is not None else {})}
 
     def beat(self) -> None:
         try:

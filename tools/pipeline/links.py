@@ -274,12 +274,14 @@ class ServedLink:
 def open_links(links, interfaces, *, period_ns: int, slack_ns: int, speed: float = 1.0,
                loop: bool = False, capture_options=(), records=(), schema=None,
                separator: str | None = None, netflow=(), flow_timeout_ns: int = 0,
-               flow_state: Path | None = None) -> dict[str, ServedLink]:
+               flow_exporter_timeouts=(), flow_state: Path | None = None
+               ) -> dict[str, ServedLink]:
     """Open and start the producers of `links` ((name, capture file): replayed),
     `interfaces` ((name, interface): live), `records` ((name, protocol, path): record
     links of `schema`'s protocols, `tools.pipeline.recordlinks`) and `netflow` ((name,
     HOST:PORT or capture file): NETFLOW links, `tools.pipeline.flowlinks`, their exporters'
-    active timeout `flow_timeout_ns`, a collector's templates kept in `flow_state`): the
+    active timeout `flow_timeout_ns`, or the operator's for some exporters,
+    `flow_exporter_timeouts` ((address, ns)), a collector's templates kept in `flow_state`): the
     appliance's links, and a watching agent's."""
     from capture.tpacket import MAX_SNAPLEN
     from tools.pipeline.flowlinks import describe, open_flow_links
@@ -315,7 +317,8 @@ def open_links(links, interfaces, *, period_ns: int, slack_ns: int, speed: float
             out[name] = ServedLink(name, f"{protocol} records from {source}", producer,
                                    producer.timer)
         flows = open_flow_links(netflow, period_ns=period_ns, slack_ns=slack_ns, speed=speed,
-                                timeout_ns=flow_timeout_ns, state_dir=flow_state)
+                                timeout_ns=flow_timeout_ns,
+                                exporter_timeouts=flow_exporter_timeouts, state_dir=flow_state)
         for name, source in netflow:
             out[name] = ServedLink(name, describe(name, source), flows[name],
                                    flows[name].timer)

@@ -50,7 +50,7 @@ class FileLink:
                  stop=None, skip_before: int | None = None, record=None,
                  separator: str | None = None, flow_timeout_ns: int | None = None,
                  flow_state=None, flow_idle_ns: int | None = None,
-                 lull_slack_ns: int | None = None):
+                 lull_slack_ns: int | None = None, flow_exporter_timeouts=()):
         self.name, self.path = name, str(path)
         if prefetch is None:
             prefetch = READ_AHEAD if (os.cpu_count() or 1) > 1 else 0
@@ -75,6 +75,8 @@ class FileLink:
                 extra["state_path"] = flow_state
                 if flow_timeout_ns is not None:
                     extra["active_timeout_ns"] = flow_timeout_ns
+                if flow_exporter_timeouts:
+                    extra["exporter_timeouts_ns"] = dict(flow_exporter_timeouts)
                 if flow_idle_ns is not None:
                     extra["idle_timeout_ns"] = flow_idle_ns
                 if lull_slack_ns is not None:

@@ -189,7 +189,8 @@ def flow_disorder(lp, config: RunConfig):
     if lp.link not in config.netflow_links or w is None or record is None \
             or lp.max_disorder != DEFAULT_MAX_DISORDER or lp.flush == "iop_slow":
         return lp
-    lag = config.flow_timeout_ns
+    # the longest lag of the link's exporters (the operator's for some may exceed the rest's)
+    lag = max([config.flow_timeout_ns, *(t for _, t in config.flow_exporter_timeouts)])
     if record.clock == "last" and config.flow_idle_ns is not None:
         lag = min(lag, config.flow_idle_ns)
     return replace(lp, max_disorder=max(lp.max_disorder, -(-lag // w.pane_ns) + 1))
@@ -376,6 +377,7 @@ def open_sources(config: RunConfig, feeds: dict, stop=None, skip: dict | None = 
                                    skip_before=(skip or {}).get(name),
                                    record=feeds[name].record, separator=config.csv_separator,
                                    flow_timeout_ns=config.flow_timeout_ns,
+                                   flow_exporter_timeouts=config.flow_exporter_timeouts,
                                    flow_idle_ns=config.flow_idle_ns,
                                    lull_slack_ns=config.lull_slack_ns,
                                    flow_state=_flow_state(config, name))
@@ -413,7 +415,12 @@ def drive(config: RunConfig, sources: dict, feeds: dict, stop, info: dict) -> st
 
 
 def drops(source) -> tuple[int, int]:
-    """(our ring's drops, the kernel's drops) of a source."""
+    """(our ring's drops, the kernel's drops) of a source (a NETFLOW collector's: its
+    queue's and its socket's)."""
+    flow = getattr(getattr(source, "reader", None), "stats", None)
+    kernel = getattr(flow, "socket_drops", None)
+    if kernel is not None:
+        return int(getattr(flow, "queue_drops", 0)), int(kernel)
     ring = getattr(source, "ring", None)
     capture = getattr(source, "capture", None)
     ring_drops = ring.stats().dropped if ring is not None else 0

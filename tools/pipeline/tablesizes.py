@@ -10,7 +10,10 @@ ran before knows better, so the last size of each of its tables is kept with its
 - a resumable run (`tools.pipeline.resume`): `CHECKPOINT/tables.json`, rewritten (atomically)
   whenever one of its tables is re-sized;
 - the appliance: the submission's record (`tools.serve.submission.Record.tables`), saved with
-  its counters at the end of each batch.
+  its counters at the end of each batch;
+- an agent (`tools.cluster.agent`, and the watching agent of `tools.cluster.watch`, per work
+  item's query): `SPOOL/agents/HOST.tables` beside its heartbeat (`agent_tables`), a fanout
+  member in its own (its host id is HOST.K), read whenever it starts.
 
 The first size is then, in order: DEFINE aggregate_slots (a fixed table, never re-sized),
 the remembered size, expected_groups, the default; capped by max_aggregate_slots and the
@@ -52,6 +55,27 @@ def sizes_of(feeds) -> dict[str, dict[str, int]]:
     return out
 
 
+def agent_tables(spool, host: str) -> Path:
+    """Where the agent `host` of the shared spool `spool` keeps its tables' sizes."""
+    from tools.pipeline.heartbeat import heartbeat_path
+
+    return heartbeat_path(Path(spool), host).with_suffix(".tables")
+
+
+def table_report(feeds) -> dict[str, dict[str, dict[str, int]]]:
+    """{query: {link: {"slots": n, "resizes": r}}} of the hash tables of `feeds`
+    (`OperatorFeed`s) now: what an agent's heartbeat says of them, so that `collect` can
+    show the tables of the queries it melds. Read from another thread than the feeds':
+    two ints each, a beat late at worst."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for f in feeds:
+        engine = f.op.engine
+        if engine is not None:
+            out.setdefault(f.op.plan.query, {})[f.op.plan.link] = {
+                "slots": int(engine.slots), "resizes": int(getattr(engine, "resizes", 0))}
+    return out
+
+
 class TableLog:
     """The remembered sizes of a resumable run, in `path` (its checkpoint's `tables.json`):
     `slots(query, link)` what the run before had, `note(...)` a table's size now."""
@@ -87,6 +111,7 @@ class TableLog:
             self.sizes.setdefault(query, {})[link] = int(slots)
             tmp = self.path.with_name(f".{self.path.name}.tmp")
             try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
                 tmp.write_text(json.dumps(self.sizes, indent=1) + "\n")
                 os.replace(tmp, self.path)
             except OSError as exc:

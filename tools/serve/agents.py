@@ -119,7 +119,7 @@ class Agents:
 
     def counters(self, name: str, generation: int) -> dict[str, int]:
         """The low-level counters the agents report of an item (summed over agents)."""
-        out = {"partial_rows": 0, "before_start_packets": 0}
+        out = {"partial_rows": 0, "before_start_packets": 0, "slots": 0}
         with self._lock:
             for reports in self.work.values():
                 r = reports.get(name)

@@ -45,6 +45,8 @@ class ServeConfig:
     netflow: tuple[tuple[str, str], ...] = ()
     #: the exporters' active timeout of the NETFLOW links (`--netflow-in-active-timeout`)
     flow_timeout_ns: int = 30 * 60 * NS_PER_S
+    #: the operator's active timeout of some exporters ((address, ns)), before their own
+    flow_exporter_timeouts: tuple[tuple[str, int], ...] = ()
     #: the directories whose files a submitted query may name (`--data-dir`; none: no file)
     data_dirs: tuple[str, ...] = ()
     #: bytes the running queries' tables may take together (`--memory-budget`; None: the

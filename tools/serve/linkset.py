@@ -82,6 +82,7 @@ class LinkSet:
                                  capture_options=cfg.capture_options, records=cfg.records,
                                  schema=schema, separator=cfg.csv_separator,
                                  netflow=cfg.netflow, flow_timeout_ns=cfg.flow_timeout_ns,
+                                 flow_exporter_timeouts=cfg.flow_exporter_timeouts,
                                  flow_state=Path(cfg.state).resolve() / "run" / FLOW_STATE)
         self._router = LinkRouter(self._links)
         self._router.on_feed_error = on_feed_error

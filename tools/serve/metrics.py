@@ -11,7 +11,10 @@ Names (Prometheus conventions: `_total` counters, base units, `link` / `query` l
 `oopscope_link_netflow_datagrams_total`, `oopscope_link_netflow_records_total`,
 `oopscope_link_netflow_malformed_total{reason}` (datagrams and sets),
 `oopscope_link_netflow_sequence_gaps_total`, `oopscope_link_netflow_late_records_total`,
-`oopscope_link_netflow_clock_late_records_total{clock}`;
+`oopscope_link_netflow_clock_late_records_total{clock}`, a
+collector's `oopscope_link_netflow_socket_drops_total` (datagrams the kernel dropped at its
+socket, also in `oopscope_link_kernel_drops_total`) and
+`oopscope_link_netflow_queue_drops_total` (dropped by its queue);
 `oopscope_query_rows_total`, `oopscope_query_partial_rows_total`,
 `oopscope_query_evictions_total`, `oopscope_query_flushes_total`,
 `oopscope_query_late_packets_total`, `oopscope_query_zero_divisor_packets_total`,
@@ -154,7 +157,10 @@ def _netflow(links: list[dict]):
                      ("sequence_gaps", "Datagrams or records missing by the exporters' "
                                        "sequence numbers"),
                      ("late_records", "Flow records released below the link's punctuation, "
-                                      "summed over the clocks its queries window on")):
+                                      "summed over the clocks its queries window on"),
+                     ("socket_drops", "Datagrams the kernel dropped at the collector's "
+                                      "socket (its receive buffer full)"),
+                     ("queue_drops", "Datagrams the collector's queue dropped (full)")):
         yield _family(f"oopscope_link_netflow_{key}", doc, "link", flows,
                       "late" if key == "late_records" else key)
     by_clock = CounterMetricFamily("oopscope_link_netflow_clock_late_records",

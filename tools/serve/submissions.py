@@ -426,9 +426,7 @@ class Submissions:
             lent = self._remote.counters(sub)
             self._stop(sub)
             sub.record.state = "cancelled"
-            info = sub.info()
-            for key, value in lent.items():
-                info[key] += value
+            info = with_lent(sub.info(), lent)
             sub.record.final = {**info, "state": "cancelled"}
             sub.keep_counters()
             sub.record.save(self.state_dir)
@@ -509,10 +507,7 @@ class Submissions:
 
     def _info(self, sub: Submission) -> dict:
         """A submission's counters, with those its agents report of their links."""
-        info = sub.info()
-        for key, value in self._remote.counters(sub).items():
-            info[key] = info.get(key, 0) + value
-        return info
+        return with_lent(sub.info(), self._remote.counters(sub))
 
     def stream_of(self, name: str) -> str:
         """The stream `name` names: a stream, or a submission with one stream."""
@@ -578,3 +573,14 @@ def give_back_memory() -> None:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):     # not glibc: its allocator decides
         pass
+
+
+def with_lent(info: dict, lent: dict[str, int]) -> dict:
+    """A submission's `info` with the counters its agents report of their links added (their
+    partial rows, their tables' slots) and its partial rows per result row counted again
+    over all of them."""
+    for key, value in lent.items():
+        info[key] = info.get(key, 0) + value
+    rows = info.get("rows_out") or 0
+    info["partials_per_row"] = round(info["partial_rows"] / rows, 3) if rows else None
+    return info

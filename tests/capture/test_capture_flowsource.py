@@ -1,0 +1,83 @@
+"""A NETFLOW collector's socket (`capture.flowsource`): the datagrams the kernel drops at a
+real UDP socket whose reader is paused, read from /proc/net/udp{,6} by the socket's inode,
+and the collector's accounting: every datagram sent is received, dropped at the socket or
+dropped by the collector's queue, none twice."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from capture.flowsource import UdpCollector, socket_drops
+
+#: a datagram of the size routers send (a v9 export packet near the MTU)
+DATAGRAM = bytes(1400)
+
+
+def _flood(address, n: int, family=socket.AF_INET) -> None:
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        for _ in range(n):
+            s.sendto(DATAGRAM, address)
+
+
+def _drain(sock: socket.socket) -> int:
+    sock.setblocking(False)
+    n = 0
+    while True:
+        try:
+            sock.recv(65535)
+        except BlockingIOError:
+            return n
+        n += 1
+
+
+@pytest.mark.parametrize("family, host", [(socket.AF_INET, "127.0.0.1"),
+                                          (socket.AF_INET6, "::1")])
+def test_drops_of_a_paused_socket(family, host):
+    """A socket with a small receive buffer, nobody reading, flooded: the kernel drops
+    what does not fit; what it kept plus its drops is what was sent (loopback loses
+    nothing else). Another socket's drops are not taken for ours."""
+    with socket.socket(family, socket.SOCK_DGRAM) as sock, \
+            socket.socket(family, socket.SOCK_DGRAM) as other:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.bind((host, 0))
+        other.bind((host, 0))
+        assert socket_drops(sock) == 0
+        _flood(sock.getsockname()[:2], 500, family)
+        drops = socket_drops(sock)
+        kept = _drain(sock)
+        assert drops is not None and drops > 0 and kept > 0
+        assert kept + drops == 500
+        assert socket_drops(other) == 0
+    assert socket_drops(sock) is None            # closed: nothing to say
+
+
+def test_collector_accounts_for_every_datagram():
+    """A collector with a small socket buffer and a queue of 50, not asked for its
+    datagrams while 3000 come: its thread drains the socket into the queue until the queue
+    is full (the rest `dropped`), and the socket drops what its buffer cannot hold
+    meanwhile. Received + queue drops + socket drops == sent, after close too."""
+    col = UdpCollector("127.0.0.1", 0, rcvbuf=4096, max_queued=50)
+    try:
+        sent = 3000
+        _flood(col.address, sent)
+        deadline = time.monotonic() + 10
+        received = 0
+        # the thread takes what the socket kept; then the test takes the queue
+        while time.monotonic() < deadline:
+            time.sleep(0.3)
+            if col.dropped + col.kernel_drops + len(col._queue) == sent:
+                break
+        while True:
+            got = col.receive(0.2)
+            if not len(got):
+                break
+            received += len(got)
+        assert col.dropped > 0 and col.kernel_drops > 0
+        assert received == 50
+        assert received + col.dropped + col.kernel_drops == sent
+    finally:
+        col.close()
+    assert received + col.dropped + col.kernel_drops == sent
