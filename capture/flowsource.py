@@ -214,6 +214,11 @@ class UdpCollector:
                 arrivals)
 
     @property
+    def queued(self) -> int:
+        """Datagrams received and waiting in the queue for `receive`."""
+        return self._queued
+
+    @property
     def kernel_drops(self) -> int:
         """Datagrams the kernel dropped at the socket (`socket_drops`), read at most every
         DROPS_EVERY_S (the last count once closed)."""
