@@ -156,10 +156,12 @@ class RecordBatch(PacketBatch):
     column of the link). `offsets` are the records' line numbers (1-based) in the source.
     `punctuation`: a source that punctuates its own records (a NETFLOW link,
     `capture.flowreader`) gives here its punctuation once this batch is processed (None: no
-    advance); slices and takes do not carry it."""
+    advance); slices and takes do not carry it. `punctuations`: the same on each clock the
+    source punctuates (a NETFLOW link of the appliance: `first` and `last`), by clock."""
 
     strings: Mapping = field(default_factory=dict)
     punctuation: int | None = None
+    punctuations: Mapping | None = None
 
     def __post_init__(self) -> None:
         missing = [c for c in RECORD_BASE_COLUMNS if c not in self.columns]

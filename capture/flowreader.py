@@ -15,6 +15,10 @@ the export time itself would hold for records ordered by flow end; softflowd's e
 dump is not (368 of its 394 records of skype.pcap end before the export time of the datagram
 before theirs), so the lag is what makes the punctuation safe.
 
+A served link's queries may window on either clock at once: its reader then melds both
+(`clocks`, a `FlowMeld` each) and each batch carries the punctuation on both
+(`RecordBatch.punctuations`; `tools.pipeline.flowlinks` stamps a lane per clock with it).
+
 The link melds its sub-links OOP-style (`FlowMeld`): its punctuation is the smallest of those
 of the sub-links heard from within their active timeout, each extrapolated by the time it
 has been silent on our clock less the lull slack (`lull_slack_ns`, `--lull-slack`: its next
@@ -57,10 +61,12 @@ PUNCTUATE_NS = 10**9
 
 @dataclass
 class FlowReaderStats(FlowStats):
-    """The decoder's counts plus the records released late (what the run summary reads)."""
+    """The decoder's counts plus the records released late (what the run summary reads): on
+    the reader's clock (`late`) and on each clock it punctuates (`late_by_clock`)."""
 
     late: int = 0
     problems: list | None = None
+    late_by_clock: dict | None = None
     #: a collector's datagrams dropped by the kernel at its socket (buffer full; None: not
     #: a collector) and by its own queue (`capture.flowsource.UdpCollector`)
     socket_drops: int | None = None
@@ -219,7 +225,7 @@ class FlowReader:
                  idle_timeout_ns: int | None = None, lull_slack_ns: int = 10**9,
                  exporter_timeouts_ns: Mapping[str, int] | None = None,
                  decoder: FlowDecoder | None = None, stop=None, state_path=None,
-                 **_options):
+                 clocks: tuple[str, ...] = (), **_options):
         self.path = str(path)
         self.link = link if link is not None else Path(path).stem
         self.format = fmt
@@ -236,8 +242,13 @@ class FlowReader:
         self.decoder.stats = FlowReaderStats()
         #: the field records are timed and punctuated by: what the queries window on
         self.clock = fmt.clock if fmt.clock in ("first", "last") else "first"
-        self.meld = FlowMeld(active_timeout_ns, self.clock, idle_timeout_ns, lull_slack_ns,
-                             exporter_timeouts_ns)
+        #: a meld per clock punctuated: the reader's own, and `clocks` (a served link's
+        #: queries may window on either: each batch carries the punctuation of every one,
+        #: `RecordBatch.punctuations`); a meld costs a pass over the sub-links per decode
+        self.melds = {c: FlowMeld(active_timeout_ns, c, idle_timeout_ns, lull_slack_ns,
+                                  exporter_timeouts_ns)
+                      for c in dict.fromkeys((self.clock, *clocks))}
+        self.meld = self.melds[self.clock]
         self._stop = stop
         self._closed = False
         address = collector_address(self.path)
@@ -259,6 +270,7 @@ class FlowReader:
         s = self.decoder.stats
         assert isinstance(s, FlowReaderStats)
         s.late = self.meld.late
+        s.late_by_clock = {c: m.late for c, m in self.melds.items()}
         if self._collector is not None:
             s.socket_drops = self._collector.kernel_drops
             s.queue_drops = self._collector.dropped
@@ -343,8 +355,8 @@ class FlowReader:
             blob, lengths, exporters, arrivals = self._collector.receive_joined(0.1)
             if not len(lengths):
                 # a quiet slice: the punctuation goes on by the wall clock
-                given = self.meld.given
-                p = self.meld.advance(self.meld.punctuation(self.decoder, time.time_ns()))
+                given = self._given()
+                p = self._advance(time.time_ns())
                 if self.idle_batches or p != given:
                     yield self._batch(_no_records(), p)
                 continue
@@ -365,9 +377,10 @@ class FlowReader:
 
     def _release(self, cols: dict[str, np.ndarray], now: int | None):
         """The batches of records just decoded, the last with the punctuation after them."""
-        self.meld.admit(cols[self.clock])
-        given = self.meld.given
-        p = self.meld.advance(self.meld.punctuation(self.decoder, now))
+        for clock, meld in self.melds.items():
+            meld.admit(cols[clock])
+        given = self._given()
+        p = self._advance(now)
         n = len(cols["first"])
         if not n:
             if p != given:
@@ -378,7 +391,16 @@ class FlowReader:
             yield self._batch({k: v[a:a + self.batch_size] for k, v in cols.items()},
                               p if last else given)
 
-    def _batch(self, cols: dict[str, np.ndarray], punctuation: int | None) -> RecordBatch:
+    def _given(self) -> dict[str, int | None]:
+        """The punctuation given so far on each clock."""
+        return {c: m.given for c, m in self.melds.items()}
+
+    def _advance(self, now: int | None) -> dict[str, int | None]:
+        """Each clock's punctuation at `now` (see `FlowMeld.punctuation`), given."""
+        return {c: m.advance(m.punctuation(self.decoder, now)) for c, m in self.melds.items()}
+
+    def _batch(self, cols: dict[str, np.ndarray],
+               punctuations: dict[str, int | None]) -> RecordBatch:
         m = len(cols["first"])
         # `arrival` (ns, capture time or ours): what a replay paces and interleaves links by
         out = {"timestamp": cols[self.clock], "arrival": cols["arrival"],
@@ -389,9 +411,10 @@ class FlowReader:
             for c in field_columns(f):
                 if c not in out:
                     v = cols[c]
-                    # a no-op for the decoder's wide columns (`FlowDecoder.wide`)
+                    # a no-op for the decoder's wide columns (`FlowDecoder.wide`); first and
+                    # last are shared with the lanes, which stamp their records with them
                     out[c] = v.astype(np.int64 if f.type in ("llong", "int") else np.uint64,
                                       copy=False)
         return RecordBatch(self.link, out, np.arange(m, dtype=np.int64), False,
-                           punctuation=punctuation)
+                           punctuation=punctuations[self.clock], punctuations=punctuations)
 

@@ -223,12 +223,15 @@ def _flow_line(name: str, nf: dict) -> str:
     versions = ", ".join(f"v{v}: {n}" for v, n in sorted(nf["versions"].items()))
     bad = sum(nf["malformed"].values())
     why = ", ".join(f"{n} {k}" for k, n in sorted(nf["by_exporter"].items()))
+    # a link whose queries window on both flow start and flow end: late on each
+    clocks = nf.get("late_by_clock", {})
+    each = f" ({', '.join(f'{c}: {n}' for c, n in clocks.items())})" if len(clocks) > 1 else ""
     drops = "" if nf.get("socket_drops") is None else (
         f", {nf['socket_drops']} datagrams dropped at the socket, {nf['queue_drops']} by the "
         f"collector's queue")
     return (f"link {name} (NETFLOW): {nf['datagrams']} datagrams ({versions or 'none'}), "
             f"{nf['records']} records, {nf['sequence_gaps']} sequence gaps, {nf['late']} late "
-            f"records, {bad} malformed" + (f" ({why})" if why else "") + drops)
+            f"records{each}, {bad} malformed" + (f" ({why})" if why else "") + drops)
 
 
 def _tables(client) -> None:

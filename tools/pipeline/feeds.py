@@ -118,6 +118,9 @@ class OperatorFeed:
         # already; the appliance: before the query's first window), counted in before_start
         self.start_ns = start_ns
         self.before_start = 0
+        #: the clock its records are windowed on, when its link stamps them on more than one
+        #: (a served NETFLOW link: `first` or `last`, `tools.pipeline.flowlinks`)
+        self.clock = plan.record.clock if plan.record is not None else None
 
     def _add(self, parts) -> None:
         for b in parts:
@@ -298,7 +301,9 @@ class AttachedFeed:
     """A query's operators on one link that outlives it (the appliance's links, a watching
     agent's), attached between two batches: packets before its start are held back (each
     `OperatorFeed`'s `start_ns`) until the link's punctuation passes the start; from then on
-    an older packet is late, as for any query."""
+    an older packet is late, as for any query. A link that stamps its records on several
+    clocks (a served NETFLOW link's lanes) hands each lane's batches and punctuation with
+    its `clock`: they go to the operators windowed on it only (None: to every one)."""
 
     def __init__(self, feeds: list, start_ns: int | None):
         self.feeds = feeds
@@ -318,16 +323,18 @@ class AttachedFeed:
         """Packets held back (every operator of the link sees the same packets)."""
         return self.feeds[0].before_start
 
-    def process(self, batch) -> None:
+    def process(self, batch, clock: str | None = None) -> None:
         for f in self.feeds:
-            f.process(batch)
+            if clock is None or f.clock == clock:
+                f.process(batch)
 
-    def punctuate(self, p: int) -> None:
-        start = self.start_ns
-        if start is not None and p >= start:
-            self.start_ns = None
+    def punctuate(self, p: int, clock: str | None = None) -> None:
         for f in self.feeds:
-            f.punctuate(p)
+            if clock is None or f.clock == clock:
+                # each operator's own: two clocks pass the start at different times
+                if f.start_ns is not None and p >= f.start_ns:
+                    f.start_ns = None
+                f.punctuate(p)
 
     def finish(self) -> None:
         for f in self.feeds:

@@ -2,12 +2,22 @@
 exported by routers, read by `capture.flowreader.FlowReader` and handed to the router through
 a `capture.recordqueue.RecordQueue`, as the record links of `tools.pipeline.recordlinks` are.
 
-The link is timed by its records' own clock, `first` (flow start): its submissions start at
-the first window after the latest `first` read. The reader hands its records on as decoded,
-disordered, each batch with the link's punctuation after it (the exporters' export times
-less their active timeout, melded); the link's timer gives the punctuation of the last batch
-queued, never one a queued batch has not reached yet (`_FlowProducer._hand_on`). A record
-below a punctuation given is late, counted by the reader and by the queries.
+The link is timed by its records' own clocks, `first` (flow start) and `last` (flow end),
+whichever its queries window on, at once. It keeps a *lane* per clock in use (`FlowLane`):
+a queue of its records stamped with that clock (`timestamp` is that clock's column, the
+arrays shared, not copied) and punctuated on it, with its timer. The `first` lane is always
+there (the link's counters and status are its); the `last` lane is made when the first
+query windowed on `last` is submitted (`want`), and from then on every batch goes into both.
+The reader hands its records on as decoded, disordered, each batch with the punctuation
+after it on both clocks (the exporters' export times less their active timeout on `first`,
+less their idle timeout on `last`, melded: `capture.flowreader`); a lane's timer gives the
+punctuation of the last batch it queued, never one a queued batch has not reached yet
+(`_FlowProducer._hand_on`). The router hands a lane's records and punctuation to the
+operators windowed on its clock only (`tools.pipeline.links.LinkRouter`). Memory: each lane
+is bounded (`RING_ROWS` rows, what does not fit dropped and counted, as a record link's), and
+two lanes hold the same arrays. A submission starts at the first window after the latest
+record time read on the clocks it windows on. A record below a punctuation given is late,
+counted by the reader per clock and by the queries.
 
 Two kinds of source:
 
@@ -26,13 +36,16 @@ Two kinds of source:
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 from urllib.parse import quote
 
 import numpy as np
 
+from capture.batch import RecordBatch
 from capture.punctuation import LinkTimer
+from capture.recordqueue import RecordQueue
 from capture.schema import BUILTIN
 from common.units import NS_PER_S as NS
 from tools.errors import RunConfigError
@@ -42,6 +55,41 @@ log = logging.getLogger(__name__)
 
 #: records per batch handed to the router
 BATCH_ROWS = 8192
+#: the clocks a NETFLOW link punctuates (`capture.schema.NETFLOW_CLOCKS`); the first is the
+#: link's own, always in use
+CLOCKS = ("first", "last")
+
+
+class FlowLane:
+    """A NETFLOW link's records stamped and punctuated on one clock (module docstring): the
+    queue the router takes them from, and the timer that punctuates it with the punctuation
+    of the last batch queued."""
+
+    def __init__(self, clock: str, ring: RecordQueue, timer: LinkTimer):
+        self.clock, self.ring, self.timer = clock, ring, timer
+        self.given: int | None = None
+        timer.source = self._given      # type: ignore[assignment]  # a callable source
+
+    def _given(self) -> int | None:
+        return self.given
+
+    def hand_on(self, batch: RecordBatch, clock: str, punctuation: int | None) -> None:
+        """Queue `batch` (stamped with `clock`) restamped on this lane's clock, and take
+        `punctuation`, this clock's after it."""
+        if len(batch):
+            if clock != self.clock:
+                col = batch.columns[self.clock]
+                batch = RecordBatch(batch.link, {**batch.columns, "timestamp": col},
+                                    batch.offsets, False, strings=batch.strings)
+            self.ring.push(batch)
+            self.timer.observe(int(batch["timestamp"].max()))
+        if punctuation is not None and (self.given is None or punctuation > self.given):
+            self.given = int(punctuation)
+
+    def tick(self) -> None:
+        p = self.timer.fire(None)
+        if p is not None:
+            self.ring.punctuate(p)
 
 
 class _FlowTotals:
@@ -50,6 +98,8 @@ class _FlowTotals:
     def __init__(self):
         self.reader = None
         self.problems: list = []
+        #: the link's lanes by clock (`FlowLane`): the clocks its queries window on
+        self.lanes: dict = {}
 
     @property
     def kernel_drops(self) -> int:
@@ -68,14 +118,18 @@ class _FlowTotals:
         return "" if self.reader is None else self.reader.stats.describe()
 
     def netflow(self) -> dict:
-        """Datagrams, records, versions, sequence gaps, late records, records waiting for a
-        template, malformed datagrams by reason and exporter, a collector's datagrams dropped
-        at its socket and by its queue (None: not a collector) (status and /metrics)."""
+        """Datagrams, records, versions, sequence gaps, late records (`late`: summed over
+        the clocks in use, `late_by_clock`: on each), malformed datagrams by reason and
+        exporter, a collector's datagrams dropped at its socket and by its queue (None: not a
+        collector) (status and /metrics)."""
+        clocks = list(self.lanes) or ["first"]
         if self.reader is None:
             return {"datagrams": 0, "records": 0, "versions": {}, "sequence_gaps": 0,
-                    "gaps": {}, "late": 0, "malformed": {}, "by_exporter": {},
+                    "gaps": {}, "late": 0, "late_by_clock": {c: 0 for c in clocks},
+                    "malformed": {}, "by_exporter": {},
                     "socket_drops": None, "queue_drops": None}
         s = self.reader.stats
+        late = {c: int((s.late_by_clock or {}).get(c, 0)) for c in clocks}
         collector = s.socket_drops is not None
         return {"datagrams": int(s.datagrams), "records": int(s.records),
                 "socket_drops": s.socket_drops,
@@ -83,7 +137,8 @@ class _FlowTotals:
                 "versions": {str(v): int(n) for v, n in s.versions.items()},
                 "sequence_gaps": int(s.sequence_gaps),
                 "gaps": {f"{e}/{d}": int(n) for (e, d), n in s.gaps.items()},
-                "late": int(s.late), "malformed": dict(s.reasons),
+                "late": sum(late.values()), "late_by_clock": late,
+                "malformed": dict(s.reasons),
                 "by_exporter": {f"{r} from {e}": int(n)
                                 for (e, r), n in s.by_exporter.items()}}
 
@@ -104,7 +159,41 @@ class _FlowProducer(RecordProducer):
         self.stats = self.totals        # type: ignore[assignment]  # the same counters' names
         #: the datagrams received are decoded and queued when it stops
         self.releases_on_stop = False
-        self._given: int | None = None
+        #: the lanes by clock (module docstring), the link's own (`self.ring`, `self.timer`)
+        #: first; replaced whole when one is added, under `_lanes_lock`, which `_hand_on`
+        #: holds too: a batch goes into every lane or was handed on before the new one was
+        self.lanes: dict[str, FlowLane] = {CLOCKS[0]: FlowLane(CLOCKS[0], self.ring, timer)}
+        self._lanes_lock = threading.Lock()
+        #: the latest punctuation handed on per clock (a new lane starts from it)
+        self._given: dict[str, int | None] = {}
+        #: the latest record time read per clock (a new lane's timer starts from it)
+        self._seen: dict[str, int] = {}
+        #: the clock the reader stamps its batches with
+        self._stamped = CLOCKS[0]
+        #: the producer has ended: a lane made later is ended too
+        self._over = False
+        self.totals.lanes = self.lanes
+
+    def want(self, clock: str) -> FlowLane:
+        """The lane of `clock`, made (empty, its timer at the latest record time read and
+        the punctuation given on that clock) if no query windowed on it before."""
+        with self._lanes_lock:
+            lane = self.lanes.get(clock)
+            if lane is not None:
+                return lane
+            lane = FlowLane(clock, RecordQueue(self.ring.capacity, self.link),
+                            LinkTimer(0, self.timer.slack))
+            lane.given = self._given.get(clock)
+            seen = self._seen.get(clock)
+            if seen is not None:
+                lane.timer.observe(seen)
+            if self._over:
+                lane.ring.finish()
+            self.lanes = {**self.lanes, clock: lane}
+            self.totals.lanes = self.lanes
+            log.info("link %s: a query windows on %s: its records are punctuated on it too",
+                     self.link, clock)
+            return lane
 
     def _reader(self, stop=None):
         from capture.flowreader import FlowReader
@@ -113,24 +202,46 @@ class _FlowProducer(RecordProducer):
                             active_timeout_ns=self.timeout_ns,
                             exporter_timeouts_ns=self.exporter_timeouts,
                             state_path=self.state_path,
-                            stop=stop)
+                            stop=stop, clocks=CLOCKS)
         self.totals.reader = reader
-        self.timer.source = self._punctuation
+        self._stamped = reader.clock
         return reader
 
     def _hand_on(self, batch) -> None:
-        """Queue `batch` (its largest `first` is the latest record time read, where a
-        submission starts after) and take the punctuation it carries: the reader's own may
-        already be ahead of batches it has yet to yield, the batch's is not."""
-        self._push(batch)
-        p = batch.punctuation
-        if p is not None and (self._given is None or p > self._given):
-            self._given = int(p)
+        """Queue `batch` in every lane (its largest time on a clock is the latest record
+        time read there, where a submission starts after) and take the punctuation it
+        carries: the reader's own may already be ahead of batches it has yet to yield, the
+        batch's is not."""
+        ps = batch.punctuations or {}
+        with self._lanes_lock:
+            if len(batch):
+                for clock in CLOCKS:
+                    t = int(batch.columns[clock].max())
+                    if t > self._seen.get(clock, t - 1):
+                        self._seen[clock] = t
+            for clock, p in ps.items():
+                if p is not None and (self._given.get(clock) is None
+                                      or p > self._given[clock]):
+                    self._given[clock] = int(p)
+            for lane in self.lanes.values():
+                lane.hand_on(batch, self._stamped, ps.get(lane.clock))
         self._tick(None)
 
-    def _punctuation(self) -> int | None:
-        """The link's timer's source: the punctuation of the last batch queued."""
-        return self._given
+    def _tick(self, clock_ns: int | None) -> None:
+        if time.monotonic_ns() < self._next_tick:
+            return
+        self._next_tick = time.monotonic_ns() + self.period_ns
+        for lane in self.lanes.values():
+            lane.tick()
+
+    def run(self) -> None:
+        try:
+            super().run()
+        finally:
+            with self._lanes_lock:
+                self._over = True
+                for lane in self.lanes.values():
+                    lane.ring.finish()
 
     def netflow_stats(self) -> dict:
         return self.totals.netflow()
@@ -202,9 +313,13 @@ class NetflowFileLink(_FlowProducer):
             reader.close()
 
     def _unskipped(self, batch):
-        """The batch without its records before `skip_before` (None: none is left)."""
+        """The batch without its records before `skip_before` (None: none is left): by flow
+        end when a resumed query windows on it (a record starting before a `last` query's
+        first window may end in it; one ending before starts before too, so a `first`
+        query's records are kept as well, those it wrote held back by its start)."""
         assert self.skip_before is not None
-        keep = batch["timestamp"] >= self.skip_before
+        clock = "last" if "last" in self.lanes else self._stamped
+        keep = batch.columns[clock] >= self.skip_before
         n = int(np.count_nonzero(keep))
         self.skipped += len(batch) - n
         if n == len(batch):

@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -177,7 +178,8 @@ class ServedLink:
         self.packets = 0
         self.bytes = 0
         self.punctuation: int | None = None
-        self.punct_log: deque = deque(maxlen=PUNCT_LOG)   # (punctuation, wall ns)
+        #: per clock of its lanes (None: its only one), (punctuation, wall ns)
+        self.punct_logs: dict[str | None, deque] = {}
         #: (monotonic s, packets, bytes) every RATE_STEP_S, sampled by the router
         self._rates: deque = deque(maxlen=int(RATE_WINDOW_S / RATE_STEP_S) + 4)
 
@@ -185,17 +187,27 @@ class ServedLink:
     def ring(self):
         return self.producer.ring
 
+    def rings(self) -> list[tuple[str | None, Any]]:
+        """(clock, ring) of each lane of the link, its own first: a served NETFLOW link
+        stamps its records on each clock its queries window on (`flowlinks.FlowLane`); any
+        other link has one ring, clock None (its batches go to every feed)."""
+        lanes = getattr(self.producer, "lanes", None)
+        if lanes is None:
+            return [(None, self.ring)]
+        return [(clock, lane.ring) for clock, lane in lanes.items()]
+
     def stats(self) -> dict:
         """Counters of the link (the status and the metrics read them)."""
         p = self.producer
         capture = getattr(p, "capture", None)
         st = capture.stats if capture is not None else p.stats
-        ring = self.ring.stats()
+        # rows a lane had no room for are lost to the queries on its clock: every lane's count
+        drops = sum(int(r.stats().dropped) for _, r in self.rings())
         pps, bps = self.rates()
         return {"name": self.name, "source": self.source, "packets": self.packets,
                 "bytes": self.bytes, "pps": pps, "bps": bps,
                 "malformed": int(st.malformed), "reasons": dict(st.reasons),
-                "ring_drops": int(ring.dropped),
+                "ring_drops": drops,
                 "kernel_drops": int(getattr(st, "kernel_drops", 0) or 0),
                 "punctuation_ns": self.punctuation,
                 "error": None if p.error is None else str(p.error),
@@ -248,10 +260,12 @@ class ServedLink:
         self.capture_for(None if any(r is None for r in reads)
                          else {c for r in reads for c in (r or ())})
 
-    def punctuated_at(self, p: int) -> int | None:
-        """Wall ns at which this link's punctuation first reached `p` (None: not yet, or
-        before the remembered history)."""
-        for value, wall in self.punct_log:
+    def punctuated_at(self, p: int, clock: str | None = None) -> int | None:
+        """Wall ns at which this link's punctuation (on `clock`, of a link with lanes; None:
+        its own) first reached `p` (None: not yet, or before the remembered history)."""
+        if clock is None:
+            clock = self.rings()[0][0]
+        for value, wall in self.punct_logs.get(clock, ()):
             if value >= p:
                 return wall
         return None
@@ -373,19 +387,29 @@ class LinkRouter(threading.Thread):
     def _drain(self) -> bool:
         took = False
         for link in self.links.values():
-            batch, p = link.ring.take(self.batch_rows)
-            if batch is not None and len(batch):
-                link.packets += len(batch)
-                link.bytes += int(batch["len"].sum(dtype="int64"))
-                self._each(link, lambda f, b=batch: f.process(b))
-                took = True
-            if p is not None:
-                link.punctuation = p
-                link.punct_log.append((p, time.time_ns()))
-                self._each(link, lambda f, p=p: f.punctuate(p))
-                took = True
-            link.ring.release()
-            if getattr(link.producer, "ended_input", False) and link.ring.done:
+            rings = link.rings()
+            for lane, (clock, ring) in enumerate(rings):
+                batch, p = ring.take(self.batch_rows)
+                # the link's counters and punctuation are its own lane's (the others carry
+                # the same records, stamped on another clock)
+                if batch is not None and len(batch):
+                    if lane == 0:
+                        link.packets += len(batch)
+                        link.bytes += int(batch["len"].sum(dtype="int64"))
+                    self._each(link, (lambda f, b=batch: f.process(b)) if clock is None
+                               else (lambda f, b=batch, c=clock: f.process(b, c)))
+                    took = True
+                if p is not None:
+                    if lane == 0:
+                        link.punctuation = p
+                    link.punct_logs.setdefault(clock, deque(maxlen=PUNCT_LOG)).append(
+                        (p, time.time_ns()))
+                    self._each(link, (lambda f, p=p: f.punctuate(p)) if clock is None
+                               else (lambda f, p=p, c=clock: f.punctuate(p, c)))
+                    took = True
+                ring.release()
+            if getattr(link.producer, "ended_input", False) \
+                    and all(ring.done for _, ring in rings):
                 self._finish_ended(link)
         return took
 

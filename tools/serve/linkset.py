@@ -106,9 +106,29 @@ class LinkSet:
                 if link.timer.max_seen is not None and not self.record_clock(link.name)]
         return max([time.time_ns(), *seen])
 
-    def latest_seen(self, names: list[str]) -> list[int]:
-        """The latest time read on each of the links `names` that has read one."""
-        return [t for n in names if (t := self._links[n].timer.max_seen) is not None]
+    def latest_seen(self, names: list[str], sub: Submission | None = None) -> list[int]:
+        """The latest time read on each of the links `names` that has read one (on each
+        clock `sub` windows a NETFLOW link on: `flow_clocks`)."""
+        clocks = {} if sub is None else self.flow_clocks(sub)
+        out = []
+        for n in names:
+            lanes = getattr(self._links[n].producer, "lanes", None)
+            timers = [self._links[n].timer] if not clocks.get(n) or lanes is None else \
+                [lanes[c].timer for c in clocks[n] if c in lanes]
+            out += [t for timer in timers if (t := timer.max_seen) is not None]
+        return out
+
+    def flow_clocks(self, sub: Submission) -> dict[str, list[str]]:
+        """The clocks (`first`, `last`) `sub`'s queries window each NETFLOW link on."""
+        netflow = dict(self.config.netflow)
+        out: dict[str, list[str]] = {}
+        for qp in sub.plan.queries:
+            for lp in qp.low:
+                if lp.link in netflow and lp.record is not None and lp.record.clock:
+                    clocks = out.setdefault(lp.link, [])
+                    if lp.record.clock not in clocks:
+                        clocks.append(lp.record.clock)
+        return out
 
     def record_clock(self, name: str) -> bool:
         """Whether link `name` is timed by its records' own field (not the wall clock)."""
@@ -128,13 +148,22 @@ class LinkSet:
                                  f"wall clock; one query set reads links of one clock")
         return bool(data)
 
-    def punctuated_at(self, links: list[str], p: int) -> int | None:
+    def punctuated_at(self, links: list[str], p: int,
+                      clocks: dict[str, list[str]] | None = None) -> int | None:
         """Wall ns at which every one of `links` (of these) had punctuated `p` (None: not
-        yet)."""
-        times = [self._links[n].punctuated_at(p) for n in links if n in self._links]
+        yet), a NETFLOW link on each of its `clocks` (of a submission: `flow_clocks`)."""
+        clocks = clocks or {}
+        own: list[str | None] = [None]
+        times = [self._links[n].punctuated_at(p, c) for n in links if n in self._links
+                 for c in (clocks.get(n) or own)]
         if not times or any(t is None for t in times):
             return None
         return max(t for t in times if t is not None)
+
+    def punctuated_for(self, sub: Submission) -> Callable[[list[str], int], int | None]:
+        """`punctuated_at` on the clocks `sub` windows its NETFLOW links on (its outputs'
+        latency: the wall time their windows' punctuation reached the server)."""
+        return lambda links, p: self.punctuated_at(links, p, self.flow_clocks(sub))
 
     # --- submissions ---------------------------------------------------------------------------
     def check_kinds(self, sub: Submission) -> None:
@@ -153,10 +182,8 @@ class LinkSet:
                         raise RunConfigError(f"{what}, but the link carries NetFlow/IPFIX "
                                              f"flow records (serve --netflow-in): read it as "
                                              f"{lp.link}.NETFLOW")
-                    if carried is not None and lp.record.clock != carried.clock:
-                        raise RunConfigError(f"{what} windowed on {lp.record.clock}, but the "
-                                             f"server's NETFLOW link {lp.link} is punctuated "
-                                             f"on {carried.clock}")
+                    # windowed on `first` or `last`: the link stamps and punctuates its
+                    # records on each clock in use (`prepare`)
                     continue
                 if carried is None and lp.record is not None and lp.record.kind == "netflow":
                     raise RunConfigError(f"{what}, but the link carries packets (a NETFLOW "
@@ -177,16 +204,29 @@ class LinkSet:
 
     def prepare(self, sub: Submission) -> None:
         """Before `sub` is attached: a live link captures what it reads from now on
-        (payloads, whole frames), so that its first window has them."""
+        (payloads, whole frames), so that its first window has them; a NETFLOW link stamps
+        and punctuates its records on every clock `sub` windows it on (a lane each,
+        `tools.pipeline.flowlinks`)."""
+        self._want_lanes(sub)
         for link in sub.links:
             if link in self._links:
                 self._links[link].refresh_capture(
                     also=[lp for qp in sub.plan.queries for lp in qp.low if lp.link == link])
 
+    def _want_lanes(self, sub: Submission) -> None:
+        """A NETFLOW link stamps and punctuates its records on every clock `sub` windows it
+        on from now on (made again when it resumes: `attach`)."""
+        for link, clocks in self.flow_clocks(sub).items():
+            producer = self._links[link].producer if link in self._links else None
+            if producer is not None and hasattr(producer, "want"):
+                for clock in clocks:
+                    producer.want(clock)
+
     def attach(self, sub: Submission, before=None) -> None:
         """`sub`'s feeds run on its links' packets from the router's next batch on; `before`
         (if given) runs on the router's thread first, with no batch routed in between."""
         def attach():
+            self._want_lanes(sub)          # a resumed query's lanes (before its start)
             if before is not None:
                 before()
             for link, feed in sub.feeds.items():

@@ -10,7 +10,8 @@ Names (Prometheus conventions: `_total` counters, base units, `link` / `query` l
 `oopscope_link_kernel_drops_total`, `oopscope_link_punctuation_seconds`; a NETFLOW link's
 `oopscope_link_netflow_datagrams_total`, `oopscope_link_netflow_records_total`,
 `oopscope_link_netflow_malformed_total{reason}` (datagrams and sets),
-`oopscope_link_netflow_sequence_gaps_total`, `oopscope_link_netflow_late_records_total`, a
+`oopscope_link_netflow_sequence_gaps_total`, `oopscope_link_netflow_late_records_total`,
+`oopscope_link_netflow_clock_late_records_total{clock}`, a
 collector's `oopscope_link_netflow_socket_drops_total` (datagrams the kernel dropped at its
 socket, also in `oopscope_link_kernel_drops_total`) and
 `oopscope_link_netflow_queue_drops_total` (dropped by its queue);
@@ -155,12 +156,21 @@ def _netflow(links: list[dict]):
                      ("records", "Flow records decoded"),
                      ("sequence_gaps", "Datagrams or records missing by the exporters' "
                                        "sequence numbers"),
-                     ("late_records", "Flow records released below the link's punctuation"),
+                     ("late_records", "Flow records released below the link's punctuation, "
+                                      "summed over the clocks its queries window on"),
                      ("socket_drops", "Datagrams the kernel dropped at the collector's "
                                       "socket (its receive buffer full)"),
                      ("queue_drops", "Datagrams the collector's queue dropped (full)")):
         yield _family(f"oopscope_link_netflow_{key}", doc, "link", flows,
                       "late" if key == "late_records" else key)
+    by_clock = CounterMetricFamily("oopscope_link_netflow_clock_late_records",
+                                   "Flow records below the link's punctuation on a clock "
+                                   "(first, last) its queries window on",
+                                   labels=["link", "clock"])
+    for s in flows:
+        for clock, n in s.get("late_by_clock", {}).items():
+            by_clock.add_metric([s["name"], clock], float(n))
+    yield by_clock
     malformed = CounterMetricFamily("oopscope_link_netflow_malformed",
                                     "Malformed NetFlow/IPFIX input, by reason",
                                     labels=["link", "reason"])

@@ -241,7 +241,7 @@ class Submissions:
         """A submission on links timed by their records' own field starts with the first
         window after the latest record time read on them (from their first record when none
         has been read yet)."""
-        seen = self._links.latest_seen(sub.links)
+        seen = self._links.latest_seen(sub.links, sub)
         if not seen:
             sub.record.first_window_ns = 0
             sub.record.suppress = []
@@ -266,7 +266,7 @@ class Submissions:
             sub.allow_slots = lambda lp: self.budget.grant(
                 sub.name, footprint(lp), lambda: list(self._running.values()))
             try:
-                sub.build(self._hub, self._links.punctuated_at)
+                sub.build(self._hub, self._links.punctuated_for(sub))
             except BaseException:
                 sub.release()             # the spool thread it may have started
                 raise
@@ -352,7 +352,7 @@ class Submissions:
 
     def _resume_built(self, sub: Submission, down_since: int | None) -> None:
         record = sub.record
-        sub.build(self._hub, self._links.punctuated_at)     # to find its spools
+        sub.build(self._hub, self._links.punctuated_for(sub))     # to find its spools
         gap_from = sub.last_punctuation()
         if self._links.data_clock(sub):
             # its links are read again from their start: it goes on where its spool stops,
@@ -484,7 +484,7 @@ class Submissions:
         a file's are read past)."""
         if not sub.record.stopped_cleanly or not self._links.data_clock(sub):
             return
-        seen = self._links.latest_seen(sub.links)
+        seen = self._links.latest_seen(sub.links, sub)
         if seen:
             sub.record.suppress.append([INT64_MIN, first_window_start(sub.chosen, max(seen))])
 
