@@ -145,18 +145,23 @@ def test_duration_stops_the_replay_at_that_capture_time(one_link, spark_session,
 
 @pytest.mark.slow
 def test_sigterm_closes_every_window_and_exits_0(one_link, tmp_path):
-    """A paced run stopped by SIGTERM writes the windows of every packet it read, exit 0."""
+    """A paced run stopped by SIGTERM writes the windows of every packet it read, exit 0.
+    Stopped once its first window is written (Spark up, the replay under way: 60 s of it at
+    2x), not after a fixed time a busy machine may not have started it in."""
     from capture.reader import read_all
     from tests.tools.test_tools_run import expected_rows
 
     out = tmp_path / "per5s.csv"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "run", str(one_link["query"]),
-                             "--link", f"main={one_link['pcap']}", "--speed", "5",
+                             "--link", f"main={one_link['pcap']}", "--speed", "2",
                              "--output", f"per5s={out}"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                             cwd=Path(__file__).resolve().parents[2])
-    time.sleep(6)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and proc.poll() is None and not (
+            out.exists() and len(out.read_text().splitlines()) > 1):
+        time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     err = err.decode()

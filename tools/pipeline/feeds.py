@@ -37,8 +37,12 @@ class SpoolQueue:
     waits until every file put so far is written; no later file is written (a stage applies
     a link's punctuation only once every earlier file of it is read)."""
 
-    def __init__(self, depth: int = 4):
+    def __init__(self, depth: int = 4, before_write=None):
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        #: called on the queue's thread before a file with partial rows is written (the
+        #: appliance saves its query's counters there: a crash then never leaves a spool
+        #: file whose rows were not counted, for the restarted stage to read)
+        self._before_write = before_write
         self._error: BaseException | None = None
         self._failed = False
         self._thread = threading.Thread(target=self._run, name="oopscope-spool", daemon=True)
@@ -71,6 +75,8 @@ class SpoolQueue:
                     return
                 if not self._failed:
                     writer, partials, punctuation = item
+                    if self._before_write is not None and any(b.num_rows for b in partials):
+                        self._before_write()
                     writer.write(partials, punctuation)
             except BaseException as exc:   # handed to the low level's thread by _raise
                 self._failed, self._error = True, exc
@@ -139,12 +145,13 @@ class OperatorFeed:
 
     def _send(self, rows: list, punctuation: int | None) -> None:
         """One spool file of `rows` and `punctuation`, on the queue's thread if there is one."""
+        # counted before the file is handed on: a `SpoolQueue`'s `before_write` counts it
+        self.summary.partial_rows += sum(b.num_rows for b in rows)
+        self.summary.spool_files += 1
         if self.spool_queue is not None:
             self.spool_queue.put(self.writer, rows, punctuation)
         else:
             self.writer.write(rows, punctuation)
-        self.summary.partial_rows += sum(b.num_rows for b in rows)
-        self.summary.spool_files += 1
 
     def _write_complete(self, punctuation: int) -> None:
         """Write the buffered rows of panes ending by `punctuation` with it; keep the rest."""

@@ -295,6 +295,7 @@ class Submission:
         self.feeds: dict[str, AttachedFeed] = {}
         self.graph: Any = None                  # highlevel.graph.StageGraph once built
         self.spool_queue: Any = None            # tools.pipeline.feeds.SpoolQueue once built
+        self._counting = threading.Lock()       # save_counters: one thread at a time
         self.stages_started = False
         #: its stages were made (their counters can be read, even once stopped)
         self.stages_made = False
@@ -399,7 +400,7 @@ class Submission:
             out = self.outputs[self.stream_name(qp.name)]
             out.set_window(qp.high.window)
             out.recall(self.record.first_generation)
-        self.spool_queue = SpoolQueue()
+        self.spool_queue = SpoolQueue(before_write=self.save_counters)
         per_link: dict[str, list] = {n: [] for n in self.spool_links if n not in self.remote}
         for lp in self.graph.low_plans():
             if lp.link in self.remote:          # its agent runs it (tools.cluster.watch)
@@ -544,8 +545,15 @@ class Submission:
         """Its counters into its record, saved (while it runs: a stage's end of batch)."""
         if self.tally is None or self.record.state != "running":
             return
-        self.keep_counters()
-        self.record.save(self.state_dir)
+        # from the stages' threads and the spool queue's (before a file of partial rows is
+        # written: a restarted stage reads it, and its rows count)
+        with self._counting:
+            self.keep_counters()
+            try:
+                self.record.save(self.state_dir)
+            except OSError as exc:     # the next save tries again; nothing is lost but counts
+                log.warning("cannot save query %s's counters: %s", self.name,
+                            exc.strerror or exc)
 
     def info(self) -> dict:
         """Its state and counters: those of `carryover.CARRIED` and its rows count from its
