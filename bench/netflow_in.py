@@ -24,8 +24,11 @@ one sending socket of this process (a loopback UDP replay):
 The time runs from the first datagram sent until the receiver is done with what it got:
 for nfcapd, its socket's receive queue first seen empty after the last datagram went out
 (it reads and stores one datagram at a time); for oopscope, whose own thread empties the
-socket into a queue, the last change of the records its progress line counts (handed to the
-low level; a 0.5 s period), once the line has not changed for 3 s. records/s is the records
+socket into a queue, when its low level was done with the last record, as its summary says
+(`link r1: the low level was done with the last record at T`, wall clock to the
+microsecond), once its progress line has not changed for 3 s (the line's own end point,
+the last change of the records it counts, has the line's 0.5 s period: `progress_seconds`
+in the JSON). records/s is the records
 the receiver kept over that time; `behind` is how long after the last datagram went out the
 receiver was done. oopscope's windows close as the exporter's clock passes them: `rows+` is
 how much later its result rows last changed (the Spark stage writing the windows closed
@@ -154,6 +157,7 @@ def replay(dg: Datagrams, port: int, rate: float | None, limit: int | None = Non
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
         send = s.sendto
+        wall0 = time.time()
         t0 = time.perf_counter()
         if rate is None:
             for p in payloads:
@@ -170,7 +174,7 @@ def replay(dg: Datagrams, port: int, rate: float | None, limit: int | None = Non
                 sent_records += sum(per[a:a + chunk])
         seconds = time.perf_counter() - t0
     return {"datagrams": len(payloads), "records": sum(per), "send_seconds": seconds,
-            "t0": t0}
+            "t0": t0, "wall0": wall0}
 
 
 def await_drained(port: int, after: float, deadline: float) -> float:
@@ -251,7 +255,13 @@ def run_oopscope(dg: Datagrams, work: Path, rate: float | None, timeout: float,
     if proc.returncode != 0 or not m:
         return {"status": f"exit {proc.returncode}: {_tail(err_path)}"}
     gaps = re.search(r"(\d+) sequence gaps", text)
-    return _result(sent, end, int(m.group(1)), sock,
+    # the run's own end point (its summary): when the low level was done with the last
+    # record, to the microsecond, where the progress line changes every 0.5 s
+    done = re.search(r"link r1: the low level was done with the last record at ([\d.]+)", text)
+    progress_end = end
+    if done:
+        end = sent["t0"] + float(done.group(1)) - sent["wall0"]
+    return _result(sent, end, int(m.group(1)), sock, progress_seconds=progress_end - sent["t0"],
                    sequence_gaps=int(gaps.group(1)) if gaps else None,
                    rows_after_s=max(0.0, rows_end - end),
                    rows=max(0, sum(1 for _ in open(out)) - 1) if out.exists() else 0)
