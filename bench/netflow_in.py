@@ -78,6 +78,8 @@ QUERY = ("DEFINE { query_name q; }\n"
 ACTIVE_TIMEOUT = "60s"
 #: the progress line's period is 0.5 s: unchanged this long, the run has settled
 SETTLE_S = 3.0
+#: ... and this long when it has not counted every record sent (some may have been dropped)
+UNDERCOUNT_SETTLE_S = 15.0
 
 
 def count(text: str) -> int:
@@ -191,10 +193,12 @@ _PROGRESS = re.compile(r"^oopscope: ([\d,]+) packets .*?, ([\d,]+) result rows",
 
 
 def await_settled(err_path: Path, port: int, after: float,
-                  deadline: float) -> tuple[float, float]:
+                  deadline: float, expected: int | None = None) -> tuple[float, float]:
     """When oopscope's progress line last changed its records handed on and its result rows
     written, once neither has changed for SETTLE_S past `after` (over as many lines as that
-    takes: a busy process may delay its progress thread) and the socket is drained."""
+    takes: a busy process may delay its progress thread) and the socket is drained. Short of
+    the `expected` records, UNDERCOUNT_SETTLE_S of no change: a starved run (load ~20 on two
+    cores) can hand on no batch for SETTLE_S while it still has records queued."""
     changed = [after, after]
     seen: list = [None, None]
     pos, same = 0, 0
@@ -209,7 +213,9 @@ def await_settled(err_path: Path, port: int, after: float,
             for k in (0, 1):
                 if m.group(k + 1) != seen[k]:
                     seen[k], changed[k], same = m.group(k + 1), now, 0
-        if now - max(*changed, after) >= SETTLE_S and same >= SETTLE_S / 0.5 - 1 and \
+        wait = SETTLE_S if expected is None or seen[0] is None or \
+            int(seen[0].replace(",", "")) >= expected else UNDERCOUNT_SETTLE_S
+        if now - max(*changed, after) >= wait and same >= wait / 0.5 - 1 and \
                 not socket_stats(port, ss=False).get("rx_queue"):
             return max(changed[0], after), max(changed[1], after)
         time.sleep(0.1)
@@ -242,7 +248,7 @@ def run_oopscope(dg: Datagrams, work: Path, rate: float | None, timeout: float,
         time.sleep(1.0)                     # the start's own work settles
         sent = replay(dg, port, rate, limit)
         end, rows_end = await_settled(err_path, port, sent["t0"] + sent["send_seconds"],
-                                      deadline)
+                                      deadline, sent["records"])
         sock = socket_stats(port)
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=max(10.0, deadline - time.perf_counter()))
