@@ -235,6 +235,12 @@ class FlowDecoder:
         self.stats = FlowStats()
         self.max_pending = max_pending
         self._held: deque[_Held] = deque()
+        #: per (exporter, domain, version, options), the template set last learned whole
+        #: and the cache's revision after it: exporters resend the same set every few
+        #: datagrams (softflowd: 1 in 16; a router: every few seconds), and reading it again
+        #: in Python would change nothing
+        self._known_sets: dict[tuple, tuple[bytes, int]] = {}
+        self._learned_whole = False
         self._next_seq: dict[tuple[str, int, int], int] = {}
         self._pairs: dict[str, tuple[int, int]] = {}
         #: each (exporter, domain)'s latest export time (ns, its clock): its punctuation
@@ -279,7 +285,12 @@ class FlowDecoder:
         d_start = np.zeros(n, np.int64)
         np.cumsum(lens[:-1], out=d_start[1:])
         code = self._code
-        codes = np.fromiter(map(code, exporters), np.int32, n)
+        if n and isinstance(exporters, (list, tuple)) and exporters.count(exporters[0]) == n:
+            # one exporter (a collector's batch is most often all one router's): a pointer
+            # comparison per datagram in C, not a Python call
+            codes = np.full(n, code(exporters[0]), np.int32)
+        else:
+            codes = np.fromiter(map(code, exporters), np.int32, n)
         arr = np.asarray(arrivals, np.int64) if n else np.zeros(0, np.int64)
         self.stats.datagrams += n
         self.stats.bytes += int(lens.sum())
@@ -506,6 +517,19 @@ class FlowDecoder:
     def _templates(self, body: bytes, version: int, exporter: str, domain: int,
                    options: bool) -> None:
         """Learn the templates of a (options) template set; IPFIX withdrawals too."""
+        key = (exporter, domain, version, options)
+        if self._known_sets.get(key) == (body, self.templates.revision):
+            return                  # learned whole already, and nothing changed since
+        self._learn_set(body, version, exporter, domain, options)
+        # a set with a fault is read again each time (its fault counted each time)
+        if self._learned_whole:
+            if len(self._known_sets) > 4096:      # bounded against spoofed exporters
+                self._known_sets.clear()
+            self._known_sets[key] = (body, self.templates.revision)
+
+    def _learn_set(self, body: bytes, version: int, exporter: str, domain: int,
+                   options: bool) -> None:
+        self._learned_whole = False
         p, end = 0, len(body)
         while end - p >= 4:
             tid, count = struct.unpack_from(">HH", body, p)
@@ -563,6 +587,7 @@ class FlowDecoder:
                 return
             self.templates.learn(exporter, domain, tid, t)
             self._release(exporter, domain, tid)
+        self._learned_whole = True
 
     def _data_set(self, body, set_id, version, exporter, domain, unix_ms, uptime, sets,
                   ctx) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import struct
 import subprocess
 import time
 from pathlib import Path
@@ -292,3 +293,37 @@ def test_mutated_datagrams_counted_never_raised(pcaps_dir, data):
         assert (p is None) == (not dec.latest_export)
     if mutated == originals:
         assert dec.stats.malformed == 0
+
+
+def _v9(seq: int, *sets: bytes) -> bytes:
+    return struct.pack(">HHIIII", 9, len(sets), 1000, 1_700_000_000, seq, 0) + b"".join(sets)
+
+
+def _template_set(*fields: tuple[int, int]) -> bytes:
+    body = struct.pack(">HH", 256, len(fields)) + b"".join(struct.pack(">HH", *f)
+                                                          for f in fields)
+    return struct.pack(">HH", 0, 4 + len(body)) + body
+
+
+def test_a_template_set_sent_again_decodes_as_the_first():
+    """Exporters resend their template sets every few datagrams; the decoder skips one equal
+    to the set it learned last (`FlowDecoder._known_sets`), so a redefinition, a return to
+    the first definition and a faulty set (counted each time) must still be read."""
+    packets_first = _template_set((8, 4), (2, 4), (1, 4))     # srcIP, packets, bytes
+    bytes_first = _template_set((8, 4), (1, 4), (2, 4))      # srcIP, bytes, packets
+    data = struct.pack(">HHIII", 256, 16, 0x0A000001, 5, 700)
+    faulty = _template_set((8, 4), (2, 0))                   # a field of length 0
+    plan = [packets_first, packets_first, bytes_first, bytes_first, packets_first, faulty,
+            faulty]
+    datagrams = [_v9(i, s, data) for i, s in enumerate(plan)]
+    dec = FlowDecoder()
+    # one call, then a call per datagram (the walk stops at each template datagram)
+    cols = [dec.decode(datagrams, ["192.0.2.1"] * len(datagrams), list(range(len(plan))))]
+    for i, d in enumerate(datagrams):
+        cols.append(dec.decode([d], ["192.0.2.1"], [i]))
+    want_packets = [5, 5, 700, 700, 5, 5, 5]      # the faulty set leaves the last one
+    assert cols[0]["packets"].tolist() == want_packets
+    assert cols[0]["bytes"].tolist() == [700 if p == 5 else 5 for p in want_packets]
+    assert [int(c["packets"][0]) for c in cols[1:]] == [5, 5, 700, 700, 5, 5, 5]
+    assert dec.stats.reasons == {"bad_template": 4}
+    assert dec.stats.sequence_gaps == 1        # the second pass starts the numbers again

@@ -6,6 +6,7 @@ writing no window twice and counting no record twice."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -114,8 +115,10 @@ def test_windows_close_while_the_exporter_is_silent(datagrams, tmp_path):
     port = free_udp_port()
     proc = start(tmp_path, port, "--output", f"q={out}")
     try:
+        sent = time.time()
         send(port, datagrams)
         wait_for(lambda: len(written(out)) >= len(want), proc, tmp_path / "err")
+        written_by = time.time()
         assert proc.poll() is None
         err = stop(proc, tmp_path / "err")
     finally:
@@ -124,6 +127,11 @@ def test_windows_close_while_the_exporter_is_silent(datagrams, tmp_path):
             proc.wait()
     assert f"{len(datagrams)} datagrams (v9: {len(datagrams)}), 0 sequence gaps, 0 late " \
         "records" in err, err
+    # when the low level was done with the last record (bench.netflow_in times runs by it):
+    # after the first datagram went out, before the last window was written
+    done = re.search(r"link r1: the low level was done with the last record at ([\d.]+) "
+                     r"\(epoch s\)", err)
+    assert done and sent < float(done.group(1)) < written_by, err
     pd.testing.assert_frame_equal(written(out), want, check_dtype=False)
 
 
@@ -218,7 +226,6 @@ def test_socket_drops_of_a_paused_run_in_its_summary(datagrams, tmp_path, monkey
     decoded that is every one sent."""
     # a small socket buffer, as the test's flood means to overflow it (the default holds it)
     monkeypatch.setenv("OOPSCOPE_NETFLOW_RCVBUF", str(1 << 21))
-    import re
 
     port = free_udp_port()
     proc = start(tmp_path, port)

@@ -120,6 +120,8 @@ class LinkSummary:
     malformed_detail: str = ""
     #: what a link's reader adds to its summary (a NETFLOW link: datagrams, sequence gaps)
     notes: str = ""
+    #: a NETFLOW collector's: wall ns when the low level was done with its last record
+    last_record_ns: int | None = None
 
 
 @dataclass
@@ -190,6 +192,9 @@ class RunSummary:
                 lines += [f"link {s.name}: problem: {p}" for p in s.problems]
                 if s.notes:
                     lines.append(f"link {s.name}: {s.notes}")
+                if s.last_record_ns is not None:
+                    lines.append(f"link {s.name}: the low level was done with the last record "
+                                 f"at {s.last_record_ns / 1e9:.6f} (epoch s)")
                 continue
             bad = ", ".join(f"{k} {v}" for k, v in sorted(s.reasons.items())
                             if k not in benign) or "none"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from capture.punctuation import LinkTimer
@@ -224,6 +225,9 @@ class LinkFeeds:
         self.packets = 0          # handed to the low level (the progress line reads it)
         self.bytes = 0
         self.finished = False
+        #: wall ns when the low level was done with the latest records (a NETFLOW
+        #: collector's summary says it: `bench.netflow_in` times the run by it)
+        self.last_ns: int | None = None
         self._lock = threading.Lock()
 
     @property
@@ -279,6 +283,7 @@ class LinkFeeds:
         self.timer.observe(int(batch["timestamp"].max()))
         self.packets += n
         self.bytes += int(batch["len"].sum(dtype="int64"))
+        self.last_ns = time.time_ns()
 
     def punctuate(self, p: int) -> None:
         """Hand punctuation `p` (already aligned and increasing) to every operator."""

@@ -297,6 +297,8 @@ class LocalSources:
                 s.problems.append(source.problem)
             s.punctuations = feeds[name].timer.count
             s.ring_drops, s.kernel_drops = drops(source)
+            if getattr(source, "holds_on_stop", False):       # a NETFLOW collector
+                s.last_record_ns = feeds[name].last_ns
             summary.links[name] = s
             if summary.resumed:
                 summary.skipped[name] = int(getattr(source, "skipped", 0))
