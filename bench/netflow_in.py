@@ -102,6 +102,15 @@ class Datagrams:
         return sum(self.records)
 
 
+def ten_seconds(dg: Datagrams, rate: float) -> int:
+    """How many of the first datagrams hold ~10 s of records at `rate` records/s."""
+    limit, total = 0, 0
+    while limit < len(dg.records) and total < rate * 10:
+        total += dg.records[limit]
+        limit += 1
+    return limit
+
+
 def make_datagrams(directory: Path, records: int, version: int) -> Datagrams:
     """The router's export as `version` datagrams (module docstring), made once."""
     from capture.flowdecode import FlowDecoder
@@ -395,12 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"oopscope, v{dg.version} paced (~10 s of datagrams each)")
         print(HEADER)
         for rate in sorted(rates):
-            # the first datagrams holding ~10 s of records at this rate
-            limit, total = 0, 0
-            while limit < len(dg.records) and total < rate * 10:
-                total += dg.records[limit]
-                limit += 1
-            r = run_oopscope(dg, args.dir, float(rate), args.timeout, limit)
+            r = run_oopscope(dg, args.dir, float(rate), args.timeout, ten_seconds(dg, rate))
             r["rate"] = rate
             report["rates"].append(r)
             print(_row("oopscope", r))
@@ -421,11 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         print(HEADER)
         report["nfcapd_rates"] = []
         for rate in sorted(rates):
-            limit, total = 0, 0
-            while limit < len(dg.records) and total < rate * 10:
-                total += dg.records[limit]
-                limit += 1
-            r = run_nfcapd(dg, args.dir, float(rate), args.timeout, limit)
+            r = run_nfcapd(dg, args.dir, float(rate), args.timeout, ten_seconds(dg, rate))
             r["rate"] = rate
             report["nfcapd_rates"].append(r)
             print(_row("nfcapd", r))

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from capture.flowdecode import FlowDecoder
 from capture.flowsource import read_datagrams
-from tests.capture.test_capture_flowdecode import CAPTURE, softflowd_datagrams
+from tests.capture.test_capture_flowdecode import CAPTURE, mutate, softflowd_datagrams
 
 
 def both(datagrams: list[bytes], exporters: list[str], per_call: int = 50):
@@ -98,20 +98,6 @@ def test_mutated_datagrams_behind_known_templates(softflowd, data):
     the Python reader counts them, never raised."""
     version = data.draw(st.sampled_from([9, 10]))
     d = softflowd[version]
-    mutated = []
-    for x in d[3:12]:
-        b = bytearray(x)
-        for _ in range(data.draw(st.integers(0, 4))):
-            if not b:
-                break
-            i = data.draw(st.integers(0, len(b) - 1))
-            op = data.draw(st.sampled_from(["flip", "cut", "zero16", "big16"]))
-            if op == "flip":
-                b[i] ^= data.draw(st.integers(1, 255))
-            elif op == "cut":
-                del b[i:]
-            elif i + 1 < len(b):
-                b[i:i + 2] = b"\0\0" if op == "zero16" else b"\xff\xff"
-        mutated.append(bytes(b))
+    mutated = [mutate(data, x, 4) for x in d[3:12]]
     feed = d[:3] + mutated
     assert_same(feed, ["192.0.2.7"] * len(feed), per_call=len(feed))
