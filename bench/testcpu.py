@@ -97,13 +97,13 @@ def main(directory: Path, top: int) -> None:
         band = [c for _, c, _ in rows if lo <= c < hi]
         click.echo(f"  tests of {lo}-{hi} CPU s: {len(band):5d}, {sum(band):7.0f} CPU s "
                    f"({sum(band) / cpu:.0%})")
-    modules: collections.Counter = collections.Counter()
-    walls: collections.Counter = collections.Counter()
+    modules: dict[str, float] = collections.defaultdict(float)
+    walls: dict[str, float] = collections.defaultdict(float)
     for name, c, w in rows:
         modules[name.split("::")[0]] += c
         walls[name.split("::")[0]] += w
     click.echo("\nCPU s   wall s  module")
-    for name, c in modules.most_common(top):
+    for name, c in sorted(modules.items(), key=lambda kv: -kv[1])[:top]:
         click.echo(f"{c:7.1f} {walls[name]:7.1f}  {name}")
     click.echo("\nCPU s   wall s  test")
     for name, c, w in sorted(rows, key=lambda r: -r[1])[:top]:
