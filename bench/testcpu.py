@@ -45,6 +45,9 @@ def pytest_configure(config) -> None:
     """In a worker: its own cgroup, which its subprocesses inherit."""
     global _group
     if not hasattr(config, "workerinput"):
+        # the controller, before its workers start: a report is of this run only
+        for old in DEFAULT_DIR.glob("*.tsv"):
+            old.unlink()
         return
     group = CGROUP / f"w{os.getpid()}"
     try:
