@@ -1,7 +1,7 @@
 """Where the test suite's CPU goes: each test's CPU time, its subprocesses and JVMs included.
 
-    python3 -m pytest -q -n 4 -p bench.testcpu          # as root: records /tmp/oopscope-testcpu
-    python -m bench.testcpu [--dir /tmp/oopscope-testcpu] [--top 30]   # the report
+    python3 -m pytest -q -n 4 -p bench.testcpu          # as root: records ~/.cache/oopscope/testcpu
+    python -m bench.testcpu [--dir DIR] [--top 30]   # the report
 
 The suite on 2 cores is bound by CPU, not by its waits (the machine is busy the whole run),
 so its wall time is its CPU time over the cores: that is what to cut, test by test. Most of
@@ -30,7 +30,8 @@ import pytest
 log = logging.getLogger(__name__)
 
 CGROUP = Path("/sys/fs/cgroup/cpuacct/oopscope-testcpu")
-DEFAULT_DIR = Path("/tmp/oopscope-testcpu")
+# private to the user (root), never a fixed name in the shared /tmp
+DEFAULT_DIR = Path.home() / ".cache" / "oopscope" / "testcpu"
 BANDS = (1, 5, 15, 30)
 
 _group: Path | None = None
