@@ -157,3 +157,26 @@ def files_markers(paths: list[Path], earliest_end,
             return None          # late rows possible: the Spark job counts them
         out.append(replace(m, kept=m.rows))
     return out
+
+
+def drop_unfinished_logs(stream: Path) -> int:
+    """Remove the temporary files a killed query left in its checkpoint's logs (`offsets`,
+    `commits`, `sources/*`), and return how many. Spark writes each log file as a hidden
+    `.<batch>.<uuid>.tmp` renamed into place; one a kill -9 interrupted stays, and Spark 4
+    then refuses to start the query from a checkpoint with no batch logged but a file in
+    `offsets` (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY). Call with no query of the
+    checkpoint running (the run holds its state directory's lock)."""
+    dropped = 0
+    logs = [stream / "offsets", stream / "commits",
+            *((stream / "sources").glob("*") if (stream / "sources").is_dir() else ())]
+    for directory in logs:
+        if not directory.is_dir():
+            continue
+        for path in directory.iterdir():
+            if path.name.startswith(".") and ".tmp" in path.name and path.is_file():
+                path.unlink(missing_ok=True)
+                dropped += 1
+    if dropped:
+        log.info("checkpoint %s: %d unfinished log files of a stopped run removed", stream,
+                 dropped)
+    return dropped

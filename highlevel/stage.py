@@ -46,7 +46,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.streaming import StreamingQuery
 
 from common.spool import partials_dir
-from highlevel.batchfiles import SpoolFileMarker
+from highlevel.batchfiles import SpoolFileMarker, drop_unfinished_logs
 from highlevel.callbacks import CallbackConnection
 from highlevel.errors import HighLevelError
 from highlevel.session import get_session, lower_priority
@@ -186,6 +186,7 @@ class Stage:
         return reader.parquet(str(partials_dir(self.spool, self.spec.query)))
 
     def _writer(self):
+        drop_unfinished_logs(self.checkpoint / "stream")
         return (self.stream().writeStream.foreachBatch(self.process_batch)
                 .queryName(f"oopscope_{self.label}{self.spec.query}")
                 .option("checkpointLocation", str(self.checkpoint / "stream")))

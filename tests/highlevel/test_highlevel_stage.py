@@ -73,3 +73,23 @@ def test_silent_link_holds_windows_until_its_timer_punctuation(spark, tmp_path):
     rows = sink.table().num_rows
     stage.process_batch(batch_frame(spark, spec, [timer]), 1)
     assert sink.table().num_rows == rows
+
+
+def test_a_log_file_a_kill_interrupted_does_not_stop_the_next_start(spark, tmp_path):
+    """A run killed while Spark wrote its first offsets file leaves the hidden temporary
+    file behind; Spark 4 refuses a checkpoint with a file in `offsets` and no batch logged.
+    The stage removes such leftovers when it starts, and runs."""
+    rng = np.random.default_rng(7)
+    spec = demo_spec(query="killed", links=("a",), registers=16)
+    writer = SpoolWriter(tmp_path / "spool", "killed", "a")
+    writer.write([random_partials(rng, [30, 31], 10, query="killed")], 32 * SECOND)
+    writer.write([], 10**4 * SECOND)
+    offsets = tmp_path / "ck" / "stream" / "offsets"
+    offsets.mkdir(parents=True)
+    (offsets / ".0.0d5e8c1a-tmp-left-by-a-kill.tmp").write_text("v1\n")
+    (offsets / "..0.0d5e8c1a-tmp-left-by-a-kill.tmp.crc").write_bytes(b"crc")
+    sink = ListSink()
+    stage = AggregateStage(spec, tmp_path / "spool", tmp_path / "ck", [sink], spark=spark)
+    stage.run_available()
+    assert sorted(set(sink.table().column("tb").to_pylist())) == [30, 31]
+    assert not [p for p in offsets.iterdir() if ".tmp" in p.name]
