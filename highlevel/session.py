@@ -247,6 +247,7 @@ def get_session(master: str | None = None, *, app_name: str = "oopscope",
         context = SparkContext.getOrCreate(SparkConf().setAll(list(settings.items())))
         with _no_extension_providers(context, settings):
             session = builder.getOrCreate()
+        _restore_logging(session)
         session.sparkContext.setLogLevel("WARN")
         apply_conf(session.sparkContext)
         log.info("Spark %s session on %s", session.version, master)
@@ -254,7 +255,7 @@ def get_session(master: str | None = None, *, app_name: str = "oopscope",
             try:
                 check_executors(session, master)
             except BaseException:
-                session.stop()        # gives the cluster's cores back
+                _quiet_stop(session)        # gives the cluster's cores back
                 raise
         _SESSION, _MASTER = session, master
         return session
@@ -304,11 +305,33 @@ def _stopped(session) -> bool:
     return sc._jsc is None  # noqa: SLF001 - pyspark has no public "is stopped" probe
 
 
+def _quiet_stop(session) -> None:
+    """Stop `session` with its JVM's log off first: executors still registering or
+    reporting while the context stops make Spark log errors and dropped messages (with
+    stack traces) that say nothing to the user, and would follow the one line that says
+    why the run stopped."""
+    try:
+        jvm = session.sparkContext._jvm
+        log4j = jvm.org.apache.logging.log4j
+        log4j.core.config.Configurator.setAllLevels(log4j.LogManager.ROOT_LOGGER_NAME,
+                                                    log4j.Level.OFF)
+    except Exception as exc:                  # a JVM already gone: stop says so itself
+        log.debug("log level not set before stop: %s", exc)
+    session.stop()
+
+
+def _restore_logging(session) -> None:
+    """The quiet profile's levels again, in a JVM a stopped session (`_quiet_stop`) left
+    with every logger off."""
+    session.sparkContext._jvm.org.apache.logging.log4j.LogManager.getContext(False) \
+        .reconfigure()
+
+
 def stop_session() -> None:
     """Stop the process-wide session (tests and the CLI call this at exit)."""
     global _SESSION, _MASTER, _PENDING
     if _SESSION is not None:
-        _SESSION.stop()
+        _quiet_stop(_SESSION)
     if _PENDING is not None:
         _PENDING[1].cancel()
     _SESSION, _MASTER, _PENDING = None, None, None
