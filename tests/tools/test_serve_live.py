@@ -62,7 +62,8 @@ def test_submit_tail_cancel_while_traffic_flows(pair, queries, tmp_path):
         assert [q["name"] for q in server.client.queries()] == ["persec"]
 
         wait_for(lambda: time.time_ns() > a["first_window_ns"], 10, "persec's first window")
-        sender = Sender(pair, seconds=12)
+        # long enough for a submit and three windows on a loaded machine; finish() waits
+        sender = Sender(pair, seconds=25)
         sender.read(3)
         sub = server.cli("submit", str(queries / "bysrc.gsql"))
         assert "bysrc runs on main" in sub.stdout
