@@ -17,8 +17,8 @@ from pathlib import Path
 
 from tests.conftest import REPO
 
-__all__ = ["run_command", "run_ok", "kill_when", "csv_rows", "csv_windows", "parquet_rows",
-           "table_rows"]
+__all__ = ["run_command", "run_ok", "run_here", "kill_when", "csv_rows", "csv_windows",
+           "parquet_rows", "table_rows"]
 
 
 def run_command(query: str, links: dict[str, Path], outputs: dict[str, Path | str], *,
@@ -39,6 +39,54 @@ def run_ok(cmd: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     """Run a command to its end; it must succeed."""
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout)
     assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+def run_here(cmd: list[str], *, check: bool = True,
+             stdin: str | None = None) -> subprocess.CompletedProcess:
+    """`run_ok` (or, with check=False, `subprocess.run`) of an `oopscope` command line, in
+    this process: `tools.cli.main` on the same arguments, its standard streams and its
+    warnings (as the command prints them) captured. A run here shares the test process's
+    Spark session (`highlevel.session`), where a process of its own starts a JVM (~6 of the
+    ~8 CPU-seconds a small run costs). For a command that is not killed or signalled, and
+    whose check is on what it writes: the process boundary is tested by the tests that
+    kill it."""
+    import contextlib
+    import io
+    import logging
+
+    from tools.cli import _LevelFormatter, main
+
+    prefix = [sys.executable, "-m", "tools.cli"]
+    assert cmd[:3] == prefix, cmd
+    argv = cmd[3:]
+    out, err = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(_LevelFormatter())
+    verbose = sum(a.count("v") for a in argv if re.fullmatch(r"-v+", a))
+    handler.setLevel(logging.WARNING if verbose == 0 else logging.INFO if verbose == 1
+                     else logging.DEBUG)
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(min(level, handler.level) if level else handler.level)
+    old_stdin = sys.stdin
+    try:
+        if stdin is not None:
+            sys.stdin = io.TextIOWrapper(io.BytesIO(stdin.encode()))
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(argv)
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.stdin = old_stdin
+        root.removeHandler(handler)
+        root.setLevel(level)
+    done = subprocess.CompletedProcess(cmd, code, out.getvalue(), err.getvalue())
+    if check:
+        assert done.returncode == 0, done.stderr[-4000:]
     return done
 
 

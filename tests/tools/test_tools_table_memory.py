@@ -15,7 +15,7 @@ import pytest
 from lowlevel.operator import LowLevelOperator
 from lowlevel.sizing import first_slots
 from queries.planner import plan_text
-from tests.tools.resuming import csv_rows, kill_when, run_command, run_ok
+from tests.tools.resuming import csv_rows, kill_when, run_command, run_here
 from tools.pipeline.tablesizes import TableLog
 from tools.serve.submission import Record, RecordError
 
@@ -119,16 +119,16 @@ def test_a_resumed_run_starts_at_its_grown_size(many_groups, tmp_path):
 
     kill_when(cmd, settled, poll=0.02)
     had = json.loads(tables.read_text())["pairs"]["main"]
-    resumed = run_ok(cmd)
+    resumed = run_here(cmd)
     assert "run resumed from its spool and checkpoint" in resumed.stderr, resumed.stderr
     # it started at the grown size: a run from the declared count needs two resizes to
     # get there (256 -> 1024 -> 4096); the resumed one none
     assert _table(resumed.stderr) == (had, 0), resumed.stderr
-    fresh = run_ok(run_command(str(query), {"main": many_groups},
+    fresh = run_here(run_command(str(query), {"main": many_groups},
                                {"pairs": tmp_path / "fresh.csv"}, speed="max", extra=grow))
     assert _table(fresh.stderr)[1] >= 2, fresh.stderr
     # a fixed table's rows are the resumed run's
-    fixed = run_ok(run_command(str(query), {"main": many_groups},
+    fixed = run_here(run_command(str(query), {"main": many_groups},
                                {"pairs": tmp_path / "fixed.csv"}, speed="max",
                                extra=("--set", "aggregate_slots=4096")))
     assert "table 4,096 slots (0 resizes)" in fixed.stderr, fixed.stderr
