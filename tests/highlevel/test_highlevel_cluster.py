@@ -10,8 +10,8 @@ import pytest
 
 from common.spool import SpoolWriter
 from highlevel.aggregate import AggregateStage
-from highlevel.cluster import LocalCluster
 from highlevel.testing import demo_spec, random_partials
+from tests.conftest import QuickCluster
 from tools.results.parts import ParquetSink
 
 SECOND = 10**9
@@ -27,12 +27,13 @@ def test_standalone_cluster_gives_the_rows_of_local_mode(spark, tmp_path):
             w.write([random_partials(rng, [t, t + 1], 30)], (t + 1) * SECOND)
     local = ParquetSink(tmp_path / "local")
     AggregateStage(spec, tmp_path / "spool", tmp_path / "ck-local", [local], spark=spark).run_available()
-    with LocalCluster(cores=1, memory="1g", workdir=str(tmp_path / "cluster")) as url:
+    with QuickCluster(tmp_path / "cluster") as cluster:
+        url = cluster.url
         done = subprocess.run(
             [sys.executable, "-m", "highlevel.testing", "run-stage", "--spool",
              str(tmp_path / "spool"), "--checkpoint", str(tmp_path / "ck-cluster"), "--out",
              str(tmp_path / "cluster-out"), "--master", url, "--available-now"],
-            capture_output=True, text=True, timeout=300)
+            capture_output=True, text=True, timeout=300, env=cluster.env())
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"master={url} executors=1" in done.stdout
     want = local.read().sort_by([("tb", "ascending"), ("srcIP", "ascending"),

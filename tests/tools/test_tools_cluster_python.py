@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, QuickCluster, quick_spark_conf
 from tests.tools.test_tools_venv_install import QUERY, SCHEMA, records
 
 pytestmark = pytest.mark.slow
@@ -28,12 +27,14 @@ SELECT tb, srcIP, COUNT(*) AS packets FROM [l0].IPV4 GROUP BY time/5 AS tb, srcI
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    from highlevel.cluster import LocalCluster
+def quick(tmp_path_factory):
+    with QuickCluster(tmp_path_factory.mktemp("cluster")) as cluster:
+        yield cluster
 
-    with LocalCluster(cores=1, memory="1g",
-                      workdir=str(tmp_path_factory.mktemp("cluster"))) as url:
-        yield url
+
+@pytest.fixture(scope="module")
+def cluster(quick) -> str:
+    return quick.url
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +47,10 @@ def python_without_oopscope(tmp_path_factory) -> str:
     return str(env / "bin" / "python")
 
 
-def _environment(**extra: str) -> dict[str, str]:
+def _environment(quick, **extra: str) -> dict[str, str]:
     """This process's environment without the PYSPARK_* a session started here may have
-    set, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_")}
+    set, with the quick cluster's SPARK_CONF_DIR, plus `extra`."""
+    env = {k: v for k, v in quick.env().items() if not k.startswith("PYSPARK_")}
     return {**env, **extra}
 
 
@@ -68,14 +69,14 @@ def _assert_one_line(stderr: str, python: str, url: str) -> str:
     assert "spark.archives" in line
 
 
-def test_the_check_passes_and_python_stages_run_on_the_cluster(cluster, tmp_path):
+def test_the_check_passes_and_python_stages_run_on_the_cluster(cluster, quick, tmp_path):
     (tmp_path / "schema.txt").write_text(SCHEMA)
     (tmp_path / "q.gsql").write_text(QUERY.split("DEFINE { query_name odd")[0])
     rows = records()
     (tmp_path / "records.csv").write_text("".join(f"{t},{a},{b},{v}\n" for t, a, b, v in rows))
     res = _cli("-v", "run", str(tmp_path / "q.gsql"), "--schema", str(tmp_path / "schema.txt"),
                "--link", f"csv={tmp_path / 'records.csv'}", "--master", cluster,
-               "--output", f"same={tmp_path / 'same.csv'}", env=_environment())
+               "--output", f"same={tmp_path / 'same.csv'}", env=_environment(quick))
     assert res.returncode == 0, res.stderr[-3000:]
     assert "executors import oopscope (" in res.stderr, res.stderr[-3000:]
     assert "Traceback" not in res.stderr
@@ -85,29 +86,27 @@ def test_the_check_passes_and_python_stages_run_on_the_cluster(cluster, tmp_path
 
 
 def test_a_worker_python_without_oopscope_stops_collect_in_one_line(
-        cluster, python_without_oopscope, tmp_path):
+        cluster, quick, python_without_oopscope, tmp_path):
     # spark.pyspark.python in spark-defaults.conf wins over PYSPARK_PYTHON, as for
     # spark-submit (the environment names this interpreter, which has oopscope)
-    conf = tmp_path / "conf"
-    conf.mkdir()
-    (conf / "spark-defaults.conf").write_text(
-        f"spark.pyspark.python {python_without_oopscope}\n")
+    conf = quick_spark_conf(tmp_path / "conf", f"spark.pyspark.python {python_without_oopscope}")
     (tmp_path / "q.gsql").write_text(PACKET_QUERY)
     spool = tmp_path / "spool"
     res = _cli("collect", str(tmp_path / "q.gsql"), "--spool", str(spool), "--links", "l0",
                "--master", cluster, "--output", f"per_window={tmp_path / 'out.csv'}",
-               env=_environment(SPARK_CONF_DIR=str(conf), PYSPARK_PYTHON=sys.executable))
+               env=_environment(quick, SPARK_CONF_DIR=str(conf), PYSPARK_PYTHON=sys.executable))
     assert res.returncode == 1, res.stderr[-3000:]
     _assert_one_line(res.stderr, python_without_oopscope, cluster)
     assert not (tmp_path / "out.csv").exists() or (tmp_path / "out.csv").stat().st_size == 0
 
 
-def test_serve_reports_the_check_as_its_sparks_state(cluster, python_without_oopscope,
+def test_serve_reports_the_check_as_its_sparks_state(cluster, quick, python_without_oopscope,
                                                       ten_seconds_pcap, tmp_path, monkeypatch):
     from tools.serve.testing import Server, wait_for
 
     monkeypatch.setenv("PYSPARK_PYTHON", python_without_oopscope)
     monkeypatch.delenv("PYSPARK_DRIVER_PYTHON", raising=False)
+    monkeypatch.setenv("SPARK_CONF_DIR", str(quick.conf_dir))
     server = Server(["--link", f"main={ten_seconds_pcap}", "--loop", "--master", cluster],
                     tmp_path / "state", tmp_path / "serve.log").start()
     try:
