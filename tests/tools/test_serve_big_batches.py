@@ -4,13 +4,12 @@ every row into JSON for a queue that would drop them cost each window a second).
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pyarrow.csv as pacsv
 import pytest
 
-from tests.conftest import REPO
+from tests.tools.resuming import run_here
 from tests.tools.serving import Server
 from tools.serve.tail import TAIL_ROWS
 
@@ -27,9 +26,8 @@ GROUP BY time/5 AS tb, srcIP, destIP;
 def test_a_batch_larger_than_a_tail_reaches_it_cut_and_counted(tmp_path):
     pcap = tmp_path / "many.pcap"
     # 60K packets of 30K (srcIP, destIP) pairs in 10 s: some 19K pairs per 5-s window
-    subprocess.run([sys.executable, "-m", "tools.cli", "gen", str(pcap), "-n", "60k",
-                    "--duration", "10s", "--groups", "30000"], cwd=REPO, check=True,
-                   capture_output=True)
+    run_here([sys.executable, "-m", "tools.cli", "gen", str(pcap), "-n", "60k",
+              "--duration", "10s", "--groups", "30000"])
     server = Server(["--link", f"main={pcap}", "--loop"], tmp_path / "state",
                     tmp_path / "serve.log").start()
     try:

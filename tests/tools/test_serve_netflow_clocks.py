@@ -10,14 +10,14 @@ over a capture of the same datagrams."""
 from __future__ import annotations
 
 import struct
-import subprocess
 import sys
 
 import pandas as pd
 import pytest
 
 from tests.capture.test_capture_flowdecode import softflowd_datagrams
-from tests.conftest import REPO, free_udp_port
+from tests.conftest import free_udp_port
+from tests.tools.resuming import run_here
 from tests.tools.serving import metric_samples, read_output, wait_for
 from tests.tools.test_serve_netflow import _netflow, _send, _start
 
@@ -63,11 +63,10 @@ def test_one_served_link_windowed_on_first_and_last(pcaps_dir, tmp_path):
     for name, clock in QUERIES.items():
         (tmp_path / f"{name}.gsql").write_text(_query(name, clock))
         out = tmp_path / f"run_{name}.csv"
-        proc = subprocess.run([sys.executable, "-m", "tools.cli", "run",
-                               str(tmp_path / f"{name}.gsql"), "--netflow-in", f"r1={pcap}",
-                               "--output", f"{name}={out}"], cwd=REPO, capture_output=True,
-                              text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr
+        # the oracle: in this process (the server below is the process under test)
+        proc = run_here([sys.executable, "-m", "tools.cli", "run",
+                         str(tmp_path / f"{name}.gsql"), "--netflow-in", f"r1={pcap}",
+                         "--output", f"{name}={out}"])
         assert " 0 late records" in proc.stderr, proc.stderr
         want[name] = _frame(pd.read_csv(out))
     # flow end differs from flow start: the two queries' windows are not the same

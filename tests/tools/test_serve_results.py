@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import threading
 from collections import defaultdict
 
 import pytest
 
-from tests.conftest import REPO
+from tests.tools.resuming import run_here
 from tests.tools.serving import Server, wait_for
 
 SCHEMA = """PROTOCOL base {
@@ -90,12 +89,10 @@ def test_run_and_serve_write_the_same_bytes(tmp_path):
     for name in ("counts", "mix"):
         for ext in ("csv", "jsonl"):
             runs[name, ext] = tmp_path / f"run-{name}.{ext}"
-            res = subprocess.run(
-                [sys.executable, "-m", "tools.cli", "run", str(query), "--schema", str(schema),
-                 "--csv-separator", "|", "--link", f"csv={data}",
-                 "--output", f"{name}={runs[name, ext]}"], cwd=REPO, capture_output=True,
-                text=True, timeout=300)
-            assert res.returncode == 0, res.stderr
+            # the oracle: in this process (the server below is the process under test)
+            run_here([sys.executable, "-m", "tools.cli", "run", str(query), "--schema",
+                      str(schema), "--csv-separator", "|", "--link", f"csv={data}",
+                      "--output", f"{name}={runs[name, ext]}"])
 
     fifo = tmp_path / "feed.fifo"
     os.mkfifo(fifo)

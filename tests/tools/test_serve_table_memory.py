@@ -6,12 +6,13 @@ query's table already has the grown size before its first window closes (in `que
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
+from pathlib import Path
 
+import pyarrow.csv as pacsv
 import pytest
 
-from tests.conftest import REPO
+from tests.tools.resuming import run_here
 from tests.tools.serving import Server, metric_samples, read_output, wait_for
 
 QUERY = ("DEFINE { query_name pairs; } SELECT tb, srcIP, destIP, count(*) AS n, sum(len) AS b "
@@ -31,14 +32,23 @@ def _by_window(directory) -> dict:
     return {tb: sorted(rows) for tb, rows in out.items()}
 
 
+def _windows(directory) -> set:
+    """The windows of an output directory: `set(_by_window(directory))`, reading only the
+    `tb` column (the waits below ask every half second, over thousands of rows)."""
+    tbs: set = set()
+    for part in sorted(Path(directory).glob("part-*.csv")):
+        tbs.update(pacsv.read_csv(part, convert_options=pacsv.ConvertOptions(
+            include_columns=["tb"])).column("tb").to_pylist())
+    return tbs
+
+
 @pytest.mark.slow
 def test_a_restarted_query_starts_at_its_grown_size(tmp_path):
     # 2,000 packets/s over 2,000 (srcIP, destIP) pairs: about 1,300 groups per 1-s window,
     # which need 4,096 slots at load 1/2; the query declares 100 (256 slots)
     cap = tmp_path / "pairs.pcap"
-    subprocess.run([sys.executable, "-m", "tools.cli", "gen", str(cap), "-n", "20k",
-                    "--duration", "10s", "--groups", "2000"], cwd=REPO, check=True,
-                   capture_output=True)
+    run_here([sys.executable, "-m", "tools.cli", "gen", str(cap), "-n", "20k",
+              "--duration", "10s", "--groups", "2000"])
     query = tmp_path / "pairs.gsql"
     query.write_text(QUERY)
     state = tmp_path / "state"
@@ -57,7 +67,7 @@ def test_a_restarted_query_starts_at_its_grown_size(tmp_path):
                 size = json.loads(record.read_text())["tables"]["pairs"]["main"]
             except (OSError, ValueError, KeyError):
                 return False
-            windows = len(_by_window(state / "grow"))
+            windows = len(_windows(state / "grow"))
             if seen.get("size") != size:
                 seen.update(size=size, windows=windows)
             return size >= 4096 and windows >= seen["windows"] + 3
@@ -75,10 +85,10 @@ def test_a_restarted_query_starts_at_its_grown_size(tmp_path):
         assert ["QUERY", "SLOTS", "PER", "ROW"] in [ln[:4] for ln in lines]
         assert ["grow", str(had)] in [ln[:2] for ln in lines]
         assert ["fixed", "4096"] in [ln[:2] for ln in lines]
-        before = set(_by_window(state / "grow"))
+        before = _windows(state / "grow")
         server.wait_spark()
-        wait_for(lambda: len(set(_by_window(state / "grow")) - before) >= 5
-                 and len(set(_by_window(state / "fixed")) - before) >= 5, 240,
+        wait_for(lambda: len(_windows(state / "grow") - before) >= 5
+                 and len(_windows(state / "fixed") - before) >= 5, 240,
                  "five windows after the restart")
         q = _query(server, "grow")
         assert q["slots"] == had, q          # it needed no growth
