@@ -245,6 +245,8 @@ def test_running_aggregate_equals_reference(capture, spark_session, tmp_path):
             path.write_text(text)
         plan = plan_text(text, links, path=str(path), functions=library)
         want = evaluate_file(plan, batches)
+        if path != example:
+            running = want
         (qp,) = plan.queries
         out = tmp_path / f"{qp.name}.csv"
         summary = run(RunConfig(query_file=str(path), links=capture["links"],
@@ -254,8 +256,7 @@ def test_running_aggregate_equals_reference(capture, spark_session, tmp_path):
         assert len(want[qp.name]) > 0
         assert summary.queries[qp.name].rows == len(want[qp.name])
         assert_same_rows(out, want[qp.name], qp)
-    rows = evaluate_file(plan_text(RUNNING_QUERIES, links, functions=library),
-                         batches)["ports_avg"]
+    rows = running["ports_avg"]
     # carried windows without a row still report the running mean
     assert ((rows["n"] == 0) & (rows["avg3"] > 0)).any()
 
