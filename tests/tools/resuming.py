@@ -60,7 +60,9 @@ def run_here(cmd: list[str], *, check: bool = True,
     prefix = [sys.executable, "-m", "tools.cli"]
     assert cmd[:3] == prefix, cmd
     argv = cmd[3:]
-    out, err = io.StringIO(), io.StringIO()
+    # stdout with a binary buffer under it: an output to `-` writes its bytes there
+    raw = io.BytesIO()
+    out, err = io.TextIOWrapper(raw, encoding="utf-8", write_through=True), io.StringIO()
     handler = logging.StreamHandler(err)
     handler.setFormatter(_LevelFormatter())
     verbose = sum(a.count("v") for a in argv if re.fullmatch(r"-v+", a))
@@ -84,7 +86,8 @@ def run_here(cmd: list[str], *, check: bool = True,
         sys.stdin = old_stdin
         root.removeHandler(handler)
         root.setLevel(level)
-    done = subprocess.CompletedProcess(cmd, code, out.getvalue(), err.getvalue())
+    out.flush()
+    done = subprocess.CompletedProcess(cmd, code, raw.getvalue().decode(), err.getvalue())
     if check:
         assert done.returncode == 0, done.stderr[-4000:]
     return done

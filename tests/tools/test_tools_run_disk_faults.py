@@ -18,6 +18,7 @@ import pyarrow as pa
 import pytest
 
 from tests.conftest import REPO
+from tests.tools.resuming import run_here
 
 QUERY = """
 DEFINE { query_name flows; }
@@ -77,14 +78,15 @@ def flows(tmp_path_factory) -> SimpleNamespace:
     the CSV of an undisturbed run."""
     d = tmp_path_factory.mktemp("disk-faults")
     pcap = d / "cap.pcap"
-    subprocess.run([sys.executable, "-m", "tools.cli", "gen", str(pcap), "-n", "50k",
-                    "--duration", "120s", "--groups", "2000"], cwd=REPO, check=True,
-                   capture_output=True)
+    # the set-up's commands in this process (run_here): neither fails, nor is checked by its
+    # stderr
+    run_here([sys.executable, "-m", "tools.cli", "gen", str(pcap), "-n", "50k",
+              "--duration", "120s", "--groups", "2000"])
     query = d / "flows.gsql"
     query.write_text(QUERY)
     whole = d / "whole.csv"
-    proc = _run(str(query), "--link", f"main={pcap}", "--output", f"flows={whole}")
-    assert proc.returncode == 0, proc.stderr
+    run_here([sys.executable, "-m", "tools.cli", "run", str(query), "--link", f"main={pcap}",
+              "--output", f"flows={whole}"])
     return SimpleNamespace(dir=d, pcap=pcap, query=query,
                            lines=whole.read_text().splitlines())
 

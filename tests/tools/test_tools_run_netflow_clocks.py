@@ -14,14 +14,15 @@ import pandas as pd
 import pytest
 
 from tests.capture.test_capture_flowdecode import nfdump_records, softflowd_datagrams
+from tests.tools.resuming import run_here
 
-REPO = Path(__file__).resolve().parents[2]
 BINS = {"q300": 300_000, "q10": 10_000}            # ms
 
 
 def oopscope(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+    """An `oopscope` command run to its end in this process (`run_here`): none of these
+    runs is signalled, each is checked by what it writes."""
+    return run_here([sys.executable, "-m", "tools.cli", *args], check=False)
 
 
 def queries(clock: str) -> str:

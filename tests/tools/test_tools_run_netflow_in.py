@@ -13,6 +13,7 @@ import pytest
 
 from capture.flowsource import read_datagrams
 from tests.capture.test_capture_flowdecode import _flow_table, _skype_flows, nfdump_records
+from tests.tools.resuming import run_here
 
 REPO = Path(__file__).resolve().parents[2]
 QUERY = ("SELECT tb, srcIP, sum(bytes) AS b, sum(packets) AS p FROM r1.NETFLOW "
@@ -20,8 +21,9 @@ QUERY = ("SELECT tb, srcIP, sum(bytes) AS b, sum(packets) AS p FROM r1.NETFLOW "
 
 
 def oopscope(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+    """An `oopscope` command run to its end in this process (`run_here`): none of these
+    runs is signalled, each is checked by what it writes."""
+    return run_here([sys.executable, "-m", "tools.cli", *args], check=False)
 
 
 @pytest.mark.parametrize("version", [5, 9, 10], ids=lambda v: f"v{v}")

@@ -7,11 +7,10 @@ from the records written, by a plain nested-loop join."""
 from __future__ import annotations
 
 import csv
-import subprocess
 import sys
 from collections import Counter
 
-from tests.conftest import REPO
+from tests.tools.resuming import run_here
 
 SCHEMA = """
 PROTOCOL base {
@@ -76,8 +75,7 @@ def test_outer_joins_fill_the_absent_sides_keys_from_the_present_side(tmp_path):
     cmd = [sys.executable, "-m", "tools.cli", "run", str(query), "--schema",
            str(tmp_path / "schema.txt"), "--link", f"csv={tmp_path / 'records.csv'}",
            "--csv-separator", "pipe", "--format", "csv", "--no-progress", *outputs]
-    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stderr[-2000:]
+    run_here(cmd)
     for kind in KINDS:
         with open(tmp_path / f"{kind}.csv", newline="") as f:
             rows = list(csv.DictReader(f))

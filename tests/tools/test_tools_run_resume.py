@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import REPO
 from tests.tools.resuming import csv_rows as _rows
 from tests.tools.resuming import csv_windows as _windows
-from tests.tools.resuming import kill_when
+from tests.tools.resuming import kill_when, run_here
 
 NS = 1_000_000_000
 
@@ -44,9 +44,7 @@ def _cmd(query: str, link: Path, out: Path, spool: Path | None, ck: Path | None,
 @pytest.mark.slow
 def test_kill_9_and_resume_gives_the_uninterrupted_rows(capture, tmp_path):
     want = tmp_path / "want.csv"
-    ref = subprocess.run(_cmd("q8_1", capture, want, None, None, "max"),
-                         capture_output=True, text=True, cwd=REPO, timeout=600)
-    assert ref.returncode == 0, ref.stderr
+    run_here(_cmd("q8_1", capture, want, None, None, "max"))
     want_header, want_rows = _rows(want)
     assert len({r[0] for r in want_rows}) >= 8
 
@@ -61,20 +59,17 @@ def test_kill_9_and_resume_gives_the_uninterrupted_rows(capture, tmp_path):
     # the same state under another query file, or another capture, is refused as it is
     other_query = tmp_path / "q8_1.gsql"
     other_query.write_text((REPO / "queries/library/q8_1.gsql").read_text() + "\n-- changed\n")
-    refused = subprocess.run(_cmd(str(other_query), capture, out, spool, ck, "20"),
-                             capture_output=True, text=True, cwd=REPO, timeout=600)
+    refused = run_here(_cmd(str(other_query), capture, out, spool, ck, "20"), check=False)
     assert refused.returncode == 1
     assert "the query differs" in refused.stderr and "Traceback" not in refused.stderr
     other_capture = tmp_path / "other.pcap"
     other_capture.write_bytes(capture.read_bytes())
-    refused = subprocess.run(_cmd("q8_1", other_capture, out, spool, ck, "20"),
-                             capture_output=True, text=True, cwd=REPO, timeout=600)
+    refused = run_here(_cmd("q8_1", other_capture, out, spool, ck, "20"), check=False)
     assert refused.returncode == 1
     assert "link main: a different capture file" in refused.stderr, refused.stderr
     assert "Traceback" not in refused.stderr
 
-    resumed = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr
+    resumed = run_here(cmd)
     # continued from the spool: the packets it holds were read past, not counted again
     assert "run resumed from its spool and checkpoint; packets already in the spool, read " \
            "past: link main" in resumed.stderr, resumed.stderr
@@ -85,8 +80,7 @@ def test_kill_9_and_resume_gives_the_uninterrupted_rows(capture, tmp_path):
     assert rows == want_rows                 # windows in order, as one run writes them
 
     # a finished run's state resumes to nothing more: the output stays as it is
-    again = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
-    assert again.returncode == 0, again.stderr
+    run_here(cmd)
     assert _rows(out)[1] == want_rows
 
 

@@ -19,7 +19,7 @@ from tests.tools.resuming import (
     kill_when,
     parquet_rows,
     run_command,
-    run_ok,
+    run_here,
     table_rows,
 )
 
@@ -94,7 +94,7 @@ def _same(got, want, what: str) -> None:
 def reference(work, links, query) -> dict:
     """The uninterrupted run (no spool, no checkpoint kept): each query's header and rows."""
     outs = _outputs(work / "reference")
-    run_ok(run_command(query, links, outs, speed="max"))
+    run_here(run_command(query, links, outs, speed="max"))
     want = {q: _read(p) for q, p in outs.items()}
     for q, (_, rows) in want.items():
         assert len({r[0] for r in rows}) >= 5, f"{q}: too few windows to kill between"
@@ -128,7 +128,7 @@ def paced(work, links, query, reference) -> dict:
     at_kill["per_min"] = _part_rows(ck, "per_min")
     # the Parquet output is written from its parts at the end: not yet
     assert not outs["per_min"].exists() or outs["per_min"].stat().st_size == 0
-    resumed = run_ok(cmd)
+    resumed = run_here(cmd)
     return {"at_kill": at_kill, "stderr": resumed.stderr,
             "got": {q: _read(p) for q, p in outs.items()}}
 
@@ -206,7 +206,7 @@ def test_full_speed_resume_killed_in_each_level(work, links, query, reference):
     else:
         raise AssertionError(f"no attempt was killed at its moment: {missed}")
 
-    final = run_ok(cmd)
+    final = run_here(cmd)
     assert "read past: link link1" in final.stderr, final.stderr[-2000:]
     _same(table_rows(final.stdout), reference["both"], "both (table at full speed)")
     for q in ("sliding", "per_min", "per_2min"):
@@ -228,8 +228,8 @@ def test_a_flow_query_resumes(work, links):
     wide = ("--set", "aggregate_slots=4194304")
     want = d / "want.csv"
     d.mkdir()
-    run_ok(run_command("netflow", {"main": links["link1"]}, {"netflow": want}, speed="max",
-                       extra=wide))
+    run_here(run_command("netflow", {"main": links["link1"]}, {"netflow": want},
+                         speed="max", extra=wide))
     got = d / "got.csv"
     cmd = run_command("netflow", {"main": links["link1"]}, {"netflow": got}, speed="max",
                       spool=spool, checkpoint=ck, extra=wide)
@@ -251,7 +251,7 @@ def test_a_flow_query_resumes(work, links):
         assert ((bucket + 1) * 60 * NS <= punct[0].as_py()).all(), path
         records += len(bucket)
     assert records > 0
-    final = run_ok(cmd)
+    final = run_here(cmd)
     assert "read past: link main" in final.stderr, final.stderr[-2000:]
     assert "cannot resume" not in final.stderr
     _same(csv_rows(got), csv_rows(want), "netflow (flow records)")

@@ -158,7 +158,7 @@ def test_kill_9_and_resume_keeps_the_sampling_state(tmp_path):
     checkpoint, a sampling query carries on from its committed state (the rows waiting for
     their window, each supergroup's sampling state, the last window sampled): the output
     equals an uninterrupted run's, no row lost or written twice."""
-    from tests.tools.resuming import csv_rows, csv_windows, kill_when, run_command, run_ok
+    from tests.tools.resuming import csv_rows, csv_windows, kill_when, run_command, run_here
     from tools.gen.traffic import TrafficConfig, generate
 
     cfg = TrafficConfig(packets=60_000, duration_ns=300 * NS, groups=300, zipf=1.0, seed=12)
@@ -166,7 +166,7 @@ def test_kill_9_and_resume_keeps_the_sampling_state(tmp_path):
     query = tmp_path / "sampled.gsql"
     query.write_text(RESUMED)
     want = tmp_path / "want.csv"
-    run_ok(run_command(str(query), {"main": pcap}, {"sampled": want}, speed="max"))
+    run_here(run_command(str(query), {"main": pcap}, {"sampled": want}, speed="max"))
     want_header, want_rows = csv_rows(want)
     windows = len({r[0] for r in want_rows})
     assert windows >= 25
@@ -176,7 +176,7 @@ def test_kill_9_and_resume_keeps_the_sampling_state(tmp_path):
                       spool=tmp_path / "spool", checkpoint=tmp_path / "ck")
     kill_when(cmd, lambda: csv_windows(out) >= 4, poll=0.05)
     assert csv_windows(out) < windows, "killed too late to tell"
-    run_ok(cmd)
+    run_here(cmd)
     header, rows = csv_rows(out)
     assert header == want_header
     assert len(rows) == len(set(rows)), "a row written twice"
