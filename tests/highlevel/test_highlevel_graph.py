@@ -126,7 +126,9 @@ def test_band_join_punctuation_per_side_is_never_violated(spark, tmp_path):
     sinks["band"] += recorders
     graph = StageGraph(fp, ["band"], tmp_path / "spool", tmp_path / "ck", sinks=sinks,
                        spark=spark)
-    feed_spool(graph.low_plans(), batches, tmp_path / "spool", pieces=12, disorder_ns=SECOND,
+    # 5 pieces: 6 files a side, 12 micro-batches of the join (>= 10 below), the fewest that
+    # do; each micro-batch costs ~1.5 CPU-s (12 pieces ran 52 of them over the 3 stages)
+    feed_spool(graph.low_plans(), batches, tmp_path / "spool", pieces=5, disorder_ns=SECOND,
                seed=4)
     for _, stage in graph.stages:
         stage.max_files_per_trigger = 1
@@ -185,7 +187,9 @@ def test_joint_reader_closes_each_group_once_covered(spark, tmp_path):
         return given(sink, state)
 
     boxes.sink_punctuation = record
-    feed_spool(graph.low_plans(), batches, tmp_path / "spool", pieces=8, disorder_ns=SECOND,
+    # 5 pieces: 12 micro-batches of the join and of its reader (>= 10 below), the fewest
+    # that do; each micro-batch costs ~1.5 CPU-s (8 pieces ran 54 of them over the 4 stages)
+    feed_spool(graph.low_plans(), batches, tmp_path / "spool", pieces=5, disorder_ns=SECOND,
                seed=4)
     for name, stage in graph.stages:
         stage.max_files_per_trigger = 1
