@@ -202,15 +202,17 @@ def test_verbose_count_is_of_the_packets_printed(capture_file):
     large capture); the count and the reasons are those of the rows printed."""
     import sys
 
-    res = subprocess.run([sys.executable, "-m", "tools.cli", "-v", "decode", str(capture_file),
-                          "--limit", "2"], capture_output=True, text=True, timeout=120)
+    from tests.tools.resuming import run_here
+
+    # in this process (`run_here`): the command's exit code, stdout and stderr lines
+    res = run_here([sys.executable, "-m", "tools.cli", "-v", "decode", str(capture_file),
+                    "--limit", "2"], check=False)
     assert res.returncode == 0, res.stderr
     assert len(res.stdout.splitlines()) == 1 + 2
     assert "2 packets printed (--limit 2), reasons {'ok': 2}" in res.stderr, res.stderr
     # news is not labelled a warning (nor INFO)
     assert "oopscope: " + str(capture_file) in res.stderr and "INFO" not in res.stderr
-    res = subprocess.run([sys.executable, "-m", "tools.cli", "-v", "decode", str(capture_file)],
-                         capture_output=True, text=True, timeout=120)
+    res = run_here([sys.executable, "-m", "tools.cli", "-v", "decode", str(capture_file)])
     total = len(PACKETS) + 1
     assert f"{total} packets printed, reasons" in res.stderr
     assert "'non_ip_ethertype': 1" in res.stderr     # the ARP frame, the last ones too

@@ -12,9 +12,7 @@ import logging
 import pickle
 import re
 import struct
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -26,8 +24,8 @@ from queries.planner import plan_text
 from queries.printer import to_gsql
 from tests.oracles.reference import evaluate_file
 from tests.oracles.samples import random_batch
+from tests.tools.resuming import run_here
 
-REPO = Path(__file__).resolve().parents[2]
 AGG = "SELECT tb, COUNT(*) AS n{extra} FROM main.IP {where}GROUP BY time/60 AS tb{having}"
 
 
@@ -230,7 +228,7 @@ def test_time_minus_a_constant_warns_which_windows_it_makes(caplog):
         assert plan.queries[0].analysed.warnings == [] and "makes windows" not in caplog.text
 
 
-# --- through the command line -------------------------------------------------------------------
+# --- through the command line (in this process: `run_here`) ----------------------------------
 
 @pytest.mark.parametrize("text,where,message", [REFUSED[0], REFUSED[5], REFUSED[14],
                                                 REFUSED[20], REFUSED[23]],
@@ -241,8 +239,7 @@ def test_explain_and_run_refuse_with_one_line_and_no_traceback(text, where, mess
     capture = tmp_path / "empty.pcap"     # a pcap header without packets: never read
     capture.write_bytes(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
     for argv in (["explain", str(query)], ["run", str(query), "--link", f"main={capture}"]):
-        proc = subprocess.run([sys.executable, "-m", "tools.cli", *argv], cwd=REPO,
-                              capture_output=True, text=True, timeout=120)
+        proc = run_here([sys.executable, "-m", "tools.cli", *argv], check=False)
         assert proc.returncode == 1, (argv, proc.stdout, proc.stderr)
         assert "Traceback" not in proc.stderr
         first = proc.stderr.splitlines()[0]
@@ -253,8 +250,7 @@ def test_explain_and_run_refuse_with_one_line_and_no_traceback(text, where, mess
 def test_explain_warns_on_stderr_and_still_plans(tmp_path):
     query = tmp_path / "minus.gsql"
     query.write_text("SELECT tb, COUNT(*) FROM main.IP GROUP BY time - 60 AS tb\n")
-    proc = subprocess.run([sys.executable, "-m", "tools.cli", "explain", str(query)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    proc = run_here([sys.executable, "-m", "tools.cli", "explain", str(query)])
     assert proc.returncode == 0, proc.stderr
     assert f"oopscope: WARNING: {query}:1:43: GROUP BY time - 60 AS tb makes windows of " \
            f"1 second" in proc.stderr

@@ -352,8 +352,10 @@ def test_build_frames_is_what_the_file_holds(mixed):
 
 
 def _oopscope(*args):
-    return subprocess.run([sys.executable, "-c", "from tools.cli import main; main()", *args],
-                          capture_output=True, text=True)
+    """The command line's exit code and output, run in this process (`run_here`)."""
+    from tests.tools.resuming import run_here
+
+    return run_here([sys.executable, "-m", "tools.cli", *args], check=False)
 
 
 @pytest.mark.parametrize("args, status, message", [

@@ -1,6 +1,7 @@
 """Errors of the command line that name the likely fix: a keyword typo, ORDER BY, a schema
 file beside the query, a record link's name, a query's link on a server, a wrong CSV
-separator. The CLI ones run `oopscope` in a subprocess, as a user would."""
+separator. The CLI ones run `oopscope`'s command line as a user would (in this process,
+`run_here`: exit code, standard output and error as the command gives them)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.tools.resuming import run_here
 from tools.errors import RunLinkError
 from tools.pipeline.config import RunConfig, load_plan, plan_text
 
@@ -24,9 +26,8 @@ PER_MINUTE = "SELECT tb, sensor, sum(value) AS total FROM csv.READINGS GROUP BY 
 TOP_TALKERS = (REPO / "queries" / "library" / "top_talkers.gsql").read_text()
 
 
-def oopscope(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
+def oopscope(*args: str) -> subprocess.CompletedProcess:
+    return run_here([sys.executable, "-m", "tools.cli", *args], check=False)
 
 
 @pytest.fixture

@@ -97,18 +97,16 @@ def test_active_timeouts_malformed(values, message):
 @pytest.mark.parametrize("command", ["run", "serve", "agent"])
 def test_active_timeout_malformed_on_every_command(command, tmp_path):
     """One clear usage line naming the option, exit 2, no traceback, before anything runs."""
-    import subprocess
     import sys
-    from pathlib import Path
+
+    from tests.tools.resuming import run_here
 
     args = {"run": ["run", "q8_1", "--netflow-in", "r1=127.0.0.1:9"],
             "serve": ["serve", "--netflow-in", "r1=127.0.0.1:9", "--state", str(tmp_path)],
             "agent": ["agent", "q8_1", "--netflow-in", "r1=127.0.0.1:9", "--spool",
                       str(tmp_path)]}[command]
-    r = subprocess.run([sys.executable, "-m", "tools.cli", *args, "--netflow-in-active-timeout",
-                        "10min", "--netflow-in-active-timeout", "edge-router=60s"],
-                       cwd=Path(__file__).resolve().parents[2], capture_output=True,
-                       text=True, timeout=120)
+    r = run_here([sys.executable, "-m", "tools.cli", *args, "--netflow-in-active-timeout",
+                  "10min", "--netflow-in-active-timeout", "edge-router=60s"], check=False)
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr
     assert "--netflow-in-active-timeout" in r.stderr

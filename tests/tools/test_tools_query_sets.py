@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.tools.resuming import run_here
+
 UP = """DEFINE { query_name tcp_pkts; }
 SELECT time/60 as tb, srcIP
 FROM TCP
@@ -30,8 +32,8 @@ def query_set(tmp_path) -> tuple[Path, Path]:
 
 
 def _cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.cli", *argv], capture_output=True,
-                          text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+    """The command line's exit code and output, run in this process (`run_here`)."""
+    return run_here([sys.executable, "-m", "tools.cli", *argv], check=False)
 
 
 def test_explain_plans_a_query_reading_another_file(query_set):

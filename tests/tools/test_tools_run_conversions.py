@@ -2,18 +2,15 @@
 get_int, get_bool, get_suffix, strid) and str_file_regex_match end to end, over a CSV record
 link through the real command line: in a selection's SELECT and WHERE and in group keys and
 aggregate arguments (the low level), in an aggregation's SELECT and HAVING over a string key
-(Spark). Each is compared with the reference evaluator and with plain Python over the lines
+(Spark); the command runs in this process (`run_here`). Each is compared with the reference evaluator and with plain Python over the lines
 written (`tests.queries.test_queries_conversion_functions`), and a few rows by hand."""
 
 from __future__ import annotations
 
 import ipaddress
-import os
-import subprocess
 import sys
 from collections import Counter, defaultdict
 
-from tests.conftest import REPO
 from tests.queries.test_queries_conversion_functions import (
     py_get_int,
     py_get_suffix,
@@ -21,6 +18,7 @@ from tests.queries.test_queries_conversion_functions import (
     py_strtoi,
     py_strtoip,
 )
+from tests.tools.resuming import run_here
 from tests.tools.test_tools_run_records import SCHEMA, read_rows, reference, run
 
 #: strings of the records: addresses, numbers in text, none, wrapping, short, non-ASCII
@@ -186,14 +184,15 @@ def test_conversions_end_to_end(tmp_path):
     assert ref_k == want_k
 
 
-def run_in(cwd, args: list[str]):
-    """`oopscope run` of this checkout from another working directory."""
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "tools.cli", "run", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+def run_in(monkeypatch, cwd, args: list[str]):
+    """`oopscope run` of this checkout from another working directory (in this process, its
+    working directory changed for the run)."""
+    with monkeypatch.context() as m:
+        m.chdir(cwd)
+        return run_here([sys.executable, "-m", "tools.cli", "run", *args], check=False)
 
 
-def test_regex_file_relative_to_the_working_directory(tmp_path):
+def test_regex_file_relative_to_the_working_directory(tmp_path, monkeypatch):
     data = tmp_path / "w.csv"
     data.write_text("\n".join(f"{i},{i},10.0.0.1,::1,{w},TRUE,0,{i},1"
                               for i, w in enumerate(["GET /", "post", "", "Host: a"])) + "\n")
@@ -202,20 +201,20 @@ def test_regex_file_relative_to_the_working_directory(tmp_path):
     query.write_text("DEFINE { query_name m; }\nSELECT llongInPosition8 AS k FROM "
                      "csv.CSV_EXAMPLE WHERE str_file_regex_match(stringInPosition5, 're.txt', "
                      "0, 0) = 1")
-    res = run_in(tmp_path, ["q.gsql", "--schema", str(SCHEMA), "--link", "csv=w.csv",
+    res = run_in(monkeypatch, tmp_path, ["q.gsql", "--schema", str(SCHEMA), "--link", "csv=w.csv",
                             "--output", "m=m.csv"])
     assert res.returncode == 0, res.stderr
     assert sorted(int(r["k"]) for r in read_rows(tmp_path / "m.csv")) == [0, 3]
 
 
-def test_a_missing_regex_file_is_an_error_naming_it(tmp_path):
+def test_a_missing_regex_file_is_an_error_naming_it(tmp_path, monkeypatch):
     data = tmp_path / "w.csv"
     data.write_text("1,1,10.0.0.1,::1,GET /,TRUE,0,1,1\n")
     query = tmp_path / "q.gsql"
     query.write_text("DEFINE { query_name m; }\nSELECT llongInPosition8 AS k FROM "
                      "csv.CSV_EXAMPLE WHERE str_file_regex_match(stringInPosition5, "
                      "'nosuch.re', 0, 0) = 1")
-    res = run_in(tmp_path, ["q.gsql", "--schema", str(SCHEMA), "--link", "csv=w.csv",
+    res = run_in(monkeypatch, tmp_path, ["q.gsql", "--schema", str(SCHEMA), "--link", "csv=w.csv",
                             "--output", "m=m.csv"])
     assert res.returncode != 0
     assert "nosuch.re: not found" in res.stderr

@@ -1,5 +1,6 @@
 """`oopscope run` over GDAT record links (GS-lite's binary tuple files), through the real command
-line in a subprocess: an aggregate and a selection over GS-lite's GDAT_EXAMPLE protocol, a
+line (in this process, `run_here`; in a process of its own for standard input, the stream
+it reads): an aggregate and a selection over GS-lite's GDAT_EXAMPLE protocol, a
 window on a record clock, standard input, and the errors. Expected rows are computed here from
 the values written and compared with the reference evaluator (`tests.oracles.reference`) over
 the batch the GDAT reader gives; `systemTime` is the wall clock when read, so groups that a
@@ -25,6 +26,7 @@ from queries.schemafile import load_schema
 from tests.capture.test_capture_gdat import EXAMPLE_FIELDS, header, pack_tuple, schema_text
 from tests.conftest import REPO
 from tests.oracles.reference import evaluate_file
+from tests.tools.resuming import run_here
 
 SCHEMA = REPO / "tests" / "queries" / "fixtures" / "gslite" / "packet_schema.txt"
 
@@ -60,7 +62,11 @@ GOOD = [r for i, r in enumerate(ROWS) if i != BAD]
 
 
 def run(args: list[str], *, stdin: bytes | None = None, timeout: int = 600):
+    """`oopscope run ARGS`: in this process, or in a process of its own reading `stdin`
+    (its descriptor 0 is what a `-` link reads)."""
     cmd = [sys.executable, "-m", "tools.cli", "run", *args]
+    if stdin is None:
+        return run_here(cmd, check=False)
     res = subprocess.run(cmd, input=stdin, capture_output=True, cwd=REPO, timeout=timeout,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     res.stdout, res.stderr = res.stdout.decode(), res.stderr.decode()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import ipaddress
-import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -17,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
 from tests.lowlevel.test_lowlevel_ip_min_max import SCHEMA
+from tests.tools.resuming import run_here
 
 QUERIES = """
 DEFINE { query_name tumble; aggregate_slots 4; }
@@ -120,8 +119,7 @@ def test_min_max_over_ipv6_in_every_window_kind(tmp_path):
     cmd = [sys.executable, "-m", "tools.cli", "run", str(query), "--schema", str(schema),
            "--link", f"csv={data}", "--format", "csv", "--no-progress",
            *[a for n in NAMES for a in ("--output", f"{n}={outs[n]}")]]
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
-    assert res.returncode == 0, res.stderr
+    run_here(cmd)
     want = _expected(rows)
     for name in NAMES:
         got, text_rows = _read(outs[name], name)

@@ -1,12 +1,11 @@
-"""A payload query end to end (`oopscope run` through the command line) over real captures:
-regular expressions (RE2 over the payload column) and fixed-offset byte matches on
+"""A payload query end to end (`oopscope run` through the command line, in this process)
+over real captures: regular expressions (RE2 over the payload column) and fixed-offset byte matches on
 `TCP_data`, checked against dpkt's payloads and Python's `re`."""
 
 from __future__ import annotations
 
 import csv
 import re
-import subprocess
 import sys
 import warnings
 from collections import Counter
@@ -17,8 +16,8 @@ import pytest
 from capture.reader import read_all
 from capture.schema import COLUMNS
 from queries.planner import plan_text
-from tests.conftest import REPO
 from tests.oracles.reference import evaluate_file
+from tests.tools.resuming import run_here
 
 QUERY = """
 SELECT tb, destPort, COUNT(*) AS n, SUM(data_length) AS bytes
@@ -57,10 +56,8 @@ def test_payload_regex_query(pcaps_dir, tmp_path, name):
     query = tmp_path / "q.gsql"
     query.write_text(QUERY)
     out = tmp_path / "out.csv"
-    res = subprocess.run([sys.executable, "-m", "tools.cli", "run", str(query), "--link",
-                          str(path), "--output", f"q={out}"], capture_output=True, text=True,
-                         cwd=REPO, timeout=600)
-    assert res.returncode == 0, res.stderr
+    run_here([sys.executable, "-m", "tools.cli", "run", str(query), "--link", str(path),
+              "--output", f"q={out}"])
     with open(out, newline="") as f:
         got = Counter({(int(r["tb"]), int(r["destPort"])): int(r["n"])
                        for r in csv.DictReader(f)})

@@ -1,5 +1,6 @@
 """`oopscope run` over CSV record links (GS-lite's record sources), through the real command
-line in a subprocess: GS-lite's CSVEXAMPLE demo with its own schema file, CSV_TCPEXAMPLE
+line (in this process, `run_here`; in a process of its own where the stream it reads is
+the point: a FIFO, standard input): GS-lite's CSVEXAMPLE demo with its own schema file, CSV_TCPEXAMPLE
 windows on its increasing field, a selection with a WHERE on a string, a FIFO fed while the
 run reads it, standard input, and the errors. Expected rows come from the reference
 evaluator (`tests.oracles.reference`) over the same file, or are computed here from the
@@ -24,6 +25,7 @@ from queries.planner import plan_text
 from queries.schemafile import load_schema
 from tests.conftest import REPO
 from tests.oracles.reference import evaluate_file
+from tests.tools.resuming import run_here
 
 SCHEMA = REPO / "tests" / "queries" / "fixtures" / "gslite" / "packet_schema.txt"
 EXAMPLE = REPO / "tests" / "tools" / "fixtures" / "gslite" / "example.gsql"
@@ -42,7 +44,14 @@ EXAMPLE_LINES = [
 ]
 
 
-def run(args: list[str], *, stdin: str | None = None, timeout: int = 600):
+def run(args: list[str]) -> subprocess.CompletedProcess:
+    """`oopscope run ARGS` in this process: its exit code, standard output and error."""
+    return run_here([sys.executable, "-m", "tools.cli", "run", *args], check=False)
+
+
+def run_process(args: list[str], *, stdin: str | None = None, timeout: int = 600):
+    """`oopscope run ARGS` in a process of its own: for a FIFO or standard input, where the
+    stream the process reads is what is tested."""
     cmd = [sys.executable, "-m", "tools.cli", "run", *args]
     return subprocess.run(cmd, input=stdin, capture_output=True, text=True, cwd=REPO,
                           timeout=timeout)
@@ -218,8 +227,8 @@ def test_fifo_fed_while_the_run_reads_it(tmp_path):
 
     t = threading.Thread(target=writer, daemon=True)
     t.start()
-    res = run([str(query), "--schema", str(SCHEMA), "--link", f"csv={fifo}",
-               "--output", f"tcp={out}"])
+    res = run_process([str(query), "--schema", str(SCHEMA), "--link", f"csv={fifo}",
+                       "--output", f"tcp={out}"])
     t.join(10)
     assert res.returncode == 0, res.stderr
     assert seen_early.is_set()
@@ -232,8 +241,8 @@ def test_standard_input(tmp_path):
     data = tmp_path / "example.csv"
     data.write_text(text)
     before = time.time()
-    res = run([str(EXAMPLE), "--schema", str(SCHEMA), "--link", "csv=-",
-               "--output", f"example={out}"], stdin=text)
+    res = run_process([str(EXAMPLE), "--schema", str(SCHEMA), "--link", "csv=-",
+                       "--output", f"example={out}"], stdin=text)
     after = time.time()
     assert res.returncode == 0, res.stderr
     got = read_rows(out)
@@ -265,8 +274,8 @@ def test_wall_clock_stream_punctuates_during_a_lull(tmp_path):
 
     t = threading.Thread(target=writer, daemon=True)
     t.start()
-    res = run([str(EXAMPLE), "--schema", str(SCHEMA), "--link", f"csv={fifo}",
-               "--output", f"example={out}"])
+    res = run_process([str(EXAMPLE), "--schema", str(SCHEMA), "--link", f"csv={fifo}",
+                       "--output", f"example={out}"])
     t.join(10)
     assert res.returncode == 0, res.stderr
     assert closed_while_open.is_set()
