@@ -193,15 +193,17 @@ def test_udaf_in_every_window_kind_equals_reference(setup, spark_session, tmp_pa
     from tools.pipeline.config import RunConfig
     from tools.pipeline.runner import run
 
-    d = tmp_path
-    (d / "udafs.def").write_text(DECLARATIONS)
-    (d / "udafs.py").write_text(MODULE)
-    (d / "w.gsql").write_text(WINDOW_QUERIES)
+    # the module's UDAF files, the ones the other runs loaded: the same module path, whose
+    # jitted update, combine and output the driver (and Spark's still-running Python
+    # workers) compiled once, where a copy elsewhere is another module, compiled anew
+    d = setup["dir"]
+    (tmp_path / "w.gsql").write_text(WINDOW_QUERIES)
     library = FunctionLibrary.load((str(d / "udafs.def"),), str(d / "udafs.py"))
-    plan = plan_text(WINDOW_QUERIES, ["main"], path=str(d / "w.gsql"), functions=library)
+    plan = plan_text(WINDOW_QUERIES, ["main"], path=str(tmp_path / "w.gsql"), functions=library)
     want = evaluate_file(plan, {"main": read_all(setup["pcap"], "main")})
     outputs = tuple((name, str(tmp_path / f"{name}.csv")) for name in WINDOW_NAMES)
-    summary = run(RunConfig(query_file=str(d / "w.gsql"), links=(("main", str(setup["pcap"])),),
+    summary = run(RunConfig(query_file=str(tmp_path / "w.gsql"),
+                            links=(("main", str(setup["pcap"])),),
                             outputs=outputs, function_files=(str(d / "udafs.def"),),
                             udf_module=str(d / "udafs.py"), progress=False))
     for name, out in outputs:
