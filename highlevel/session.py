@@ -23,6 +23,8 @@ _SESSION: Any = None
 _MASTER: str | None = None
 _PENDING = None         # ((settings, nice), highlevel.jvm.Launch) started by launch_jvm
 _LOG4J2_PATH: Path | None = None
+#: a quick-starting driver JVM (`quick_jvm_options`): C1 only, one compiler thread, serial GC
+QUICK_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1 -XX:+UseSerialGC"
 
 # Spark's default log4j2 profile prints INFO lines (and a banner about the default level) on
 # the console before any setLogLevel call can run; a config file given to the driver JVM at
@@ -112,7 +114,7 @@ def quick_jvm_options(master: str) -> str:
         return ""
     if not master.startswith("local"):
         return ""
-    return "-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1 -XX:+UseSerialGC"
+    return QUICK_JVM_OPTIONS
 
 
 def lower_priority(nice: int) -> None:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from highlevel.session import QUICK_JVM_OPTIONS
+
 REPO = Path(__file__).resolve().parents[1]
 
 # Every local Spark driver JVM the tests start (in-process sessions, and the runs, servers,
@@ -93,8 +95,8 @@ def nfcapd(flowdir: Path):
 
 
 #: the quick-start JIT and collector of the suite's local drivers (OOPSCOPE_SPARK_QUICK_JVM
-#: above, `highlevel.session.quick_jvm_options`), which that switch gives no other master
-QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:CICompilerCount=1 -XX:+UseSerialGC"
+#: above), which that switch gives no other master
+QUICK_JVM = QUICK_JVM_OPTIONS
 
 
 def quick_spark_conf(directory: Path, *lines: str) -> Path:

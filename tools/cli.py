@@ -65,14 +65,14 @@ def cli(verbose: int) -> None:
     """oopscope: GSQL queries over pcap files and live interfaces, the out-of-order way."""
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_LevelFormatter())
+    handler.setFormatter(LevelFormatter())
     logging.basicConfig(level=level, handlers=[handler])
     # the Python-JVM bridge logs every call it makes ("Received command c on object id
     # p0"): only with -vv, which is for debugging
     logging.getLogger("py4j").setLevel(logging.DEBUG if verbose >= 2 else logging.WARNING)
 
 
-class _LevelFormatter(logging.Formatter):
+class LevelFormatter(logging.Formatter):
     """`oopscope: MESSAGE` for news (INFO), `oopscope: WARNING: MESSAGE` for what needs a
     look (and ERROR, DEBUG)."""
 

@@ -42,20 +42,19 @@ def run_ok(cmd: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
     return done
 
 
-def run_here(cmd: list[str], *, check: bool = True,
-             stdin: str | None = None) -> subprocess.CompletedProcess:
+def run_here(cmd: list[str], *, check: bool = True) -> subprocess.CompletedProcess:
     """`run_ok` (or, with check=False, `subprocess.run`) of an `oopscope` command line, in
     this process: `tools.cli.main` on the same arguments, its standard streams and its
     warnings (as the command prints them) captured. A run here shares the test process's
     Spark session (`highlevel.session`), where a process of its own starts a JVM (~6 of the
     ~8 CPU-seconds a small run costs). For a command that is not killed or signalled, and
     whose check is on what it writes: the process boundary is tested by the tests that
-    kill it."""
+    kill it. Not for a `-` link: it reads descriptor 0, which no `sys.stdin` stands in for."""
     import contextlib
     import io
     import logging
 
-    from tools.cli import _LevelFormatter, main
+    from tools.cli import LevelFormatter, main
 
     prefix = [sys.executable, "-m", "tools.cli"]
     assert cmd[:3] == prefix, cmd
@@ -64,7 +63,7 @@ def run_here(cmd: list[str], *, check: bool = True,
     raw = io.BytesIO()
     out, err = io.TextIOWrapper(raw, encoding="utf-8", write_through=True), io.StringIO()
     handler = logging.StreamHandler(err)
-    handler.setFormatter(_LevelFormatter())
+    handler.setFormatter(LevelFormatter())
     verbose = sum(a.count("v") for a in argv if re.fullmatch(r"-v+", a))
     handler.setLevel(logging.WARNING if verbose == 0 else logging.INFO if verbose == 1
                      else logging.DEBUG)
@@ -72,10 +71,7 @@ def run_here(cmd: list[str], *, check: bool = True,
     level = root.level
     root.addHandler(handler)
     root.setLevel(min(level, handler.level) if level else handler.level)
-    old_stdin = sys.stdin
     try:
-        if stdin is not None:
-            sys.stdin = io.TextIOWrapper(io.BytesIO(stdin.encode()))
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 main(argv)
@@ -83,7 +79,6 @@ def run_here(cmd: list[str], *, check: bool = True,
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
-        sys.stdin = old_stdin
         root.removeHandler(handler)
         root.setLevel(level)
     out.flush()
