@@ -267,6 +267,20 @@ def _decide() -> str:
     return f"-XX:ArchiveClassesAtExit={tmp} {_QUIET}"
 
 
+def mapping_options() -> str:
+    """Options that map the archive if it exists, else nothing: never a dump. For JVMs of
+    Spark's own on this host (a standalone master, worker or executor run on the drivers'
+    class path), which start on ~3.5 CPU s less with it."""
+    if not cds_enabled():
+        return ""
+    cache = cache_dir(create=False)
+    try:
+        archive = cache and archive_path(cache, archive_key())
+    except (OSError, ValueError):
+        return ""
+    return f"-XX:SharedArchiveFile={archive} {_QUIET}" if archive and archive.is_file() else ""
+
+
 def dump_fds() -> tuple[int, ...]:
     """Descriptors a new driver JVM must inherit: the archive's lock while it writes one."""
     dump = _DUMP

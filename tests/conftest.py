@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from highlevel.jvmcache import mapping_options
 from highlevel.session import QUICK_JVM_OPTIONS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,7 +108,8 @@ def quick_spark_conf(directory: Path, *lines: str) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "spark-defaults.conf").write_text(
         "".join(f"{line}\n" for line in (f"spark.driver.defaultJavaOptions {QUICK_JVM}",
-                                          f"spark.executor.defaultJavaOptions {QUICK_JVM}",
+                                          f"spark.executor.defaultJavaOptions {QUICK_JVM} "
+                                          f"{mapping_options()}",
                                           *lines)))
     return directory
 
@@ -135,8 +137,8 @@ class QuickCluster:
 
     def __enter__(self) -> QuickCluster:
         with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("SPARK_MASTER_OPTS", QUICK_JVM)
-            mp.setenv("SPARK_WORKER_OPTS", QUICK_JVM)
+            mp.setenv("SPARK_MASTER_OPTS", f"{QUICK_JVM} {mapping_options()}")
+            mp.setenv("SPARK_WORKER_OPTS", f"{QUICK_JVM} {mapping_options()}")
             self.cluster.start()
         return self
 
