@@ -94,6 +94,14 @@ def test_two_skewed_links_joins_and_merge_equal_the_reference(spark, tmp_path):
     assert band.sink_punctuation(feed, band.state) == band.state.extra["side_punct"][1]
 
 
+def _feed_per_link(graph, batches, spool, pieces: dict[str, int]) -> None:
+    """`feed_spool` with each link cut in its own number of pieces (bounded disorder of 1 s):
+    an odd total of spool files, one micro-batch each."""
+    for k, (link, n) in enumerate(pieces.items()):
+        feed_spool([lp for lp in graph.low_plans() if lp.link == link], batches, spool,
+                   pieces=n, disorder_ns=SECOND, seed=4 + k)
+
+
 class SideRecorder(Sink):
     """A raw sink of a join on one side's time: its rows and the punctuation it is given."""
 
@@ -126,10 +134,9 @@ def test_band_join_punctuation_per_side_is_never_violated(spark, tmp_path):
     sinks["band"] += recorders
     graph = StageGraph(fp, ["band"], tmp_path / "spool", tmp_path / "ck", sinks=sinks,
                        spark=spark)
-    # 5 pieces: 6 files a side, 12 micro-batches of the join (>= 10 below), the fewest that
-    # do; each micro-batch costs ~1.5 CPU-s (12 pieces ran 52 of them over the 3 stages)
-    feed_spool(graph.low_plans(), batches, tmp_path / "spool", pieces=5, disorder_ns=SECOND,
-               seed=4)
+    # 5 and 6 files a side (4 and 5 pieces): 11 micro-batches of the join, ids 0..10 (>= 10
+    # below), the fewest that do; each micro-batch costs ~1.3 CPU-s
+    _feed_per_link(graph, batches, tmp_path / "spool", {"main": 4, "other": 5})
     for _, stage in graph.stages:
         stage.max_files_per_trigger = 1
     graph.run_available()
@@ -187,10 +194,9 @@ def test_joint_reader_closes_each_group_once_covered(spark, tmp_path):
         return given(sink, state)
 
     boxes.sink_punctuation = record
-    # 5 pieces: 12 micro-batches of the join and of its reader (>= 10 below), the fewest
-    # that do; each micro-batch costs ~1.5 CPU-s (8 pieces ran 54 of them over the 4 stages)
-    feed_spool(graph.low_plans(), batches, tmp_path / "spool", pieces=5, disorder_ns=SECOND,
-               seed=4)
+    # 6 and 5 files a side (5 and 4 pieces): 11 micro-batches of the join and of its reader,
+    # ids 0..10 (>= 10 below), the fewest that do; each micro-batch costs ~1.3 CPU-s
+    _feed_per_link(graph, batches, tmp_path / "spool", {"main": 5, "other": 4})
     for name, stage in graph.stages:
         stage.max_files_per_trigger = 1
         if name == "iband":
