@@ -209,6 +209,17 @@ def load_generated(prefix: str, text: str, digest: str = ""):
     return None
 
 
+def load_in_memory(prefix: str, text: str) -> dict:
+    """The namespace of generated kernel source `text`, compiled without Numba's disk cache
+    (where `load_generated` finds no directory to write)."""
+    stem = f"{prefix}{hashlib.sha1(text.encode()).hexdigest()[:12]}"
+    namespace: dict = {"__name__": f"oopscope_kernels.{stem}"}
+    exec(compile(text.replace("from common.jit import ngjit\n",
+                              "import numba\nngjit = numba.njit(nogil=True)\n"),
+                 f"<{stem}>", "exec"), namespace)
+    return namespace
+
+
 def specialized(kernel, ops: np.ndarray, udafs=()):
     """`kernel` (a jitted append kernel with one `update_slot(...)` line) specialized for
     `ops`; the generic kernel when that cannot be done (logged). With user-defined aggregates
@@ -234,12 +245,7 @@ def specialized(kernel, ops: np.ndarray, udafs=()):
     elif udafs:
         log.info("the %s kernel of user-defined aggregates is compiled without a disk "
                  "cache (no writable kernel directory)", kernel.py_func.__name__)
-        stem = f"{prefix}{hashlib.sha1(text.encode()).hexdigest()[:12]}"
-        namespace: dict = {"__name__": f"oopscope_kernels.{stem}"}
-        exec(compile(text.replace("from common.jit import ngjit\n",
-                                  "import numba\nngjit = numba.njit(nogil=True)\n"),
-                     f"<{stem}>", "exec"), namespace)
-        result = namespace[name]
+        result = load_in_memory(prefix, text)[name]
     else:
         log.info("the generic %s kernel is used (no writable kernel directory)",
                  kernel.py_func.__name__)
