@@ -101,64 +101,6 @@ def browser(chromium):
     return chromium
 
 
-def _rows_seen(driver) -> int:
-    return int(driver.find_element(By.ID, "rows").get_attribute("data-seen") or 0)
-
-
-def test_live_page(served_page, browser, tmp_path):
-    wait = WebDriverWait(browser, TIMEOUT, poll_frequency=0.5,
-                         ignored_exceptions=(NoSuchElementException, StaleElementReferenceException))
-    browser.get(served_page.url)
-    assert browser.title == "oopscope"
-
-    # links from api/status and the status events; the queries from api/queries
-    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#links tbody tr td.num"),
-               "the links table did not fill")
-
-    wait.until(lambda d: d.execute_script(CLICK_QUERY_JS, served_page.query),
-               f"query {served_page.query!r} not in the queries table")
-    wait.until(lambda d: d.execute_script(SELECTED_JS) == served_page.query, "the click did not select the query")
-
-    # the history (api/queries/NAME/rows) and then the rows events fill the table and the chart
-    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#rows tbody tr"), "the rows table stayed empty")
-    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#chart canvas"), "no chart canvas")
-    wait.until(lambda d: (d.execute_script(CHART_JS) or {}).get("y", 0) > 1,
-               "the chart did not get 2 windows with values")
-    header, first = browser.execute_script(ROWS_JS)
-    assert header and len(first) == len(header), (header, first)
-    ycol = Select(browser.find_element(By.ID, "ycol"))
-    assert ycol.first_selected_option.get_attribute("value"), "no column chosen for the chart"
-
-    # the canvas really drew the series (it is drawn on the next animation frame)
-    wait.until(lambda d: d.execute_script(COLOURED_PIXELS_JS) > 50, "the chart drew no series")
-
-    # another closed window arrives by server-sent event and is appended
-    seen = _rows_seen(browser)
-    wait.until(lambda d: _rows_seen(d) > seen, "no rows event appended rows within the timeout")
-
-    # choosing another column redraws the chart with it
-    options = [o.get_attribute("value") for o in ycol.options]
-    if len(options) > 1:
-        other = next(o for o in options if o != ycol.first_selected_option.get_attribute("value"))
-        ycol.select_by_value(other)
-        wait.until(lambda d: other in (d.execute_script(CHART_JS) or {}).get("label", ""),
-                   f"the chart did not switch to {other}")
-        ycol.select_by_value(options[-1])
-        wait.until(lambda d: d.execute_script(COLOURED_PIXELS_JS) > 50, "the chart drew no series")
-
-    shot = tmp_path / "serve_page.png"
-    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 0
-    print(f"screenshot: {shot}")
-
-    # the console: no errors at all, no warnings from the page's scripts
-    logs = browser.get_log("browser")
-    errors = [e for e in logs if e["level"] == "SEVERE"]
-    warnings = [e for e in logs if e["level"] == "WARNING"
-                and (e.get("source") in ("console-api", "javascript") or "/static/" in e["message"])]
-    assert not errors, errors
-    assert not warnings, warnings
-
-
 TOKEN = "page-test-token-0123456789abcdef"
 # the links table filled from api/status and the status events, and the stream said live
 LIVE_JS = """
@@ -335,3 +277,63 @@ def test_ten_second_windows_across_a_restart(ten_seconds_pcap, browser, tmp_path
         assert not [e for e in logs if e["level"] == "SEVERE"], logs
     finally:
         server.stop()
+
+
+def _rows_seen(driver) -> int:
+    return int(driver.find_element(By.ID, "rows").get_attribute("data-seen") or 0)
+
+
+# The module's last test: the `served_page` server (module-scoped) is stopped right after it,
+# not left replaying with its query through the other tests (~0.2 CPU-seconds a second).
+def test_live_page(served_page, browser, tmp_path):
+    wait = WebDriverWait(browser, TIMEOUT, poll_frequency=0.5,
+                         ignored_exceptions=(NoSuchElementException, StaleElementReferenceException))
+    browser.get(served_page.url)
+    assert browser.title == "oopscope"
+
+    # links from api/status and the status events; the queries from api/queries
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#links tbody tr td.num"),
+               "the links table did not fill")
+
+    wait.until(lambda d: d.execute_script(CLICK_QUERY_JS, served_page.query),
+               f"query {served_page.query!r} not in the queries table")
+    wait.until(lambda d: d.execute_script(SELECTED_JS) == served_page.query, "the click did not select the query")
+
+    # the history (api/queries/NAME/rows) and then the rows events fill the table and the chart
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#rows tbody tr"), "the rows table stayed empty")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#chart canvas"), "no chart canvas")
+    wait.until(lambda d: (d.execute_script(CHART_JS) or {}).get("y", 0) > 1,
+               "the chart did not get 2 windows with values")
+    header, first = browser.execute_script(ROWS_JS)
+    assert header and len(first) == len(header), (header, first)
+    ycol = Select(browser.find_element(By.ID, "ycol"))
+    assert ycol.first_selected_option.get_attribute("value"), "no column chosen for the chart"
+
+    # the canvas really drew the series (it is drawn on the next animation frame)
+    wait.until(lambda d: d.execute_script(COLOURED_PIXELS_JS) > 50, "the chart drew no series")
+
+    # another closed window arrives by server-sent event and is appended
+    seen = _rows_seen(browser)
+    wait.until(lambda d: _rows_seen(d) > seen, "no rows event appended rows within the timeout")
+
+    # choosing another column redraws the chart with it
+    options = [o.get_attribute("value") for o in ycol.options]
+    if len(options) > 1:
+        other = next(o for o in options if o != ycol.first_selected_option.get_attribute("value"))
+        ycol.select_by_value(other)
+        wait.until(lambda d: other in (d.execute_script(CHART_JS) or {}).get("label", ""),
+                   f"the chart did not switch to {other}")
+        ycol.select_by_value(options[-1])
+        wait.until(lambda d: d.execute_script(COLOURED_PIXELS_JS) > 50, "the chart drew no series")
+
+    shot = tmp_path / "serve_page.png"
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 0
+    print(f"screenshot: {shot}")
+
+    # the console: no errors at all, no warnings from the page's scripts
+    logs = browser.get_log("browser")
+    errors = [e for e in logs if e["level"] == "SEVERE"]
+    warnings = [e for e in logs if e["level"] == "WARNING"
+                and (e.get("source") in ("console-api", "javascript") or "/static/" in e["message"])]
+    assert not errors, errors
+    assert not warnings, warnings
