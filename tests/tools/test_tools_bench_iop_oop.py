@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import logging
 import multiprocessing as mp
-import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -27,12 +29,29 @@ GROUPS = QUICK.groups[:1]
 
 @pytest.fixture(scope="session")
 def quick_report(tmp_path_factory):
+    from tests.tools.resuming import run_here
+    from tools.experiments import iop_oop
+
     out = tmp_path_factory.mktemp("bench_iop_oop")
-    proc = subprocess.run(
-        [sys.executable, "-m", "tools.cli", "bench", "iop-vs-oop", "--quick",
-         "--groups", ",".join(map(str, GROUPS)),
-         "--json", str(out / "report.json"), "--plot", str(out / "plots")],
-        capture_output=True, text=True, timeout=600)
+    tools_log = logging.getLogger("tools")
+    level = tools_log.level
+    # The probes are most of the CPU: producer and consumer both spin for each (36 probes of
+    # 0.4-1.2 s, ~30 CPU-s). Two bisection steps instead of four, probes of 0.2-0.4 s:
+    # each configuration still gets probes that pass or drop, and the report the same parts.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(iop_oop, "QUICK",
+                      replace(QUICK, steps=2, probe_min_s=0.2, probe_max_s=0.4))
+        try:
+            # in this process: no second interpreter importing Numba, Arrow and matplotlib
+            proc = run_here(
+                [sys.executable, "-m", "tools.cli", "bench", "iop-vs-oop", "--quick",
+                 "--groups", ",".join(map(str, GROUPS)),
+                 "--json", str(out / "report.json"), "--plot", str(out / "plots")],
+                check=False)
+        finally:
+            # what the command sets for its own process: its log level, the frozen objects
+            tools_log.setLevel(level)
+            gc.unfreeze()
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc, json.loads((out / "report.json").read_text()), out
 
@@ -120,7 +139,8 @@ def test_paced_producer_ring_accounting_is_exact():
     ctx = mp.get_context("spawn")
     ring = PacketRing.create(2048, link="main", shared=True)
     parent, child = ctx.Pipe()
-    rate, seconds = 200_000.0, 1.0
+    # half a second: 100K rows offered, ~3x what the consumer can take (drops), 20 laps
+    rate, seconds = 200_000.0, 0.5
     proc = ctx.Process(target=_paced_child, args=(ring.name, rate, seconds, child))
     proc.start()
     consumed = 0
