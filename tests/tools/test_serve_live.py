@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.tools.conftest import veth_pair
-from tests.tools.serving import Sender, Server, burst_truth, per_window, read_output, wait_for
+from tests.tools.serving import Sender, Server, burst_truth, cli_here, per_window, read_output, wait_for
 
 pytestmark = [pytest.mark.needs_root, pytest.mark.slow]
 
@@ -39,6 +39,25 @@ def pair():
     yield from veth_pair("oopsrv")
 
 
+
+def _stop_between_bursts(sender: Sender) -> None:
+    """Stop the sender as soon as it is between two bursts, with every burst it sent read.
+    Burst k is sent from k+0.4 s on and its line printed after it; the next cannot start
+    before k+1.4 s. So a kill made (its call returned) before then cuts no burst; a reader
+    too late for that waits for the next burst instead."""
+    while True:
+        sender.read(1)
+        second = json.loads(sender.lines[-1])["second"]
+        if time.time() < second + 1.1:
+            sender.proc.kill()
+            if time.time() < second + 1.4:
+                break
+            raise AssertionError("the sender was killed too late to be sure of its last burst")
+    sender.proc.wait()
+    assert sender.proc.stdout is not None
+    sender.lines += [line for line in sender.proc.stdout.read().splitlines() if line.strip()]
+
+
 @pytest.fixture
 def queries(tmp_path):
     (tmp_path / "persec.gsql").write_text(PER_SECOND)
@@ -49,23 +68,25 @@ def queries(tmp_path):
 def test_submit_tail_cancel_while_traffic_flows(pair, queries, tmp_path):
     server = Server(["--interface", f"main={pair.outer}"], tmp_path / "state",
                     tmp_path / "serve.log").start()
+    sender = None
     try:
         server.wait_spark()
         a = server.client.submit(text=PER_SECOND, file="persec.gsql")
         assert a["name"] == "persec" and "first window starts at" in a["message"]
         # a bad query changes nothing, and says where it is wrong
-        bad = server.cli("submit", str(queries / "bad.gsql"), check=False)
+        bad = cli_here(server, "submit", str(queries / "bad.gsql"), check=False)
         assert bad.returncode == 1 and "no such query file" in bad.stderr
         (queries / "bad.gsql").write_text("SELECT tb, count(*) FROM main.IPV4 GROUP BY tim AS tb;")
-        bad = server.cli("submit", str(queries / "bad.gsql"), check=False)
+        bad = cli_here(server, "submit", str(queries / "bad.gsql"), check=False)
         assert bad.returncode == 1 and "bad.gsql:1:45: unknown column" in bad.stderr, bad.stderr
         assert [q["name"] for q in server.client.queries()] == ["persec"]
 
         wait_for(lambda: time.time_ns() > a["first_window_ns"], 10, "persec's first window")
-        # long enough for a submit and three windows on a loaded machine; finish() waits
-        sender = Sender(pair, seconds=25)
+        # long enough for a submit and three windows on a loaded machine; stopped once
+        # bysrc is cancelled (the bursts after that only add windows persec counts alike)
+        sender = Sender(pair, seconds=60)
         sender.read(3)
-        sub = server.cli("submit", str(queries / "bysrc.gsql"))
+        sub = cli_here(server, "submit", str(queries / "bysrc.gsql"))
         assert "bysrc runs on main" in sub.stdout
         b = next(q for q in server.client.queries() if q["name"] == "bysrc")
         tail = subprocess.Popen([sys.executable, "-m", "tools.cli", "tail", "bysrc", "--format",
@@ -75,11 +96,12 @@ def test_submit_tail_cancel_while_traffic_flows(pair, queries, tmp_path):
         wait_for(lambda: (max(burst_truth(sender.read(1))) * 10**9 > b["first_window_ns"]
                           + 3 * 10**9), 30, "three bysrc windows of traffic")
         cancelled_at = time.time()
-        reply = server.cli("cancel", "bysrc")
+        reply = cli_here(server, "cancel", "bysrc")
         assert "cancelled" in reply.stdout
+        # a burst after the cancel, so a window only persec counts is checked too
+        _stop_between_bursts(sender)
         tail_out, tail_err = tail.communicate(timeout=60)
         assert "ended" in tail_err
-        sender.finish()
         truth = sender.truth
         last = max(truth)
         wait_for(lambda: last in per_window(read_output(tmp_path / "state" / "persec")[0]),
@@ -87,6 +109,8 @@ def test_submit_tail_cancel_while_traffic_flows(pair, queries, tmp_path):
         states = {q["name"]: q["state"] for q in server.client.queries()}
         assert states == {"persec": "running", "bysrc": "cancelled"}
     finally:
+        if sender is not None and sender.proc.poll() is None:
+            sender.proc.kill()
         code = server.stop()
     assert code == 0, server.log()
 
@@ -145,8 +169,7 @@ def test_sigkill_under_traffic_then_restart(pair, tmp_path):
         server.wait_spark()
         wait_for(lambda: len([w for w in per_window(read_output(out)[0])
                               if w >= restart_first]) >= 3, 90, "three windows after the restart")
-        sender.stop_between_bursts()
-        sender.lines += [line for line in sender.proc.stdout.read().splitlines() if line.strip()]
+        _stop_between_bursts(sender)
         last = max(sender.truth)
         wait_for(lambda: last in per_window(read_output(out)[0]), 60, f"window {last}")
     finally:

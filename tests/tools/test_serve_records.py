@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.tools.resuming import run_here
-from tests.tools.serving import Server, read_output, wait_for
+from tests.tools.serving import Server, cli_here, read_output, wait_for
 
 SCHEMA = REPO / "tests" / "queries" / "fixtures" / "gslite" / "packet_schema.txt"
 
@@ -38,16 +37,6 @@ from [csv].CSV_EXAMPLE
 group by systemTime as tb
 """
 
-
-def _cli(server: Server, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """`server.cli`, the client command run in this process (`run_here`): its exit code and
-    output as a process's, without a Python start (~0.4 CPU-seconds) per command."""
-    res = run_here([sys.executable, "-m", "tools.cli", *args, "--server", server.client.server],
-                   check=False)
-    if check and res.returncode != 0:
-        raise AssertionError(f"oopscope {' '.join(args)} -> {res.returncode}:\n{res.stdout}\n"
-                             f"{res.stderr}\nserver log:\n{server.log()}")
-    return res
 
 
 def tcp_values(n: int) -> list[tuple[int, int]]:
@@ -93,7 +82,7 @@ def test_record_file_link_survives_kill9_with_every_window_once(tmp_path):
     out = state / "tcp"
     try:
         server.wait_spark()
-        _cli(server, "submit", str(query))
+        cli_here(server, "submit", str(query))
         (info,) = server.client.queries()
         first_tb = int(info["first_window_ns"]) // 10**10
         assert 0 <= first_tb < 40, info
@@ -137,7 +126,7 @@ def test_fifo_of_wall_clock_records_and_the_errors(tmp_path):
                      "--lull-slack", "1s"], state, tmp_path / "serve.log").start()
     try:
         server.wait_spark()
-        reply = _cli(server, "submit", str(query), "--schema", str(SCHEMA))
+        reply = cli_here(server, "submit", str(query), "--schema", str(SCHEMA))
         assert "runs on csv" in reply.stdout
         (info,) = server.client.queries()
         wait_for(lambda: time.time_ns() > int(info["first_window_ns"]), 30,
@@ -163,7 +152,7 @@ def test_fifo_of_wall_clock_records_and_the_errors(tmp_path):
         # a query reading the record link as packets, and a protocol declared otherwise
         bad = tmp_path / "bad.gsql"
         bad.write_text("select time, count(*) as n from csv.TCP group by time")
-        res = _cli(server, "submit", str(bad), check=False)
+        res = cli_here(server, "submit", str(bad), check=False)
         assert res.returncode != 0
         assert "reads link csv as packets of TCP" in res.stderr
         assert "carries records of CSV_EXAMPLE" in res.stderr
@@ -174,7 +163,7 @@ def test_fifo_of_wall_clock_records_and_the_errors(tmp_path):
                          "get_csv_uint_pos2; }\n")
         (other.parent / "q.gsql").write_text(EXAMPLE_QUERY.replace(
             "'example'", "'other'").replace(", sum(uintInPosition1) as total", ""))
-        res = _cli(server, "submit", str(other.parent / "q.gsql"), check=False)
+        res = cli_here(server, "submit", str(other.parent / "q.gsql"), check=False)
         assert res.returncode != 0
         assert "as its own schema file declares it" in res.stderr
     finally:
