@@ -2,8 +2,9 @@
 each a real request to a real `oopscope serve`: the attack first, then the refusal and the
 server still up with nothing changed. And a hypothesis fuzz of the JSON API: never a 5xx.
 
-One server replays a capture with query `persec` running for the whole module (`guarded`);
-the token's tests have a server of their own (`tokened`, no query)."""
+One server replays a capture with query `persec` running for the module's tests that use it
+(`guarded`: they come after the others, so it runs only while they do, a running query costing
+~0.4 CPU-s a second); the token's test has a server of its own (`tokened`, no query)."""
 
 from __future__ import annotations
 
@@ -51,8 +52,9 @@ def guarded(ten_seconds_pcap, tmp_path_factory):
     assert "Traceback" not in server.log_path.read_text(errors="replace")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def tokened(ten_seconds_pcap, tmp_path_factory):
+    # one test uses it: stopped as that test ends, not idle to the module's end
     d = tmp_path_factory.mktemp("tokened")
     token_file = d / "token"
     token_file.write_text(TOKEN)
@@ -100,79 +102,6 @@ def error_of(raw: bytes, one_line: bool = True) -> str:
 
 def up(server: Server) -> bool:
     return server.proc.poll() is None and server.client.status()["links"][0]["name"] == "main"
-
-
-# --- finding 2: a web page cannot control the server ------------------------------------------
-
-def test_cross_site_requests_are_refused(guarded):
-    names = [q["name"] for q in guarded.client.queries()]
-    port = guarded.port
-    # the issue's attack: a DNS-rebound page posts a text/plain form to shutdown (was 202)
-    status, _, raw = call(guarded, "POST", "/api/shutdown", b"x",
-                          {"Host": "evil.example", "Origin": "http://evil.example",
-                           "Content-Type": "text/plain"})
-    assert status == 421 and "evil.example" in error_of(raw)
-    # a rebound page may not even read
-    for host in ("evil.example", f"evil.example:{port}", f"localhost.evil.example:{port}",
-                 f"127.0.0.1:{port + 1}", ""):
-        status, _, raw = call(guarded, "GET", "/api/status", headers={"Host": host})
-        assert status == 421, host
-    # the server's own Host, from a cross-site form (no JSON) or another origin's script
-    for headers, want in (({"Content-Type": "text/plain"}, 415),
-                          ({"Content-Type": "application/x-www-form-urlencoded"}, 415),
-                          ({"Content-Type": "multipart/form-data; boundary=x"}, 415),
-                          ({}, 415),
-                          ({**JSON, "Origin": "http://evil.example"}, 403),
-                          ({**JSON, "Origin": f"http://evil.example:{port}"}, 403),
-                          ({**JSON, "Origin": "null"}, 403),
-                          ({**JSON, "Origin": f"http://localhost:{port}"}, 403)):
-        for method, path, body in (("POST", "/api/shutdown", b"{}"),
-                                   ("POST", "/api/queries", json.dumps(
-                                       {"text": PER_SECOND, "name": "evil"}).encode()),
-                                   ("DELETE", "/api/queries/persec", b"")):
-            status, resp_headers, raw = call(guarded, method, path, body, headers)
-            assert status == want, (method, path, headers, raw)
-            error_of(raw)
-            assert not any(k.startswith("access-control-") for k in resp_headers)
-    # a preflight gets no CORS permission either
-    status, resp_headers, _ = call(guarded, "OPTIONS", "/api/queries", headers={
-        "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
-    assert status >= 400 and not any(k.startswith("access-control-") for k in resp_headers)
-    # nothing changed: the server is up, persec still running, no query `evil`
-    time.sleep(1)
-    assert up(guarded)
-    assert [q["name"] for q in guarded.client.queries()] == names
-    assert guarded.client.queries()[0]["state"] == "running"
-    # the server's own origin, and a reverse proxy's name (--allow-host) are served
-    status, _, raw = call(guarded, "DELETE", "/api/queries/nothing", b"",
-                          {**JSON, "Origin": f"http://127.0.0.1:{port}"})
-    assert status == 404 and "no running query" in error_of(raw)
-    for host in ("proxy.example", "proxy.example:443", "PROXY.example."):
-        status, _, _ = call(guarded, "GET", "/api/status", headers={"Host": host})
-        assert status == 200, host
-    status, _, raw = call(guarded, "DELETE", "/api/queries/nothing", b"",
-                          {**JSON, "Origin": "https://proxy.example"})
-    assert status == 404, raw
-
-
-def test_host_rules():
-    loop = Hosts("127.0.0.1", 7405, unix=False)
-    assert loop.allowed("127.0.0.1:7405") and loop.allowed("localhost:7405")
-    assert loop.allowed("[::1]:7405") and loop.allowed("LOCALHOST.:7405")
-    for bad in ("evil.example:7405", "127.0.0.1:7406", "127.0.0.1", "10.0.0.1:7405",
-                "localhost:7405:1", "[::1", "", None, "localhost:0"):
-        assert not loop.allowed(bad), bad
-    wild = Hosts("0.0.0.0", 7405, unix=False, allow=("proxy.example", "other.example:8080"))
-    assert wild.allowed("10.1.2.3:7405") and wild.allowed("[fe80::1]:7405")
-    assert wild.allowed(f"{socket.gethostname()}:7405")
-    assert wild.allowed("proxy.example") and wild.allowed("proxy.example:1234")
-    assert wild.allowed("other.example:8080") and not wild.allowed("other.example:8081")
-    assert not wild.allowed("evil.example:7405") and not wild.allowed("10.1.2.3:7406")
-    unix = Hosts(None, None, unix=True)
-    assert unix.allowed("localhost") and unix.allowed("anything") and unix.allowed(None)
-    proxied = Hosts(None, None, unix=True, allow=("proxy.example",))
-    assert proxied.allowed("proxy.example") and proxied.allowed("localhost")
-    assert not proxied.allowed("evil.example")
 
 
 # --- finding 10: the token is never in a URL; the page's cookie ------------------------------
@@ -229,6 +158,79 @@ def test_a_token_file_others_may_read_is_refused(tmp_path, ten_seconds_pcap):
     assert res.returncode == 1
     assert "readable by others than its owner" in res.stderr and TOKEN not in res.stderr
     assert "Traceback" not in res.stderr and not (tmp_path / "s").exists()
+
+
+# --- finding 2: a web page cannot control the server ------------------------------------------
+
+def test_host_rules():
+    loop = Hosts("127.0.0.1", 7405, unix=False)
+    assert loop.allowed("127.0.0.1:7405") and loop.allowed("localhost:7405")
+    assert loop.allowed("[::1]:7405") and loop.allowed("LOCALHOST.:7405")
+    for bad in ("evil.example:7405", "127.0.0.1:7406", "127.0.0.1", "10.0.0.1:7405",
+                "localhost:7405:1", "[::1", "", None, "localhost:0"):
+        assert not loop.allowed(bad), bad
+    wild = Hosts("0.0.0.0", 7405, unix=False, allow=("proxy.example", "other.example:8080"))
+    assert wild.allowed("10.1.2.3:7405") and wild.allowed("[fe80::1]:7405")
+    assert wild.allowed(f"{socket.gethostname()}:7405")
+    assert wild.allowed("proxy.example") and wild.allowed("proxy.example:1234")
+    assert wild.allowed("other.example:8080") and not wild.allowed("other.example:8081")
+    assert not wild.allowed("evil.example:7405") and not wild.allowed("10.1.2.3:7406")
+    unix = Hosts(None, None, unix=True)
+    assert unix.allowed("localhost") and unix.allowed("anything") and unix.allowed(None)
+    proxied = Hosts(None, None, unix=True, allow=("proxy.example",))
+    assert proxied.allowed("proxy.example") and proxied.allowed("localhost")
+    assert not proxied.allowed("evil.example")
+
+
+def test_cross_site_requests_are_refused(guarded):
+    names = [q["name"] for q in guarded.client.queries()]
+    port = guarded.port
+    # the issue's attack: a DNS-rebound page posts a text/plain form to shutdown (was 202)
+    status, _, raw = call(guarded, "POST", "/api/shutdown", b"x",
+                          {"Host": "evil.example", "Origin": "http://evil.example",
+                           "Content-Type": "text/plain"})
+    assert status == 421 and "evil.example" in error_of(raw)
+    # a rebound page may not even read
+    for host in ("evil.example", f"evil.example:{port}", f"localhost.evil.example:{port}",
+                 f"127.0.0.1:{port + 1}", ""):
+        status, _, raw = call(guarded, "GET", "/api/status", headers={"Host": host})
+        assert status == 421, host
+    # the server's own Host, from a cross-site form (no JSON) or another origin's script
+    for headers, want in (({"Content-Type": "text/plain"}, 415),
+                          ({"Content-Type": "application/x-www-form-urlencoded"}, 415),
+                          ({"Content-Type": "multipart/form-data; boundary=x"}, 415),
+                          ({}, 415),
+                          ({**JSON, "Origin": "http://evil.example"}, 403),
+                          ({**JSON, "Origin": f"http://evil.example:{port}"}, 403),
+                          ({**JSON, "Origin": "null"}, 403),
+                          ({**JSON, "Origin": f"http://localhost:{port}"}, 403)):
+        for method, path, body in (("POST", "/api/shutdown", b"{}"),
+                                   ("POST", "/api/queries", json.dumps(
+                                       {"text": PER_SECOND, "name": "evil"}).encode()),
+                                   ("DELETE", "/api/queries/persec", b"")):
+            status, resp_headers, raw = call(guarded, method, path, body, headers)
+            assert status == want, (method, path, headers, raw)
+            error_of(raw)
+            assert not any(k.startswith("access-control-") for k in resp_headers)
+    # a preflight gets no CORS permission either
+    status, resp_headers, _ = call(guarded, "OPTIONS", "/api/queries", headers={
+        "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
+    assert status >= 400 and not any(k.startswith("access-control-") for k in resp_headers)
+    # nothing changed: the server is up, persec still running, no query `evil`
+    time.sleep(1)
+    assert up(guarded)
+    assert [q["name"] for q in guarded.client.queries()] == names
+    assert guarded.client.queries()[0]["state"] == "running"
+    # the server's own origin, and a reverse proxy's name (--allow-host) are served
+    status, _, raw = call(guarded, "DELETE", "/api/queries/nothing", b"",
+                          {**JSON, "Origin": f"http://127.0.0.1:{port}"})
+    assert status == 404 and "no running query" in error_of(raw)
+    for host in ("proxy.example", "proxy.example:443", "PROXY.example."):
+        status, _, _ = call(guarded, "GET", "/api/status", headers={"Host": host})
+        assert status == 200, host
+    status, _, raw = call(guarded, "DELETE", "/api/queries/nothing", b"",
+                          {**JSON, "Origin": "https://proxy.example"})
+    assert status == 404, raw
 
 
 # --- finding 6 and 10: wrong types, limits, names ---------------------------------------------
