@@ -195,17 +195,20 @@ GROUP BY time/15 AS tb, protocol;
 
 
 @pytest.mark.slow
-def test_a_paced_run_writes_each_window_as_it_closes(tmp_path):
+def test_a_paced_run_writes_each_window_as_it_closes(spark_session, tmp_path):
     """A paced replay of three windows writes the first ones while the replay still runs,
     and its progress line counts them. Before, oop_lazy held a window's groups in the table
     until max_lfta_disorder (2) windows later, so a run of three windows wrote every row at
     its end and the progress line said "0 result rows" throughout. Asserted on the order of
     events (rows in the file, then the replay's last packet), never on seconds: the windows
     are 15 s of wall time each, so a slow Spark start still leaves the last window's."""
+    import contextlib
+    import io
     import threading
 
     from capture.reader import read_all
     from tests.tools.test_tools_run import expected_rows
+    from tools.cli import main
     from tools.gen.traffic import TrafficConfig, generate
 
     pcap = generate(TrafficConfig(packets=30_000, duration_ns=45 * NS, groups=200, seed=23)
@@ -215,36 +218,57 @@ def test_a_paced_run_writes_each_window_as_it_closes(tmp_path):
     full = read_all(pcap, "main")
     last_second = int(full["timestamp"].max()) // NS          # of the last packet
     out = tmp_path / "per15s.csv"
-    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "run", str(query), "--link",
-                             f"main={pcap}", "--speed", "1", "--output", f"per15s={out}",
-                             "--progress"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                            cwd=Path(__file__).resolve().parents[2])
     progress: list[tuple[int, int | None]] = []       # (result rows, clock second) per line
     err_lines: list[str] = []
 
-    def read() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            err_lines.append(line)
-            if " result rows, " in line:
-                rows = int(line.split(" result rows")[0].rsplit(", ", 1)[1].replace(",", ""))
-                clock = line.split(", clock ")[1][:8] if ", clock " in line else None
-                progress.append((rows, None if clock is None else _second_of(clock)))
+    class Stderr(io.TextIOBase):
+        """The run's stderr, its progress lines parsed as they are written."""
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+        def __init__(self):
+            self.part = ""
+
+        def isatty(self) -> bool:
+            return False
+
+        def write(self, text: str) -> int:
+            *lines, self.part = (self.part + text).split("\n")
+            for line in lines:
+                err_lines.append(line + "\n")
+                if " result rows, " in line:
+                    rows = int(line.split(" result rows")[0].rsplit(", ", 1)[1]
+                               .replace(",", ""))
+                    clock = line.split(", clock ")[1][:8] if ", clock " in line else None
+                    progress.append((rows, None if clock is None else _second_of(clock)))
+            return len(text)
+
+    # the command in this process, on a thread (the test's Spark session: no JVM to start),
+    # watched from here as a process of its own would be
+    ended: dict = {}
+
+    def replay() -> None:
+        try:
+            main(["run", str(query), "--link", f"main={pcap}", "--speed", "1", "--output",
+                  f"per15s={out}", "--progress"])
+            ended["code"] = 0
+        except SystemExit as exc:
+            ended["code"] = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        except BaseException as exc:      # raised again below, in the test's thread
+            ended["error"] = exc
+
+    runner = threading.Thread(target=replay, daemon=True)
     seen_early = None           # (data rows in the file, clock of the progress line then)
-    while proc.poll() is None:
-        if out.exists() and seen_early is None:
-            rows = max(0, len(out.read_text().splitlines()) - 1)
-            clocks = [c for _, c in progress if c is not None]
-            if rows and proc.poll() is None and clocks:
-                seen_early = (rows, clocks[-1])
-        time.sleep(0.1)
-    reader.join(timeout=10)
-    assert proc.returncode == 0, "".join(err_lines)[-3000:]
+    with contextlib.redirect_stderr(Stderr()):
+        runner.start()
+        while runner.is_alive():
+            if out.exists() and seen_early is None:
+                rows = max(0, len(out.read_text().splitlines()) - 1)
+                clocks = [c for _, c in progress if c is not None]
+                if rows and runner.is_alive() and clocks:
+                    seen_early = (rows, clocks[-1])
+            time.sleep(0.1)
+    if "error" in ended:
+        raise ended["error"]
+    assert ended["code"] == 0, "".join(err_lines)[-3000:]
 
     # rows were in the file while the run went on, before the last packet's second was
     # replayed (the clock of the progress line is the capture time read so far)
