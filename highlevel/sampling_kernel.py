@@ -327,10 +327,10 @@ def finish(wv, states, cd, sagg, agg, shadow, alive, first, cur, ent_g, ent_next
 
 def compile_kernel(plan):
     """The query's compiled module (functions `rows`, `admit`, `finish`): written to the
-    project's kernel directory (`lowlevel.specialize.load_generated`, where Numba caches the
+    project's kernel directory (`lowlevel.kerneldir.load_generated`, where Numba caches the
     machine code) and imported once per process; compiled from memory, without a disk cache,
     when no kernel directory can be written."""
-    from lowlevel.specialize import load_generated
+    from lowlevel.kerneldir import load_generated
 
     source = kernel_source(plan)
     # the kernels inline the stateful functions: their sources name the module too

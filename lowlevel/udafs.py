@@ -70,11 +70,11 @@ def cached_loops(udaf, part: str):
     every process that combined a UDAF's states (each of Spark's Python workers, at each
     start) compiled it again, ~2.6 CPU s. Here it is a global of a generated module, named
     by the digest of the user's module (an edit makes a new one), which Numba caches like
-    the kernels (`lowlevel.specialize.load_generated`; compiled in memory when no kernel
+    the kernels (`lowlevel.kerneldir`; compiled in memory when no kernel
     directory can be written)."""
     key = (udaf.module, udaf.name, part, os.stat(udaf.module).st_mtime_ns)
     if key not in _LOOPS:
-        from lowlevel.specialize import load_generated, load_in_memory
+        from lowlevel.kerneldir import load_generated, load_in_memory
 
         with open(udaf.module, "rb") as f:
             digest = hashlib.sha1(f.read()).hexdigest()

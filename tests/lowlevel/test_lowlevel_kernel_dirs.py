@@ -1,5 +1,5 @@
 """Where generated kernels are written and imported from (issue 25, item 1): importing a module
-runs it, so `lowlevel.specialize` uses a kernel directory only while nobody but its owner can
+runs it, so `lowlevel.kerneldir` uses a kernel directory only while nobody but its owner can
 write to it, under the cache directory's rule (`common.cachedir`: created 0700, refused when
 others can write it, with a message saying why), and writes through names nobody can predict
 (`tempfile.mkstemp`)."""
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from common import cachedir
-from lowlevel import specialize
+from lowlevel import kerneldir, specialize
 from lowlevel.flowtable import flow_append
 
 
@@ -25,10 +25,10 @@ def fresh(monkeypatch, tmp_path):
     """A package directory and a cache home of the test's own; nothing remembered."""
     package = tmp_path / "pkg"
     package.mkdir()
-    monkeypatch.setattr(specialize, "__file__", str(package / "specialize.py"))
+    monkeypatch.setattr(kerneldir, "__file__", str(package / "kerneldir.py"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(specialize, "_KERNELS", {})
-    monkeypatch.setattr(specialize, "_REFUSED", set())
+    monkeypatch.setattr(kerneldir, "_REFUSED", set())
     monkeypatch.setattr(cachedir, "_WARNED", set())
     return package / "__pycache__" / "kernels", tmp_path / "home" / "oopscope"
 

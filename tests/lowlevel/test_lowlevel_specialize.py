@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lowlevel import specialize
+from lowlevel import kerneldir, specialize
 from lowlevel.aggregates import AggSpec, StateLayout
 from lowlevel.flowtable import FlowAggregator, flow_append
 
@@ -90,7 +90,7 @@ def test_module_text_writes_one_update_per_op():
 def test_no_writable_directory_keeps_the_generic_kernel(monkeypatch, tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("not a directory")
-    monkeypatch.setattr(specialize, "_kernel_dirs", lambda: [blocked / "kernels"])
+    monkeypatch.setattr(kerneldir, "_kernel_dirs", lambda: [blocked / "kernels"])
     monkeypatch.setattr(specialize, "_KERNELS", {})
     ops = np.array([[99, 0, 1, 0]], np.int64)     # never specialized before
     assert specialize.specialized(flow_append, ops) is flow_append
