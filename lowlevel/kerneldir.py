@@ -56,7 +56,7 @@ def _kernel_dirs() -> Iterator[Path]:
 
 
 def _write(directory: Path, stem: str, text: str, prefix: str) -> Path:
-    assert _SOURCES is not None   # `specialized` sets it before writing
+    assert _SOURCES is not None   # `load_generated` sets it before writing
     if not directory.is_dir():
         directory.parent.mkdir(parents=True, exist_ok=True)
         try:
