@@ -267,18 +267,22 @@ def _decide() -> str:
     return f"-XX:ArchiveClassesAtExit={tmp} {_QUIET}"
 
 
-def mapping_options() -> str:
-    """Options that map the archive if it exists, else nothing: never a dump. For JVMs of
-    Spark's own on this host (a standalone master, worker or executor run on the drivers'
-    class path), which start on ~3.5 CPU s less with it."""
-    if not cds_enabled():
-        return ""
+def existing_archive() -> Path | None:
+    """This user's archive for the current Spark and JVM, if it has been written."""
     cache = cache_dir(create=False)
     try:
         archive = cache and archive_path(cache, archive_key())
     except (OSError, ValueError):
-        return ""
-    return f"-XX:SharedArchiveFile={archive} {_QUIET}" if archive and archive.is_file() else ""
+        return None
+    return archive if archive and archive.is_file() else None
+
+
+def mapping_options() -> str:
+    """Options that map the archive if it exists, else nothing: never a dump. For JVMs of
+    Spark's own on this host (a standalone master, worker or executor run on the drivers'
+    class path), which start on ~3.5 CPU s less with it."""
+    archive = existing_archive() if cds_enabled() else None
+    return f"-XX:SharedArchiveFile={archive} {_QUIET}" if archive else ""
 
 
 def dump_fds() -> tuple[int, ...]:

@@ -40,12 +40,10 @@ def _share_archive(cache: Path) -> bool:
     one: each of the test's JVMs then maps it, ~3.5 CPU s less to start, as a user's does.
     Without one, the probes go without (writing one would make a launch that is never
     remembered, `jvm.launch_key`)."""
-    from common.cachedir import cache_dir
-    from highlevel import jvmcache
+    from highlevel.jvmcache import existing_archive
 
-    mine = cache_dir(create=False)
-    archive = mine and jvmcache.archive_path(mine, jvmcache.archive_key())
-    if not archive or not archive.is_file():
+    archive = existing_archive()
+    if archive is None:
         return False
     (cache / "oopscope").mkdir(mode=0o700, exist_ok=True)
     (cache / "oopscope" / archive.name).symlink_to(archive)
