@@ -59,7 +59,8 @@ def _version() -> str:
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-v", "--verbose", count=True, help="More log output on stderr (-vv for debug).")
+@click.option("-v", "--verbose", count=True, help="More log output on stderr (-vv for debug, -vvv with\n"
+              "every call to the JVM).")
 @click.version_option(version=_version(), prog_name="oopscope")
 def cli(verbose: int) -> None:
     """oopscope: GSQL queries over pcap files and live interfaces, the out-of-order way."""
@@ -68,8 +69,8 @@ def cli(verbose: int) -> None:
     handler.setFormatter(LevelFormatter())
     logging.basicConfig(level=level, handlers=[handler])
     # the Python-JVM bridge logs every call it makes ("Received command c on object id
-    # p0"): only with -vv, which is for debugging
-    logging.getLogger("py4j").setLevel(logging.DEBUG if verbose >= 2 else logging.WARNING)
+    # p0"), thousands a second, which slows what -vv's timings measure: only with -vvv
+    logging.getLogger("py4j").setLevel(logging.DEBUG if verbose >= 3 else logging.WARNING)
 
 
 class LevelFormatter(logging.Formatter):

@@ -219,10 +219,10 @@ def test_verbose_count_is_of_the_packets_printed(capture_file):
 
 
 @pytest.mark.parametrize("flags,py4j", [([], "WARNING"), (["-v"], "WARNING"),
-                                        (["-vv"], "DEBUG")])
-def test_py4j_bridge_chatter_only_with_vv(capture_file, flags, py4j):
+                                        (["-vv"], "WARNING"), (["-vvv"], "DEBUG")])
+def test_py4j_bridge_chatter_only_with_vvv(capture_file, flags, py4j):
     """`-v` printed every call of the Python-JVM bridge ("Received command c on object id
-    p0"): its loggers stay at WARNING unless -vv."""
+    p0"): its loggers stay at WARNING unless -vvv (-vv's timings would measure them)."""
     import sys
 
     code = ("import logging\nfrom tools.cli import main\n"
