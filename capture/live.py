@@ -288,6 +288,8 @@ class LiveCapture:
         #: the fanout group joined, with the id the kernel picked when none was asked for
         self.fanout: Fanout | None = None
         self.direction = direction
+        #: the kernel hands a block over at most this long after its first packet
+        self.frame_timeout_ms = frame_timeout_ms
         self.snaplen = snaplen
         self._ring_snaplen = snaplen          # what the ring's frames were sized for
         self.block_size = block_size

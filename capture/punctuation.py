@@ -26,6 +26,23 @@ def align_down(t: int, step: int) -> int:
     return t - t % step if step > 0 else t
 
 
+def next_tick(now_ns: int, period_ns: int, margin_ns: int = 0) -> int:
+    """The wall-clock time of a link's next timer tick: `margin_ns` after the next multiple
+    of the period. A window whose end is a whole number of periods is then closed by the
+    first tick after its end, once a packet past the end has been taken (the margin: how
+    long the link may take to hand it over); ticks a period after the last one, whatever
+    their phase, closed it up to a period later (half a period on average)."""
+    if period_ns <= 0:
+        return now_ns
+    return ((now_ns - margin_ns) // period_ns + 1) * period_ns + margin_ns
+
+
+def tick_due(now_ns: int, planned_ns: int, period_ns: int) -> bool:
+    """Whether the tick planned at `planned_ns` is due: its time has come, or the wall clock
+    was set back by more than a period (ticks would otherwise stop until it caught up)."""
+    return now_ns >= planned_ns or planned_ns - now_ns > period_ns
+
+
 class LinkTimer:
     """The punctuation state of one link: largest capture time seen, last value emitted."""
 

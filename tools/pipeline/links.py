@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from capture import punctuation
 from capture.batch import PAYLOAD
 from capture.punctuation import LinkTimer
 from capture.schema import COLUMNS
@@ -52,6 +53,9 @@ RATE_STEP_S = 0.25
 #: go as one batch, each stamped with its own time (a wake-up per packet cost a served
 #: 2,000-packet/s loop ~0.15 of a core)
 REPLAY_PACE_S = 0.01
+#: a replay's ticks come this long after the period's boundaries (`capture.punctuation.
+#: next_tick`): two pushes, the first past a window's end closing it at the tick
+TICK_MARGIN_NS = int(2 * REPLAY_PACE_S * NS)
 
 
 class ReplayLink(threading.Thread):
@@ -80,7 +84,7 @@ class ReplayLink(threading.Thread):
         self.stats = _Totals()
 
     def run(self) -> None:
-        next_tick = time.time_ns() + self.period_ns
+        next_tick = punctuation.next_tick(time.time_ns(), self.period_ns, TICK_MARGIN_NS)
         try:
             while not self.stopping.is_set():
                 next_tick = self._play_once(next_tick)
@@ -96,14 +100,17 @@ class ReplayLink(threading.Thread):
         finally:
             self.ring.finish()
 
-    def _tick(self, next_tick: int) -> int:
+    def _tick(self, next_tick: int, behind: bool = False) -> int:
+        """Punctuate when a tick is due; the next tick's time. `behind`: packets due are
+        still to be pushed, so only what was pushed punctuates (the clock less its slack
+        could pass them)."""
         now = time.time_ns()
-        if now < next_tick:
+        if not punctuation.tick_due(now, next_tick, self.period_ns):
             return next_tick
-        p = self.timer.fire(now)
+        p = self.timer.fire(None if behind else now)
         if p is not None:
             self.ring.punctuate(p)
-        return now + self.period_ns
+        return punctuation.next_tick(now, self.period_ns, TICK_MARGIN_NS)
 
     def _play_once(self, next_tick: int) -> int:
         from capture.batch import PacketBatch
@@ -132,11 +139,17 @@ class ReplayLink(threading.Thread):
                     retimed = PacketBatch(self.link, cols, payload=batch.payload)
                     self.ring.push(retimed)
                     self.timer.observe(int(cols["timestamp"].max()))
-                    continue
-                next_tick = self._tick(next_tick)
                 head = link.head()
+                behind = head is not None and head <= due
+                # ticks come at every turn, a busy link's too: one that ticked only when a
+                # turn found nothing due closed its windows seconds late at 400K packets/s
+                next_tick = self._tick(next_tick, behind)
                 if head is None:
                     return next_tick
+                if behind:
+                    continue
+                # caught up: the packets due meanwhile go as one push (a push per turn of
+                # a few packets each took most of a core at 400K packets/s)
                 wake = w0 + (head - t0) / self.speed
                 now = time.time_ns()
                 self.stopping.wait(max(0.0, min(max((wake - now) / NS, REPLAY_PACE_S),

@@ -20,6 +20,9 @@ import logging
 import threading
 import time
 
+from capture.punctuation import next_tick as next_tick_at
+from capture.punctuation import tick_due
+
 log = logging.getLogger(__name__)
 
 RING_ROWS = 1 << 20
@@ -43,7 +46,7 @@ class LiveLink(threading.Thread):
 
         self.link, self.interface = name, interface
         self.timer = feeds.timer          # driven from this thread only
-        self.period_s = period_ns / 1e9
+        self.period_ns = period_ns
         # opened here, in the caller's thread: a missing interface or right fails the run now
         self.capture = LiveCapture(interface, link=name, payload=payload, **(options or {}))
         try:
@@ -56,19 +59,24 @@ class LiveLink(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        next_tick = time.monotonic() + self.period_s
+        # after the wall clock's period boundaries (`capture.punctuation.next_tick`), by
+        # the kernel's frame timeout and a little: the packets past a window's end are
+        # then taken by its tick
+        margin = (self.capture.frame_timeout_ms + 20) * 1_000_000
+        next_tick = next_tick_at(time.time_ns(), self.period_ns, margin)
         try:
             while not self.stopping.is_set():
-                wait = max(0.0, min(0.05, next_tick - time.monotonic()))
+                wait = max(0.0, min(0.05, (next_tick - time.time_ns()) / 1e9))
                 batch = self.capture.poll(wait)
                 if batch is not None and len(batch):
                     self.ring.push(batch)
                     self.timer.observe(int(batch["timestamp"].max()))
-                if time.monotonic() >= next_tick:
-                    p = self.timer.fire(time.time_ns())
+                now = time.time_ns()
+                if tick_due(now, next_tick, self.period_ns):
+                    p = self.timer.fire(now)
                     if p is not None:
                         self.ring.punctuate(p)
-                    next_tick = time.monotonic() + self.period_s
+                    next_tick = next_tick_at(now, self.period_ns, margin)
         except BaseException as exc:   # handed to the main thread, which reports it
             self.error = exc
         finally:

@@ -191,7 +191,10 @@ class RecordFileLink(RecordProducer):
                 due = t0 + int((time.time_ns() - w0) * self.speed)   # record time due now
                 batch = link.take_until(due + 1)
                 if batch is not None and len(batch):
+                    # a busy link punctuates on time too, from what it has pushed (more may
+                    # be due: the clock's slack could pass records still to come)
                     self._push(batch)
+                    self._tick(None)
                     continue
                 self._tick(due)
                 head = link.head()
