@@ -204,7 +204,7 @@ class AggregateStage(Stage):
             spec=self.spec, window=self.window, store=self.store, tick=self._tick,
             session=lambda: self.spark, emit=self.emit, commit=self._commit,
             combine=self.combined, unique_rows=self.unique_rows, close=self.close,
-            retained=self.retained, open_on_driver=self.open_on_driver,
+            close_keeping=self.close_keeping, retained=self.retained, open_on_driver=self.open_on_driver,
             flow_records=self.flow_records, finalize=self.finalize_rows,
             output_table=self.output_table, prune_spool=self.prune_spool)
 
@@ -326,6 +326,25 @@ class AggregateStage(Stage):
             result = pa.concat_tables([corrections, result.cast(corrections.schema)])
         return self.emit(result, batch_id, upto) - extra
 
+    def close_keeping(self, combined: DataFrame, batch_id: int, before: int | None,
+                      upto: int) -> tuple[int, pa.Table]:
+        """`close` for tumbling windows, and the rows that stay open, in one Spark job: each
+        combined row is collected once, either as its outputs (a window closing now, HAVING
+        holding) or as its partial state (a window still open), and split on the driver.
+        Two jobs over a cached frame (the closed rows, then the open ones) cost the appliance
+        ~0.5 s more per window at 260K groups. Returns (rows written, open rows)."""
+        names = [f.name for f in self.spec.partial_schema().fields]
+        closing = self.closing(before, upto)
+        if self.having is not None:
+            closing = closing & self.having
+        both = combined.select(
+            F.when(closing, F.struct(*self.outputs, *self.hidden)).alias("closed"),
+            F.when(self.retained(upto), F.struct(*[F.col(n) for n in names])).alias("open"))
+        rows = both.toArrow()
+        self._tick("combine+collect")
+        return (self.emit(_struct_rows(rows, "closed"), batch_id, upto),
+                _struct_rows(rows, "open"))
+
     def combined(self, parts: DataFrame) -> DataFrame:
         """Partial rows combined per (window, keys): the rows as they are when unique."""
         if self.unique_rows:
@@ -394,6 +413,12 @@ class AggregateStage(Stage):
         window = np.asarray(result.column("__window").combine_chunks().fill_null(0))
         ends = win.pane_end(window) if win.tumbling else win.window_end(window)
         return raw_output_table(result.append_column("__time", pa.array(ends)), self.spec)
+
+def _struct_rows(rows: pa.Table, column: str) -> pa.Table:
+    """The rows where `column` (a struct) is set, as a table of its fields."""
+    structs = rows.column(column).combine_chunks()
+    return pa.Table.from_struct_array(structs.filter(structs.is_valid()))
+
 
 def correction_columns(spec: StageSpec) -> list:
     """The SELECT list of correction rows: the outputs with the correction column = 1."""

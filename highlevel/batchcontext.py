@@ -70,6 +70,9 @@ class StageContext:
     unique_rows: bool
     #: finalise and write the windows closing now; the rows written (`AggregateStage.close`)
     close: Callable[..., int]
+    #: tumbling windows: close and collect the open rows in one job (`AggregateStage.
+    #: close_keeping`): (rows written, open rows)
+    close_keeping: Callable[..., tuple[int, pa.Table]]
     #: the rows that stay open after closing through a punctuation
     retained: Callable[[int], Column]
     #: the open state is collected and written with Arrow rather than by a Spark job

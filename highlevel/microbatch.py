@@ -6,7 +6,8 @@ stage's `StageContext` and the `Batch` (`highlevel.batchcontext`):
 
 - the Spark path (`close_in_spark`): the kept rows and the open state combined (one
   groupBy), the windows P passed closed and written, the rest written as the new open state,
-  the batch committed;
+  the batch committed; with tumbling windows and the open state written on the driver, the
+  closed and the open rows come from one job;
 - the driver path (`close_on_driver`; flow records whose markers came from the footers):
   the same closing, read and split with Arrow on the driver (`highlevel.flowrecords`), no
   Spark job at all;
@@ -85,6 +86,20 @@ def close_in_spark(ctx: StageContext, batch: Batch, parts: DataFrame | None,
     # at the end of input (P = the largest int64) every window closes: nothing stays open
     closes_all = advanced and punctuation is not None and punctuation >= INT64_MAX
     combined = ctx.combine(parts)
+    if advanced and not closes_all and ctx.open_on_driver and ctx.window.tumbling \
+            and corrections is None:
+        assert punctuation is not None
+        written, still_open = ctx.close_keeping(combined, batch_id, prev.punctuation,
+                                                punctuation)
+        state.closed_rows += written
+        state.punctuation = punctuation
+        FlowRecords.write_open(still_open, ctx.store.path(batch.open_dir))
+        tick("write state")
+        state.open_dir = batch.open_dir
+        ctx.commit(state)
+        tick("commit")
+        log.debug("query %s: batch %d timings %s (one job)", spec.query, batch_id, tick.laps)
+        return
     # persisted only when two jobs read it (the closed and the open rows); with unique
     # rows each job reads its own rows from the Parquet files again, which costs less
     # than caching them

@@ -47,7 +47,8 @@ def spooled(tmp_path_factory):
     return from_high_level(qp.high, qp.low), files
 
 
-def _stream(spec, files, root, small: bool, per_trigger: int | None):
+def _stream(spec, files, root, small: bool, per_trigger: int | None,
+            open_on_driver: bool = False):
     spool = root / "spool"
     d = spool / "kinds" / "partials"
     d.mkdir(parents=True)
@@ -56,6 +57,7 @@ def _stream(spec, files, root, small: bool, per_trigger: int | None):
     sink = ListSink()
     stage = AggregateStage(spec, spool, root / "ck", [sink], max_files_per_trigger=per_trigger)
     stage.small_on_driver = small
+    stage.open_on_driver = open_on_driver
     stage.run_available()
     return sink.table().to_pandas(), stage
 
@@ -73,6 +75,24 @@ def test_small_batches_on_the_driver_equal_the_spark_path(spark, spooled, tmp_pa
     assert stage.state.open_dir is None and stage.state.late_rows == 0
     assert len(ref) > 20
     pd.testing.assert_frame_equal(driver, ref, check_exact=False, rtol=1e-12)
+
+
+@pytest.mark.slow
+def test_one_job_batches_equal_the_spark_path(spark, spooled, tmp_path, caplog):
+    """The appliance's large batches (past the driver's limit) close their windows and
+    collect the open rows in one Spark job (`AggregateStage.close_keeping`): the same rows
+    as two jobs over all the files at once, HAVING and every kind of state included, with
+    windows left open between batches."""
+    import logging
+
+    spec, files = spooled
+    with caplog.at_level(logging.DEBUG, logger="highlevel.microbatch"):
+        one, stage = _stream(spec, files, tmp_path / "one", False, 2, open_on_driver=True)
+    assert sum("(one job)" in r.getMessage() for r in caplog.records) >= 3
+    ref, plain = _stream(spec, files, tmp_path / "spark", False, None)
+    assert stage.driver_batches == 0 and stage.state.open_dir is None
+    assert len(ref) > 20
+    pd.testing.assert_frame_equal(one, ref, check_exact=False, rtol=1e-12)
 
 
 def test_combine_by_hand():
@@ -108,3 +128,4 @@ def test_combine_ip_min_max_by_hand():
         {"window": 4, "k": "a", "m__hi": 5, "m__lo": 2**63, "x__hi": 2**64 - 1, "x__lo": 3},
         {"window": 5, "k": "b", "m__hi": 7, "m__lo": 2**64 - 1, "x__hi": 7,
          "x__lo": 2**64 - 1}]
+
