@@ -10,7 +10,7 @@ case); an unusable value is logged once and its default used.
 | OOPSCOPE_SPARK_CDS | on | the driver JVM maps a class-data sharing archive of Spark's classes |
 | OOPSCOPE_SPARK_QUICK_JVM | on | a full-speed replay's local driver JVM runs C1 only, serial GC (`always`: every local driver JVM, paced, live and served too) |
 | OOPSCOPE_SPARK_LAUNCH_CACHE | on | the driver JVM is launched with the remembered java command |
-| OOPSCOPE_SPARK_WARMUP | on | the appliance runs a tiny stage through its fresh Spark before the first window |
+| OOPSCOPE_SPARK_WARMUP | on | the appliance and a collector run a stage through their fresh Spark before the first window |
 | OOPSCOPE_EXECUTOR_CHECK_TIMEOUT | 120 | seconds a cluster's executors have to import oopscope at start (0: no check) |
 | OOPSCOPE_JVM_NICE | 0 | niceness of the driver JVM in a full-speed replay (0-19) |
 | OOPSCOPE_BACKGROUND_NICE | 10 | niceness of the stages' batch thread while the low level reads |

@@ -55,6 +55,11 @@ def split_sublinks(names) -> tuple[list[str], dict[str, int]]:
     return links, {link: n for link, n in fanout.items() if n > 1}
 
 
+#: how often the stages of a graph that runs for good look for new spool files: a window's
+#: rows wait for the next look
+CONTINUOUS_TRIGGER = "100 milliseconds"
+
+
 class StageGraph:
     """Every Spark stage a set of queries needs, wired by spools (see the module docstring)."""
 
@@ -92,6 +97,15 @@ class StageGraph:
         self.stage_of: dict[str, Stage] = {}
         #: the stages remove their spool files once committed (`Stage.prune_spool`)
         self.prune_spool = False
+
+    def run_continuously(self) -> None:
+        """The settings of a graph that runs for good (the appliance, a collector), where a
+        window's latency counts: its stages look for spool files every `CONTINUOUS_TRIGGER`,
+        close small batches on the driver (`highlevel.smallbatch`) and keep their open
+        state there (`Stage.open_on_driver`). Makes the stages (Spark must be bound)."""
+        for _, stage in self.stages:
+            stage.open_on_driver = stage.small_on_driver = True
+            stage.trigger = CONTINUOUS_TRIGGER
 
     def bind(self, spark) -> None:
         """Use this Spark session (started elsewhere, e.g. while the low level ran)."""

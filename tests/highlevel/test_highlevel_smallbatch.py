@@ -129,3 +129,16 @@ def test_combine_ip_min_max_by_hand():
         {"window": 5, "k": "b", "m__hi": 7, "m__lo": 2**64 - 1, "x__hi": 7,
          "x__lo": 2**64 - 1}]
 
+
+def test_the_warm_up_runs_the_appliance_paths(spark, tmp_path, caplog):
+    """`serve`'s warm-up (`highlevel.warmup`) goes through the paths its stages take: a
+    batch past the driver's limit closed in one Spark job, then a small one on the driver."""
+    import logging
+
+    from highlevel.warmup import warm_up
+
+    with caplog.at_level(logging.DEBUG, logger="highlevel"):
+        warm_up(spark, tmp_path)
+    lines = [r.getMessage() for r in caplog.records if "query warmup: batch" in r.getMessage()]
+    assert any("batch 0 timings" in m and "(one job)" in m for m in lines), lines
+    assert any("batch 1 timings" in m and "(small, on the driver)" in m for m in lines), lines

@@ -124,6 +124,7 @@ def _collect(config, run_config, plan, links, fanout, checkpoint: Path, stop, st
     from highlevel.errors import StageConfigError
     from highlevel.graph import StageGraph
     from highlevel.session import get_session
+    from highlevel.warmup import warm_session
     from tools.errors import UnsupportedQueryError
     from tools.pipeline.config import LinkSummary, QuerySummary, RunSummary, choose_queries
     from tools.pipeline.heartbeat import Liveness, add_link_totals, read_heartbeats
@@ -141,7 +142,11 @@ def _collect(config, run_config, plan, links, fanout, checkpoint: Path, stop, st
         except StageConfigError as exc:
             raise UnsupportedQueryError(str(exc)) from None
         low = graph.low_plans()
-        graph.bind(get_session(run_config.master, quick_jvm=False))
+        spark = get_session(run_config.master, quick_jvm=False)
+        # as the appliance's: warm before the first window, then latency-minded stages
+        warm_session(spark)
+        graph.bind(spark)
+        graph.run_continuously()
         graph.start()
         beats = read_heartbeats(spool)
         period = max((b.period_ns for b in beats.values()), default=run_config.punctuate_every_ns)

@@ -51,8 +51,6 @@ log = logging.getLogger(__name__)
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}$")
 FORMATS = ("csv", "jsonl", "parquet")
-#: how often a stage looks for new spool files: a window's rows wait for the next look
-TRIGGER = "100 milliseconds"
 _SAVING = threading.Lock()
 
 
@@ -437,11 +435,10 @@ class Submission:
     def start_stages(self, spark) -> None:
         assert self.graph is not None
         self.graph.bind(spark)
+        self.graph.run_continuously()
         for _, stage in self.graph.stages:
             stage.label = f"{self.name}__"
             stage.suppress = tuple((int(a), int(b)) for a, b in self.record.suppress)
-            stage.open_on_driver = stage.small_on_driver = True
-            stage.trigger = TRIGGER
         self.stages_made = True
         self.graph.start()
         self.stages_started = True

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common import settings
 from common.errors import OopscopeError
 from common.units import INT64_MAX, NS_PER_S
 from tools.errors import RunConfigError
@@ -110,30 +109,14 @@ class Submissions:
             log.error("Spark did not start: %s; queries keep their spools until it does", exc)
             return
         log.info("Spark is up (it took %.1f s)", time.monotonic() - self._spark_asked)
-        if settings.spark_warmup():
-            self._warm_up(self._starter.result())
-        else:
-            log.info("Spark not warmed up (OOPSCOPE_SPARK_WARMUP=0): the first windows pay it")
+        from highlevel.warmup import warm_session
+
+        # a fresh JVM compiles a micro-batch's paths on first use, which the first windows
+        # of every query paid (seconds of lag)
+        warm_session(self._starter.result())
         for sub in list(self._running.values()):
             if not sub.stages_started:
                 self._start_stages(sub)
-
-    @staticmethod
-    def _warm_up(spark) -> None:
-        """A tiny stage run through Spark end to end before the first window: a fresh JVM
-        compiles the paths of a micro-batch on first use, which the first windows of every
-        query paid (seconds of lag; `highlevel.warmup`)."""
-        import tempfile
-
-        from highlevel.warmup import warm_up
-
-        try:
-            with tempfile.TemporaryDirectory(prefix="oopscope-warmup-") as work:
-                log.info("Spark warmed up: a micro-batch's code paths compiled in %.1f s",
-                         warm_up(spark, work))
-        except Exception as exc:  # noqa: BLE001 - only the first windows are slower
-            log.warning("Spark's warm-up failed (%s): the first windows may be slower",
-                        str(exc).splitlines()[0][:200])
 
     def _start_stages(self, sub: Submission) -> None:
         with self._lock:
