@@ -11,7 +11,7 @@ read to the end), and the run's clock is well defined:
   `period_ns` of data time.
 - `speed=N`: packets are released when the wall clock reaches their capture time (relative
   to the oldest first packet) divided by N; the clock is that paced capture time. Timer ticks
-  every `period_ns` of wall time.
+  every `period_ns` of wall time, on the boundaries of N x `period_ns` of the paced clock.
 
 Broken framing halfway through a file (a record with an impossible length) is stepped over by
 the reader, which finds the next readable record (`capture.resync`); the problem and the bytes
@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from capture.errors import CaptureError
+from capture.punctuation import next_tick as next_tick_at
 
 if TYPE_CHECKING:
     from capture.batch import PacketBatch
@@ -40,6 +41,9 @@ log = logging.getLogger(__name__)
 READ_AHEAD = 2
 #: a bound above every time (the rest of a link)
 END = (1 << 63) - 1
+#: a paced replay's ticks come this long (wall seconds) after the boundaries: the packets
+#: just past a window's end are taken by then
+TICK_MARGIN_S = 0.02
 
 
 class FileLink:
@@ -317,8 +321,12 @@ def _replay_paced(links, feeds, speed, period_ns, duration_ns, stop, wall, sleep
     t0 = min(heads)
     w0 = wall()
     info["origin"] = (time.time(), t0)
-    period_s = period_ns / 1e9
-    next_tick = w0 + period_s
+    # ticks on the paced clock's boundaries of a period of wall time, a little after each
+    # (`capture.punctuation.next_tick`): a window ending on one closes at the first tick
+    # after its end (an agent replaying records stamped with the wall clock, at speed 1)
+    step = max(1, int(period_ns * speed))
+    margin = int(TICK_MARGIN_S * speed * 1e9)
+    next_tick = next_tick_at(t0, step, margin)
     while True:
         if stop():
             return "stopped"
@@ -333,14 +341,14 @@ def _replay_paced(links, feeds, speed, period_ns, duration_ns, stop, wall, sleep
                     break
                 feeds[n].process(batch)
         active = _finish_ended(links, feeds)
-        if now >= next_tick:
+        if clock >= next_tick:
             for n in links:
                 if not feeds[n].finished:
                     feeds[n].tick(clock)
-            next_tick = now + period_s
+            next_tick = next_tick_at(clock, step, margin)
         if not active:
             return "end of input"
         # sleep until the next packet is due or the next tick, but stay responsive
-        due = min(links[n].head() for n in active)
+        due = min(min(links[n].head() for n in active), next_tick)
         wake = w0 + (due - t0) / (speed * 1e9)
-        sleep(max(0.0, min(wake - wall(), next_tick - wall(), 0.05)))
+        sleep(max(0.0, min(wake - wall(), 0.05)))
