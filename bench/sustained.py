@@ -2,6 +2,7 @@
 
     python -m bench.sustained [--pps 400000] [--groups 260000] [--minutes 10]
                               [--mode replay|cluster|live] [--dir DIR] [--json F] [--plot F.png]
+                              [--declare] [--debug]
 
 `--pps` and `--groups` take comma-separated lists: every pair is one run (the grid of
 docs/performance.md is `--pps 100000,200000,400000 --groups 10000,100000,260000`).
@@ -166,14 +167,14 @@ def capture_for(pps: int, groups: int, workdir: Path) -> Path:
 
 
 def one_run(pps: int, groups: int, minutes: float, mode: str, workdir: Path,
-            declare: bool = False) -> dict:
+            declare: bool = False, debug: bool = False) -> dict:
     from tools.serve.testing import Server
 
     expected = groups if declare else None
     if mode == "cluster":
         from bench.sustained_cluster import cluster_run
 
-        return cluster_run(pps, groups, minutes, workdir, expected)
+        return cluster_run(pps, groups, minutes, workdir, expected, debug)
     pcap = capture_for(pps, groups, workdir)
     packets = max(groups * 4, pps * TRACE_S // 8)
     native = packets / TRACE_S
@@ -188,7 +189,8 @@ def one_run(pps: int, groups: int, minutes: float, mode: str, workdir: Path,
             args = ["--interface", f"main={pair.outer}"]
         else:
             args = ["--link", f"main={pcap}", "--loop", "--speed", f"{pps / native:.4f}"]
-        server = Server(args, state, workdir / f"serve-{pps}-{groups}.log")
+        server = Server(args, state, workdir / f"serve-{pps}-{groups}.log",
+                        verbose=2 if debug else 1)
         undo.callback(server.stop)
         undo.callback(stop.set)             # the tail thread, first
         server.start()
@@ -302,6 +304,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--declare", action="store_true",
                     help="declare the groups per window in the query (expected_groups): its "
                          "table starts at their size instead of growing over the first windows")
+    ap.add_argument("--debug", action="store_true",
+                    help="the server or collector logs with -vv: each micro-batch's timings")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -314,7 +318,8 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(f"bench.sustained --mode live needs {tool}")
     workdir = args.dir or Path(tempfile.mkdtemp(prefix="oopscope-bench-sustained-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    results = [one_run(int(p), int(g), args.minutes, args.mode, workdir, args.declare)
+    results = [one_run(int(p), int(g), args.minutes, args.mode, workdir, args.declare,
+                       args.debug)
                for p in args.pps.split(",") for g in args.groups.split(",")]
     keys = [k for k in results[0] if k != "series"]
     width = max(map(len, keys))

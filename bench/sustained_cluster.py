@@ -144,8 +144,9 @@ def _scan_spool(spool: Path, seen: set, partials: dict) -> None:
 
 
 def cluster_run(pps: int, groups: int, minutes: float, workdir: Path,
-                expected: int | None = None) -> dict:
-    """One run: 2 agents at `pps` each + a collector, for `minutes` of load."""
+                expected: int | None = None, debug: bool = False) -> dict:
+    """One run: 2 agents at `pps` each + a collector (`debug`: with -vv, its micro-batches'
+    timings in its log), for `minutes` of load."""
     from bench.cluster import _wait_quiet
     from bench.workloads import cli
 
@@ -173,7 +174,7 @@ def cluster_run(pps: int, groups: int, minutes: float, workdir: Path,
             undo.callback(end)
             return proc
 
-        collector = start("collect", cli("-v", "collect", str(query), "--spool", str(spool),
+        collector = start("collect", cli("-vv" if debug else "-v", "collect", str(query), "--spool", str(spool),
                                          "--links", "l0,l1", "--output",
                                          f"pairs={out}", "--checkpoint", str(run / "ck")))
         waited = _wait_quiet(collector, timeout=180, least=15)
