@@ -204,7 +204,8 @@ class AggregateStage(Stage):
             spec=self.spec, window=self.window, store=self.store, tick=self._tick,
             session=lambda: self.spark, emit=self.emit, commit=self._commit,
             combine=self.combined, unique_rows=self.unique_rows, close=self.close,
-            close_keeping=self.close_keeping, retained=self.retained, open_on_driver=self.open_on_driver,
+            close_keeping=self.close_keeping, retained=self.retained,
+            open_on_driver=self.open_on_driver,
             flow_records=self.flow_records, finalize=self.finalize_rows,
             output_table=self.output_table, prune_spool=self.prune_spool)
 
@@ -413,6 +414,7 @@ class AggregateStage(Stage):
         window = np.asarray(result.column("__window").combine_chunks().fill_null(0))
         ends = win.pane_end(window) if win.tumbling else win.window_end(window)
         return raw_output_table(result.append_column("__time", pa.array(ends)), self.spec)
+
 
 def _struct_rows(rows: pa.Table, column: str) -> pa.Table:
     """The rows where `column` (a struct) is set, as a table of its fields."""

@@ -59,8 +59,8 @@ def _version() -> str:
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-v", "--verbose", count=True, help="More log output on stderr (-vv for debug, -vvv with\n"
-              "every call to the JVM).")
+@click.option("-v", "--verbose", count=True,
+              help="More log output on stderr (-vv for debug, -vvv with every call to the JVM).")
 @click.version_option(version=_version(), prog_name="oopscope")
 def cli(verbose: int) -> None:
     """oopscope: GSQL queries over pcap files and live interfaces, the out-of-order way."""
