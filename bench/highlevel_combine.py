@@ -14,6 +14,8 @@ Each turn runs, in a fresh process each:
 - oopscope: `oopscope -v run QUERY --link main=CAP --output pairs10=OUT.csv --spool SPOOL`;
   its summary gives the Spark stage's seconds and the partial rows it combined (the low level
   ends before Spark is up on this capture, so the stage is the whole combine);
+- softflowd: `softflowd -r CAP` metering the same file into nfcapd (`bench.netflow`'s
+  turn), the anchor of issue 35's target for the whole run (at least 2x as fast);
 - Spark's own: a session with the same settings as the run's (`highlevel.session.get_session`:
   the quick JVM, shuffle partitions per core), reading the partial rows the run spooled
   (Parquet) and `groupBy(window, srcIP, destIP).agg(sum(cnt), sum(sum_len))` written as CSV
@@ -38,6 +40,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.netflow import run_softflowd
 from bench.workloads import REPO, cli, kept_capture, warm_file, work_dir
 
 log = logging.getLogger(__name__)
@@ -163,10 +166,13 @@ def main(argv: list[str] | None = None) -> int:
         run = run_oopscope(query, capture, work, args.timeout)
         spark = run_anchor(Path(run["spool"]), work, args.timeout) \
             if run["status"] == "ok" else {"status": "not run"}
-        turns.append({"oopscope": run, "spark": spark})
-        log.info("turn %d: Spark stage %s s (%s partial rows); Spark's groupBy + CSV: cold %s s, "
-                 "warm %s s", turn, run.get("stage_seconds"), run.get("partial_rows"),
-                 _fmt(spark.get("cold_seconds")), _fmt(spark.get("warm_seconds")))
+        flows = run_softflowd(capture, work, args.timeout)
+        turns.append({"oopscope": run, "spark": spark, "softflowd": flows})
+        log.info("turn %d: run %s s, its Spark stage %s s (%s partial rows); Spark's groupBy + "
+                 "CSV: cold %s s, warm %s s; softflowd %s s", turn, _fmt(run.get("seconds")),
+                 run.get("stage_seconds"), run.get("partial_rows"),
+                 _fmt(spark.get("cold_seconds")), _fmt(spark.get("warm_seconds")),
+                 _fmt(flows.get("seconds")))
     ok = [t for t in turns if t["oopscope"]["status"] == "ok" and t["spark"]["status"] == "ok"]
     stage = _median([t["oopscope"]["stage_seconds"] for t in ok])
     rows = _median([t["oopscope"]["partial_rows"] for t in ok])
@@ -182,17 +188,23 @@ def main(argv: list[str] | None = None) -> int:
                                           for t in ok]),
         "stage_over_spark_warm": _median([t["oopscope"]["stage_seconds"] / t["spark"]["warm_seconds"]
                                           for t in ok]),
+        "softflowd_seconds": _median([t["softflowd"].get("seconds") for t in ok]),
+        # above 1: the whole run is faster than softflowd
+        "softflowd_over_run": _median([t["softflowd"]["seconds"] / t["oopscope"]["seconds"]
+                                       for t in ok if t["softflowd"].get("seconds")]),
     }
     print(f"{'':32} {'seconds':>8} {'M rows/s':>9}")
     for name, key in (("oopscope run (whole)", "run_seconds"), ("its Spark stage", "stage_seconds"),
                       ("Spark groupBy + CSV, cold", "spark_cold_seconds"),
-                      ("Spark groupBy + CSV, warm", "spark_warm_seconds")):
+                      ("Spark groupBy + CSV, warm", "spark_warm_seconds"),
+                      ("softflowd -r", "softflowd_seconds")):
         value = summary[key]
         rate = f"{rows / value / 1e6:9.2f}" if rows and value else f"{'':9}"
         print(f"{name:32} {_fmt(value):>8} {rate}")
     print(f"partial rows {rows}, result rows {summary['result_rows']}; Spark stage / Spark's own: "
           f"{_fmt(summary['stage_over_spark_cold'])} (cold), "
-          f"{_fmt(summary['stage_over_spark_warm'])} (warm)")
+          f"{_fmt(summary['stage_over_spark_warm'])} (warm); the run is "
+          f"{_fmt(summary['softflowd_over_run'])}x as fast as softflowd")
     Path(args.json).write_text(json.dumps({"summary": summary, "turns": turns}, indent=2))
     return 0
 
