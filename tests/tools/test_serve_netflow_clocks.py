@@ -107,7 +107,11 @@ def test_one_served_link_windowed_on_first_and_last(pcaps_dir, tmp_path):
         got_both = {name: wait_for(lambda n=name: written_as(f"both.both_{n}", n), 120,
                                    f"both_{name}'s windows") for name in QUERIES}
         (link,) = [s for s in server.client.status()["links"] if s["name"] == "r1"]
-        assert link["packets"] == nf["records"] and link["ring_drops"] == 0, link
+        # the records as decoded by now (every window written): `nf` was read once every
+        # datagram had arrived, when a busy machine may still be decoding them
+        records = _netflow(server)["records"]
+        assert records >= nf["records"]
+        assert link["packets"] == records and link["ring_drops"] == 0, (link, records)
         metrics = metric_samples(server.client)
         for clock in ("first", "last"):
             assert metrics[("oopscope_link_netflow_clock_late_records_total",
