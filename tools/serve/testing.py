@@ -29,7 +29,8 @@ class Server:
     debug lines; 0 or False: as an operator starts it)."""
 
     def __init__(self, args: list[str], state: Path, log: Path, port: int | None = None,
-                 listen: str | None = None, token: str | None = None, verbose: bool | int = True):
+                 listen: str | None = None, token: str | None = None,
+                 verbose: bool | int = True):
         self.args, self.state, self.log_path = list(args), Path(state), Path(log)
         self.port = port or free_port()
         self.listen = listen or f"127.0.0.1:{self.port}"
@@ -42,8 +43,8 @@ class Server:
     def start(self, timeout: float = 180) -> Server:
         self.ready.unlink(missing_ok=True)
         self._log = open(self.log_path, "ab")
-        cmd = [sys.executable, "-m", "tools.cli", *(["-" + "v" * int(self.verbose)] if self.verbose else []), "serve",
-               *self.args, "--state",
+        flags = ["-" + "v" * int(self.verbose)] if self.verbose else []
+        cmd = [sys.executable, "-m", "tools.cli", *flags, "serve", *self.args, "--state",
                str(self.state), "--listen", self.listen, "--ready-file", str(self.ready)]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self._log, stderr=self._log,
                                      start_new_session=True,
