@@ -3,6 +3,7 @@ Spark path gives, for every kind of sub-aggregate, with windows left open betwee
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import numpy as np
@@ -52,8 +53,11 @@ def _stream(spec, files, root, small: bool, per_trigger: int | None,
     spool = root / "spool"
     d = spool / "kinds" / "partials"
     d.mkdir(parents=True)
-    for f in files:
+    for i, f in enumerate(files):
         shutil.copy(f, d / f.name)
+        # Spark's file source takes files in mtime order, and copies made within one
+        # millisecond would reach it in any order: the batches would differ between runs
+        os.utime(d / f.name, ns=(0, (1_700_000_000 + i) * NS))
     sink = ListSink()
     stage = AggregateStage(spec, spool, root / "ck", [sink], max_files_per_trigger=per_trigger)
     stage.small_on_driver = small

@@ -54,6 +54,8 @@ def _start(args: list[str], state: Path, log: Path, port: int) -> Server:
 
 @pytest.mark.slow
 def test_served_collector_of_softflowd_equals_nfdump(pcaps_dir, tmp_path):
+    from capture.flowdecode import FlowDecoder
+
     datagrams = softflowd_datagrams(pcaps_dir / "skype.pcap", 9)
     port = free_udp_port()
     state = tmp_path / "state"
@@ -87,11 +89,15 @@ def test_served_collector_of_softflowd_equals_nfdump(pcaps_dir, tmp_path):
             conn.close()
 
         _send(port, datagrams)
-        nf = wait_for(lambda: (n := _netflow(server))["datagrams"] == len(datagrams) and n,
-                      60, "every datagram counted")
+        decoded = len(FlowDecoder().decode(datagrams, ["127.0.0.1"] * len(datagrams),
+                                           [0] * len(datagrams))["bytes"])
+        assert decoded > 100
+        # a datagram is counted when it arrives and its records once decoded: wait for both
+        nf = wait_for(lambda: (n := _netflow(server))["datagrams"] == len(datagrams)
+                      and n["records"] >= decoded and n, 60, "every datagram decoded")
         assert nf["versions"] == {"9": len(datagrams)}
         assert nf["malformed"] == {} and nf["sequence_gaps"] == 0
-        assert nf["records"] > 100
+        assert nf["records"] == decoded
         metrics = metric_samples(server.client)
         assert metrics[("oopscope_link_netflow_records_total", (("link", "r1"),))] \
             == nf["records"]
@@ -148,12 +154,14 @@ def test_restarted_server_knows_the_templates(pcaps_dir, tmp_path):
         (info,) = server.client.queries()
         assert info["state"] == "running", info
         _send(port, rest)
-        nf = wait_for(lambda: (n := _netflow(server))["datagrams"] == len(rest) and n,
-                      60, "every datagram counted")
-        assert nf["malformed"] == {}, nf
         expected = len(FlowDecoder().decode(datagrams, ["127.0.0.1"] * len(datagrams),
                                             [0] * len(datagrams))["bytes"])
         first = len(FlowDecoder().decode(datagrams[:1], ["127.0.0.1"], [0])["bytes"])
+        # a datagram is counted when it arrives and its records once decoded: wait for both
+        nf = wait_for(lambda: (n := _netflow(server))["datagrams"] == len(rest)
+                      and n["records"] >= expected - first and n,
+                      60, "every datagram counted and decoded")
+        assert nf["malformed"] == {}, nf
         assert nf["records"] == expected - first
     finally:
         assert server.stop() == 0, server.log()
