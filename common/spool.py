@@ -41,6 +41,10 @@ META_COLUMNS = (LINK, SEQ, PUNCT)
 #: times (highlevel.joint): the individual punctuation on the second time, and the joint
 #: punctuation (a pair, both null until the join has one); PUNCT holds the first time's
 JOINT_MARKERS = ("__punct2", "__joint1", "__joint2")
+#: a data column of an aggregation's partial rows: true when the row is its (window, group)'s
+#: only one from its link (lowlevel.finality); the footer counts them (FINAL_ROWS_KEY)
+FINAL = "__final"
+FINAL_ROWS_KEY = b"oopscope.final_rows"
 #: the punctuation a link writes when its input has ended: every window can close
 END_OF_INPUT = INT64_MAX
 _NAME = re.compile(r"^(?P<link>.+)-(?P<seq>\d{12})\.parquet$")
@@ -223,6 +227,8 @@ class SpoolWriter:
         meta.update({b"oopscope.punct": b"" if marker_punct is None else b"%d" % marker_punct,
                      b"oopscope.rows": b"%d" % n,
                      b"oopscope.min_window": b"" if low is None else b"%d" % low})
+        if FINAL in data:
+            meta[FINAL_ROWS_KEY] = b"%d" % (pc.sum(data[FINAL]).as_py() or 0)
         out = out.replace_schema_metadata(meta)
         path = self.dir / spool_file_name(self.link, self.seq)
         tmp = self.dir / f".{path.name}.{os.getpid()}.tmp"

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lowlevel.aggregates import StateLayout
+from lowlevel.finality import Finality
 from lowlevel.flush import (
     C_CAUSE,
     C_CUR,
@@ -78,6 +79,9 @@ class Partials:
     keys: np.ndarray            # uint64 [n, nkeys]
     banks: tuple                # (i int64 [n, wi], u uint64 [n, wu], f float64 [n, wf], h uint8 [n, wh])
     cause: np.ndarray           # uint8 [n], flush.CAUSE_*
+    #: bool [n]: the row is its (pane, group)'s only one (`lowlevel.finality`); None when
+    #: the table does not tell (a flow table, a selection)
+    final: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.window)
@@ -87,10 +91,12 @@ class Partials:
         if not chunks:
             return Partials(np.zeros(0, np.int64), np.zeros((0, nkeys), np.uint64),
                             layout.empty_banks(0), np.zeros(0, np.uint8))
+        finals = [c.final for c in chunks]
         return Partials(np.concatenate([c.window for c in chunks]),
                         np.concatenate([c.keys for c in chunks]),
                         tuple(np.concatenate([c.banks[b] for c in chunks]) for b in range(4)),
-                        np.concatenate([c.cause for c in chunks]))
+                        np.concatenate([c.cause for c in chunks]),
+                        None if any(f is None for f in finals) else np.concatenate(finals))
 
 
 class HashAggregator:
@@ -133,6 +139,8 @@ class HashAggregator:
         self.params[P_OFFSET] = self.offset_ns
         self.params[P_LATE] = EMPTY
         self.ctl = make_ctl()
+        #: which rows are final (None: this table does not say, e.g. a flow table)
+        self.finality: Finality | None = Finality(self.pane_ns, self.offset_ns)
         self.ops, self.ident, self._base = layout.record_ops(nkeys)
         # user-defined aggregates run in a kernel with their update calls written in
         self._append = append
@@ -189,7 +197,8 @@ class HashAggregator:
         ci = cols.view(np.int64)
         banks = (ci[b["i"]:b["i"] + w["i"]].T, cols[b["u"]:b["u"] + w["u"]].T,
                  cols.view(np.float64)[b["f"]:b["f"] + w["f"]].T, oh[:n_out].copy())
-        return Partials(ci[0], cols[1:1 + nk].T, banks, cause[:n_out].copy())
+        final = None if self.finality is None else self.finality.flags(ci[0], cols[1:1 + nk])
+        return Partials(ci[0], cols[1:1 + nk].T, banks, cause[:n_out].copy(), final)
 
     # --- the pipeline steps ------------------------------------------------------------------
     def append(self, ts: np.ndarray, keys: np.ndarray, args=None,
@@ -258,6 +267,8 @@ class HashAggregator:
         if self.in_punct is not None and p_ns <= self.in_punct:
             return [], None
         self.in_punct = p_ns
+        if self.finality is not None:
+            self.finality.punctuate(self.held, p_ns)
         self.params[P_LATE] = p_ns      # the kernels drop and count earlier packets
         self.held = advance(self.table, self.out, self.ctl, self.params,
                             int(self.pane_of(p_ns)), self.held)
@@ -332,6 +343,8 @@ class HashAggregator:
     def finish(self) -> tuple[list[Partials], int]:
         """End of input: flush every entry; returns rows (every held one too) and the final
         punctuation."""
+        if self.finality is not None:       # nothing follows: every pane is closed
+            self.finality.punctuate(self.held, np.iinfo(np.int64).max)
         self.held = finish(self.table, self.out, self.ctl, self.held)
         chunks = [self._drain(self.held)] if self.held else []
         final = self.in_punct if self.in_punct is not None else np.iinfo(np.int64).min

@@ -254,6 +254,7 @@ class FlowAggregator(HashAggregator):
                          flush="oop_lazy", probes=probes)
         self.hash_keys = nkeys
         self.nkeys = nkeys + 1           # rows carry the flow id, not the last-packet time
+        self.finality = None             # a flow's rows are unique per flow id anyway
         self.idle_ns = idle_ns
         self.fparams = np.zeros(NFPARAMS, np.int64)
         self.fparams[F_IDLE] = -1 if idle_ns is None else idle_ns

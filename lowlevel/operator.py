@@ -155,7 +155,8 @@ class LowLevelOperator:
         w = plan.window
         self.schema = PartialSchema(self._keys, self.layout, query=plan.query, link=plan.link,
                                     pane_ns=w.pane_ns if w else 0,
-                                    offset_ns=w.offset_ns if w else 0, flush=plan.flush)
+                                    offset_ns=w.offset_ns if w else 0, flush=plan.flush,
+                                    final=w is not None and plan.flow is None)
         self.engine: HashAggregator | None = None
         self._flow = plan.flow
         self._hashed = len(self._keys)

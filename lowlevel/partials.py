@@ -11,6 +11,7 @@ Layout of a partial-row RecordBatch (one row per (window, group) piece that left
 | `<agg>__t` | int64 | first/last: time (ns) of the value |
 | `<agg>__hi`, `<agg>__lo` | uint64, uint64 | min/max over an `ip` value: its two halves |
 | `<agg>` | fixed_size_binary(R) | distinct: R HyperLogLog registers (one byte each) |
+| `__final` | bool | an aggregation table's rows only: the row is the only one of its (window, group) from this table (`lowlevel.finality`) |
 
 Schema metadata: `oopscope.query`, `oopscope.link`, `oopscope.pane_ns`, `oopscope.offset_ns`,
 `oopscope.flush`; each state field carries `oopscope.kind` (count, sum, ...) so a consumer
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
+from common.spool import FINAL
 from lowlevel.aggregates import StateLayout, combine_states
 from lowlevel.engine import Partials
 from queries.plan import ip_words, udaf_words
@@ -94,7 +96,8 @@ class PartialSchema:
     """The Arrow schema of one operator's partial rows, and conversions to and from it."""
 
     def __init__(self, keys: list[KeySpec], layout: StateLayout, *, query: str = "",
-                 link: str = "", pane_ns: int = 0, offset_ns: int = 0, flush: str = ""):
+                 link: str = "", pane_ns: int = 0, offset_ns: int = 0, flush: str = "",
+                 final: bool = False):
         self.keys = list(keys)
         self.layout = layout
         #: the link's intern table (`capture.strings.StringTable`) string keys decode with;
@@ -138,6 +141,11 @@ class PartialSchema:
                     fields.append(pa.field(w, _BANK_ARROW[bank], nullable=False,
                                            metadata={b"oopscope.kind": b"udaf_word"}))
                     self.state_names.append(w)
+        #: the rows carry the `FINAL` column (an aggregation table's rows)
+        self.final = final
+        self.combined_schema = pa.schema(fields)     # combined rows: no final flag
+        if final:
+            fields.append(pa.field(FINAL, pa.bool_(), nullable=False))
         schema_meta = {"oopscope.query": query, "oopscope.link": link,
                        "oopscope.pane_ns": str(pane_ns), "oopscope.offset_ns": str(offset_ns),
                        "oopscope.flush": flush}
@@ -162,6 +170,9 @@ class PartialSchema:
                 arrays.append(self._state_texts(states[name], name))
                 continue
             arrays.append(_state_array(states[name], t))
+        if self.final:
+            final = chunk.final if chunk.final is not None else np.zeros(len(chunk), np.bool_)
+            arrays.append(pa.array(final, pa.bool_()))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
     def _state_texts(self, ranks: np.ndarray, name: str) -> pa.Array:
@@ -214,4 +225,5 @@ def combine_partials(batches, pschema: PartialSchema) -> pa.Table:
     arrays = [pa.array(c) for c in out_keys]
     for name in pschema.state_names:
         arrays.append(_state_array(out_states[name], pschema.schema.field(name).type))
-    return pa.Table.from_arrays(arrays, schema=pschema.schema)
+    schema = pschema.combined_schema.with_metadata(pschema.schema.metadata)
+    return pa.Table.from_arrays(arrays, schema=schema)

@@ -153,6 +153,7 @@ def test_partial_schema_layout(capture_batch):
     assert schema.field("or_flags").metadata[b"oopscope.kind"] == b"or"
     assert schema.metadata[b"oopscope.query"] == qp.name.encode()
     assert schema.metadata[b"oopscope.link"] == b"main"
+    assert schema.names[-1] == "__final" and schema.field("__final").type == pa.bool_()
     assert all(b.schema.equals(schema) for b in batches)
     # IPv4 rows are IPv4-mapped in the two-column layout
     t = pa.Table.from_batches(batches)

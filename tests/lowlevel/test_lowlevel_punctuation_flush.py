@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 
+from common.spool import FINAL
 from lowlevel.operator import HOLD_ROWS, LowLevelOperator
 from queries.planner import plan_text
 from tests.oracles.samples import random_batch
@@ -22,7 +23,8 @@ SELECT tb, srcIP, count(*) AS n, sum(len) AS bytes FROM main.IPV4 GROUP BY time 
 def _add(sums: Counter, d: dict) -> None:
     """Partial rows summed per (window, keys, state): the combined rows, whatever the flush."""
     keys = [c for c in d if c == "window" or c.startswith("srcIP")]
-    states = [c for c in d if c not in keys]
+    # the final flags differ with the flush: which rows leave before their pane closes
+    states = [c for c in d if c not in keys and c != FINAL]
     for i in range(len(d["window"])):
         k = tuple(d[c][i] for c in keys)
         for c in states:

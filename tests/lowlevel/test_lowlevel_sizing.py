@@ -119,6 +119,16 @@ def check_promises(out, prm, pane=10):
     assert out.counters["resident"] == 0
 
 
+def check_final(rows) -> None:
+    """A row marked final (`lowlevel.finality`) is the only row of its (pane, keys)."""
+    if not len(rows):
+        return
+    assert rows.final is not None and len(rows.final) == len(rows)
+    frame = pd.DataFrame(rows.keys.view(np.int64)).assign(w=rows.window)
+    many = frame.duplicated(keep=False).to_numpy()
+    assert not np.any(rows.final & many), frame[rows.final & many]
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(params)
 def test_adaptive_table_gives_the_rows_of_fixed_tables(prm):
@@ -128,9 +138,11 @@ def test_adaptive_table_gives_the_rows_of_fixed_tables(prm):
                                   check_dtype=False)
     assert adaptive.counters["late"] == int(np.count_nonzero(stream.valid & ~keep))
     check_promises(adaptive, prm)
+    check_final(adaptive.rows)
     for slots in (2, 16, 1024):
         _, _, fixed = run(prm, slots, None)
         pd.testing.assert_frame_equal(got, combined(AGGS, fixed.rows), check_dtype=False)
+        check_final(fixed.rows)
         assert fixed.counters["late"] == adaptive.counters["late"]
         assert fixed.counters["slots"] == slots and fixed.counters["resizes"] == 0
 
