@@ -15,7 +15,7 @@ case); an unusable value is logged once and its default used.
 | OOPSCOPE_JVM_NICE | 0 | niceness of the driver JVM in a full-speed replay (0-19) |
 | OOPSCOPE_BACKGROUND_NICE | 10 | niceness of the stages' batch thread while the low level reads |
 | OOPSCOPE_SPECIALIZE | on | per-query flow-table kernels with their updates written out |
-| OOPSCOPE_DRIVER_ROWS | on | flow-record batches close on the driver, without a Spark job |
+| OOPSCOPE_DRIVER_ROWS | on | flow-record batches close on the driver, without a Spark job, and a single link's final rows skip the combine |
 | OOPSCOPE_SERVER | http://127.0.0.1:7405/ | the server the control commands talk to without `--server` |
 | OOPSCOPE_SHARED | ../shared | the benchmarks' shared data folder (real captures in `pcaps/`) |
 | XDG_CACHE_HOME | ~/.cache | the private cache folder is `$XDG_CACHE_HOME/oopscope` |

@@ -39,7 +39,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from common.spool import LINK, PUNCT, SEQ, list_spool, not_kept
-from highlevel import smallbatch
+from highlevel import finalrows, smallbatch
 from highlevel.batchcontext import Batch, StageContext
 from highlevel.batchfiles import SpoolFileMarker, batch_files, batch_markers, files_markers
 from highlevel.combine import Combiner
@@ -90,6 +90,11 @@ class AggregateStage(Stage):
                  self.combine, self.hidden)
         self.ahead = BatchAhead(spec.query)
         self.ahead_batches = 0          # driver batches that found the batch computed ahead
+        # a single link's final rows written without a combine (highlevel.finalrows)
+        self.final_outputs = finalrows.outputs_of(spec, self.window) \
+            if self.may_close_on_driver and self.flow_records is None and self.prepare is None \
+            and not self.marker_columns and not self.late_reads else None
+        self.final_batches = 0          # batches that wrote final rows directly
 
     # --- Spark expressions ---------------------------------------------------------------------
     # built once, on first use: each py4j call building an expression costs driver time, and a
@@ -119,6 +124,17 @@ class AggregateStage(Stage):
     def closes_on_driver(self) -> bool:
         return self.flow_records is not None
 
+    @property
+    def writes_final_rows(self) -> bool:
+        """Whether the low level's final rows skip the combine (`highlevel.finalrows`): one
+        link, not captured by several fanout sockets (each its own table)."""
+        return self.final_outputs is not None and len(self.meld_inputs) == 1
+
+    @property
+    def computes_ahead(self) -> bool:
+        return (self.flow_records is not None and not self.driver_batches) \
+            or (self.writes_final_rows and not self.final_batches)
+
     def _start(self, writer):
         if self.flow_records is None:
             return writer.start()
@@ -141,6 +157,13 @@ class AggregateStage(Stage):
                 self.ahead_batches += 1
             close_on_driver(self.context(), batch, ready)
             return
+        if from_footers and not late_rows and self.writes_final_rows:
+            assert self.final_outputs is not None
+            ready = self.ahead.take(batch) if batch.advanced else None
+            if finalrows.run(self.context(), batch, self.final_outputs, ready):
+                self.final_batches += 1
+                self.ahead_batches += ready is not None
+                return
         if from_footers and not late_rows and self.small_batches \
                 and smallbatch.run(self.context(), batch):
             self.driver_batches += 1
@@ -220,11 +243,11 @@ class AggregateStage(Stage):
 
     def speculate(self) -> bool:
         """Compute what the next micro-batch will write (`highlevel.microbatch.BatchAhead`):
-        only for a stage that closes its batches on the driver and has no raw sinks. Its files
+        only for a stage that `computes_ahead` and has no raw sinks. Its files
         are those the stream's log names when the stream planned it already, else every
         spool file there is now. Returns whether there was something to compute."""
         prev = self.state
-        if self.flow_records is None or any(sink.raw for sink in self.sinks) \
+        if not self.computes_ahead or any(sink.raw for sink in self.sinks) \
                 or self.prepare is not None or self.marker_columns or self.late_reads:
             return False
         # a batch the stream planned already reads the files its log names; else every file
@@ -238,8 +261,11 @@ class AggregateStage(Stage):
         punctuation = self._meld(state, files)
         if punctuation is None or not self.advanced(prev, state, punctuation):
             return False
+        outputs = self.final_outputs
         self.ahead.compute(self.context(), Batch(prev.batch + 1, files, prev, state, punctuation,
-                                                 True, sum(f.kept for f in files)))
+                                                 True, sum(f.kept for f in files)),
+                           None if outputs is None else
+                           lambda ctx, batch: finalrows.ahead(ctx, batch, outputs))
         return True
 
     def footer_markers(self, batch_id: int, before: int | None) -> list[SpoolFileMarker] | None:
@@ -304,9 +330,9 @@ class AggregateStage(Stage):
         return closed.select(*self.correction_outputs, *self.hidden).toArrow()
 
     def close(self, combined: DataFrame, batch_id: int, before: int | None, upto: int,
-              corrections: pa.Table | None = None) -> int:
+              corrections: pa.Table | None = None, extra: pa.Table | None = None) -> int:
         """Finalise and write every window with before < end(w) <= upto (and the batch's
-        correction rows, in the same sink write); rows written."""
+        correction rows and `extra` closed rows, in the same sink write); rows written."""
         spec, win = self.spec, self.window
         if win.tumbling:
             closed = combined.where(self.closing(before, upto))
@@ -319,21 +345,22 @@ class AggregateStage(Stage):
             # unique pane rows stay unique per window: a row's keys include its pane's identity
             closed = exploded if self.unique_rows else \
                 self.combine(exploded, ["window"] + spec.key_columns())
-        result = self.finalize_rows(closed)
+        result = _with(self.finalize_rows(closed), extra)
         self._tick("combine+collect")
-        extra = 0
+        corrected = 0
         if corrections is not None and corrections.num_rows:
-            extra = corrections.num_rows
+            corrected = corrections.num_rows
             result = pa.concat_tables([corrections, result.cast(corrections.schema)])
-        return self.emit(result, batch_id, upto) - extra
+        return self.emit(result, batch_id, upto) - corrected
 
     def close_keeping(self, combined: DataFrame, batch_id: int, before: int | None,
-                      upto: int) -> tuple[int, pa.Table]:
+                      upto: int, extra: pa.Table | None = None) -> tuple[int, pa.Table]:
         """`close` for tumbling windows, and the rows that stay open, in one Spark job: each
         combined row is collected once, either as its outputs (a window closing now, HAVING
         holding) or as its partial state (a window still open), and split on the driver.
         Two jobs over a cached frame (the closed rows, then the open ones) cost the appliance
-        ~0.5 s more per window at 260K groups. Returns (rows written, open rows)."""
+        ~0.5 s more per window at 260K groups. `extra`: closed rows written with them.
+        Returns (rows written, open rows)."""
         names = [f.name for f in self.spec.partial_schema().fields]
         closing = self.closing(before, upto)
         if self.having is not None:
@@ -343,7 +370,7 @@ class AggregateStage(Stage):
             F.when(self.retained(upto), F.struct(*[F.col(n) for n in names])).alias("open"))
         rows = both.toArrow()
         self._tick("combine+collect")
-        return (self.emit(_struct_rows(rows, "closed"), batch_id, upto),
+        return (self.emit(_with(_struct_rows(rows, "closed"), extra), batch_id, upto),
                 _struct_rows(rows, "open"))
 
     def combined(self, parts: DataFrame) -> DataFrame:
@@ -414,6 +441,13 @@ class AggregateStage(Stage):
         window = np.asarray(result.column("__window").combine_chunks().fill_null(0))
         ends = win.pane_end(window) if win.tumbling else win.window_end(window)
         return raw_output_table(result.append_column("__time", pa.array(ends)), self.spec)
+
+
+def _with(result: pa.Table, extra: pa.Table | None) -> pa.Table:
+    """Spark's closed rows and `extra` rows of the same layout, as one table."""
+    if extra is None or not extra.num_rows:
+        return result
+    return pa.concat_tables([extra.cast(result.schema), result])
 
 
 def _struct_rows(rows: pa.Table, column: str) -> pa.Table:

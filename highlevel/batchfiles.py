@@ -7,7 +7,8 @@ are on disk already: Structured Streaming's file source logs which files each ba
 before the batch runs (`<checkpoint>/offsets/<batch>`: the source's log offset;
 `<checkpoint>/sources/0/<offset>` or a `.compact` file: one JSON line per file, `"v1"`
 first), and `SpoolWriter` puts each file's markers in its Parquet footer
-(`oopscope.punct`, `oopscope.rows`, `oopscope.min_window`). `batch_markers` reads both; any
+(`oopscope.punct`, `oopscope.rows`, `oopscope.min_window`, and `oopscope.final_rows`
+when the low level marks final rows). `batch_markers` reads both; any
 doubt (a log it cannot read, a file without the keys) gives None and the caller runs the
 Spark job as before. Either way a batch's files are `SpoolFileMarker` records.
 """
@@ -22,7 +23,7 @@ from urllib.parse import unquote, urlparse
 
 import pyarrow.parquet as pq
 
-from common.spool import JOINT_MARKERS, LINK, SEQ, parse_spool_name
+from common.spool import FINAL_ROWS_KEY, JOINT_MARKERS, LINK, SEQ, parse_spool_name
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,8 @@ class SpoolFileMarker:
     min_window: int | None = None          # the file's earliest pane (from its footer)
     joint: tuple = ()                      # the `JOINT_MARKERS` values (highlevel.joint)
     max_pane: int | None = None            # the latest pane of a kept row (landmark windows)
+    final: int | None = None               # rows the low level marked final (footer; None:
+                                           # the file does not say)
 
     @classmethod
     def from_row(cls, row) -> SpoolFileMarker:
@@ -130,7 +133,8 @@ def file_markers(path: Path) -> SpoolFileMarker | None:
         if rows is None:
             return None
         return SpoolFileMarker(named[0], named[1], num(PUNCT_KEY), rows, path=path,
-                               min_window=num(MIN_WINDOW_KEY))
+                               min_window=num(MIN_WINDOW_KEY),
+                               final=num(FINAL_ROWS_KEY) if FINAL_ROWS_KEY in meta else None)
     except ValueError:
         return None
 

@@ -66,8 +66,14 @@ class FlowRecords:
     def of(cls, spec: StageSpec, window: WindowLogic) -> FlowRecords | None:
         """The driver path of the aggregation `spec` with windows `window`, or None when its
         batches need Spark's job."""
-        if not (enabled() and spec.extras.unique_rows and window.tumbling
-                and spec.having is None and spec.late != "correct" and spec.window2 is None):
+        return cls.plain(spec, window) if spec.extras.unique_rows else None
+
+    @classmethod
+    def plain(cls, spec: StageSpec, window: WindowLogic) -> FlowRecords | None:
+        """The driver-side outputs of `spec`'s rows that need no combine (`result`), or None
+        when they need Spark's expressions (module docstring) or the driver path is off."""
+        if not (enabled() and window.tumbling and spec.having is None
+                and spec.late != "correct" and spec.window2 is None):
             return None
         schema = pa.schema([(f.name, _SPARK_ARROW[f.dataType.simpleString()])
                             for f in spec.partial_schema().fields])
@@ -80,18 +86,20 @@ class FlowRecords:
 
     # --- rows --------------------------------------------------------------------------------
     def read(self, files: list[tuple[Path, int]], open_dir: Path | None,
-             keep: bool = False) -> pa.Table:
+             keep: bool = False, columns: list[str] | None = None) -> pa.Table:
         """The partial rows of the batch's spool files ((path, data rows) each: the rows
         come first, the marker row last) and of the open state, one chunk per column. Every
         copy of a column costs here: fresh memory is page-faulted in as it is first written.
-        `keep`: rows kept in memory stay there (`cached_rows`)."""
+        `keep`: rows kept in memory stay there (`cached_rows`). `columns`: the spool columns
+        to read (the partial columns by default; the open state has only those)."""
+        columns = columns or self.columns
         tables = []
         for path, rows in files:
             kept = cached_rows(path, keep)      # written by this process a moment ago
-            tables.append(kept.select(self.columns) if kept is not None and kept.num_rows == rows
-                          else pq.read_table(path, columns=self.columns).slice(0, rows))
+            tables.append(kept.select(columns) if kept is not None and kept.num_rows == rows
+                          else pq.read_table(path, columns=columns).slice(0, rows))
         if open_dir is not None:
-            tables.append(_read_open(open_dir, self.schema))
+            tables.append(read_open(open_dir, self.schema))
         tables = [t for t in tables if t.num_rows]
         if not tables:
             return self.schema.empty_table()
@@ -146,7 +154,7 @@ class FlowRecords:
 WINDOW_VALUE = "window*"
 
 
-def _read_open(directory: Path, schema: pa.Schema) -> pa.Table:
+def read_open(directory: Path, schema: pa.Schema) -> pa.Table:
     """An open-state directory (written by Spark or by `FlowRecords.write_open`)."""
     files = sorted(p for p in Path(directory).glob("*.parquet")
                    if not p.name.startswith((".", "_")))

@@ -124,8 +124,7 @@ class StageGraph:
         `nice`: the thread's niceness (Spark's start is the run's critical path)."""
         if self._stages is None and set(self.queries) != self._builder.over_links:
             return None
-        stages = [stage for _, stage in self.stages
-                  if stage.closes_on_driver and not stage.driver_batches]
+        stages = [stage for _, stage in self.stages if stage.computes_ahead]
         if not stages:
             return None
 

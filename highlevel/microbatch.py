@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -63,10 +64,11 @@ def start_interpreted(spark, writer):
 
 
 def close_in_spark(ctx: StageContext, batch: Batch, parts: DataFrame | None,
-                   corrections: pa.Table | None) -> None:
+                   corrections: pa.Table | None, extra: pa.Table | None = None) -> None:
     """The Spark path: the kept rows (`parts`) and the open state combined, the windows the
-    punctuation passed closed and written (with the batch's correction rows), the rest
-    written as the new open state, the batch committed."""
+    punctuation passed closed and written (with the batch's correction rows, and `extra`:
+    closed rows in the outputs' layout, `highlevel.finalrows`), the rest written as the new
+    open state, the batch committed."""
     spec, tick, prev, state = ctx.spec, ctx.tick, batch.prev, batch.state
     batch_id, punctuation, advanced = batch.batch_id, batch.punctuation, batch.advanced
     if not batch.kept and not advanced:
@@ -90,7 +92,7 @@ def close_in_spark(ctx: StageContext, batch: Batch, parts: DataFrame | None,
             and corrections is None:
         assert punctuation is not None
         written, still_open = ctx.close_keeping(combined, batch_id, prev.punctuation,
-                                                punctuation)
+                                                punctuation, extra)
         state.closed_rows += written
         state.punctuation = punctuation
         FlowRecords.write_open(still_open, ctx.store.path(batch.open_dir))
@@ -110,7 +112,7 @@ def close_in_spark(ctx: StageContext, batch: Batch, parts: DataFrame | None,
         if advanced:
             assert punctuation is not None
             state.closed_rows += ctx.close(combined, batch_id, prev.punctuation,
-                                           punctuation, corrections)
+                                           punctuation, corrections, extra)
             if corrections is not None:
                 state.corrected_rows += corrections.num_rows
             state.punctuation = punctuation
@@ -216,9 +218,11 @@ class BatchAhead:
         # (inputs, done event, result holder) of the last `compute`
         self._computed: tuple | None = None
 
-    def compute(self, ctx: StageContext, batch: Batch) -> None:
+    def compute(self, ctx: StageContext, batch: Batch,
+                closer: Callable[[StageContext, Batch], tuple | None] | None = None) -> None:
         """Compute what the next micro-batch will write: its closed rows, sorted and in the
-        sinks' layout, and the rows left open (`AggregateStage.speculate` finds its inputs).
+        sinks' layout, and the rows left open (`AggregateStage.speculate` finds its inputs);
+        by `closer` (its (table, open rows), or None: nothing computed), else as flow records.
 
         A bounded run whose low level ended before the first batch began calls this: the
         streaming query's start or its first planning take long on a fresh JVM, on one
@@ -226,13 +230,19 @@ class BatchAhead:
         them when its files, state and punctuation are the ones computed with, and computes
         its own otherwise; rows kept in memory for it stay there."""
         flows, prev = ctx.flow_records, batch.prev
-        assert flows is not None and batch.punctuation is not None
+        assert batch.punctuation is not None
         done, holder = threading.Event(), list[tuple[pa.Table, pa.Table]]()
         self._computed = (_inputs(batch), done, holder)
         try:
-            rows = driver_rows(ctx, batch.files, prev, keep=True)
-            closed, still_open = flows.split(rows, prev.punctuation, batch.punctuation)
-            holder.append((ctx.output_table(flows.result(closed)), still_open))
+            if closer is not None:
+                computed = closer(ctx, batch)
+                if computed is not None:
+                    holder.append(computed)
+            else:
+                assert flows is not None
+                rows = driver_rows(ctx, batch.files, prev, keep=True)
+                closed, still_open = flows.split(rows, prev.punctuation, batch.punctuation)
+                holder.append((ctx.output_table(flows.result(closed)), still_open))
         finally:
             done.set()
         log.debug("query %s: next batch computed ahead over %d spool files: %d rows close",

@@ -284,7 +284,8 @@ class RunningStage(AggregateStage):
         return pq.read_table(self.store.path(name)) if name else None
 
     def close(self, combined, batch_id: int, before: int | None, upto: int,
-              corrections: pa.Table | None = None) -> int:
+              corrections: pa.Table | None = None, extra: pa.Table | None = None) -> int:
+        assert extra is None            # no final rows here: the close steps windows in order
         closed = combined.where(self.closing(before, upto)).toArrow()
         self._tick("combine+collect")
         filled, carry, through = step_windows(closed, self._carried(),

@@ -169,12 +169,19 @@ class Stage:
     @property
     def closes_on_driver(self) -> bool:
         """Whether the stage's batches can close on the driver, with no Spark job (flow
-        records, `highlevel.flowrecords`): only such a stage computes a batch ahead."""
+        records, `highlevel.flowrecords`)."""
+        return False
+
+    @property
+    def computes_ahead(self) -> bool:
+        """Whether the stage can compute its next batch before it runs (`speculate`): a
+        stage that closes on the driver, or writes final rows without a combine, and has not
+        begun a batch that way yet."""
         return False
 
     def speculate(self) -> bool:
-        """Compute what the next micro-batch will write before it runs (a stage that closes
-        on the driver, `highlevel.microbatch`); whether there was something to compute."""
+        """Compute what the next micro-batch will write before it runs (`computes_ahead`,
+        `highlevel.microbatch`); whether there was something to compute."""
         return False
 
     # --- streaming ---------------------------------------------------------------------------

@@ -60,9 +60,9 @@ class BoundedStages:
             self.overlap.finish()
             summary.highlevel_seconds = time.perf_counter() - low_done
             return
-        if not self.starter.ready() and not self.resumed:
-            # the stages' batch computed while Spark starts: its streaming query's start is
-            # the rest of the run's critical path
+        if not self.resumed:
+            # the stages' batch computed while Spark starts and while the streaming queries
+            # start (~2 s on a fresh JVM even when Spark is up): the run's critical path
             graph.speculate(nice=settings.background_nice())
         graph.bind(self.starter.result())
         summary.spark_wait_seconds = time.perf_counter() - low_done
