@@ -45,7 +45,7 @@ def spooled(tmp_path_factory):
     return from_high_level(qp.high, qp.low), files
 
 
-def _stream(spec, files, root, direct: bool):
+def _stream(spec, files, root, direct: bool, open_on_driver: bool = True):
     d = root / "spool" / "plain" / "partials"
     d.mkdir(parents=True)
     for i, f in enumerate(files):
@@ -54,7 +54,7 @@ def _stream(spec, files, root, direct: bool):
         os.utime(d / f.name, ns=(0, (1_700_000_000 + i) * NS))
     sink = ListSink()
     stage = AggregateStage(spec, root / "spool", root / "ck", [sink], max_files_per_trigger=3)
-    stage.open_on_driver = True
+    stage.open_on_driver = open_on_driver
     if not direct:
         stage.final_outputs = None
     stage.run_available()
@@ -73,13 +73,17 @@ def test_final_rows_skip_the_combine(spark, spooled, tmp_path, monkeypatch, capl
     driver, stage = _stream(spec, files, tmp_path / "driver", True)
     assert stage.final_batches >= 3
     pd.testing.assert_frame_equal(driver, ref)
-    # the other rows past the driver's limit: Spark combines them
+    # the other rows past the driver's limit: Spark combines them, with the open rows
+    # collected in the same job (the appliance) or written by Spark (a bounded run)
     monkeypatch.setattr(smallbatch, "MAX_ROWS", 10)
-    with caplog.at_level(logging.DEBUG, logger="highlevel.finalrows"):
-        spark_rest, stage = _stream(spec, files, tmp_path / "rest", True)
-    assert stage.final_batches >= 3
-    assert any("combined by Spark" in r.getMessage() for r in caplog.records)
-    pd.testing.assert_frame_equal(spark_rest, ref)
+    for open_on_driver in (True, False):
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="highlevel.finalrows"):
+            spark_rest, stage = _stream(spec, files, tmp_path / f"rest{open_on_driver}", True,
+                                        open_on_driver)
+        assert stage.final_batches >= 3
+        assert any("combined by Spark" in r.getMessage() for r in caplog.records)
+        pd.testing.assert_frame_equal(spark_rest, ref)
 
 
 def test_many_links_or_an_expression_take_the_other_paths():
