@@ -20,6 +20,7 @@ fewer than half of the batch's rows final.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,7 @@ from highlevel import smallbatch
 from highlevel.batchcontext import Batch, StageContext
 from highlevel.flowrecords import FlowRecords, read_open
 from highlevel.microbatch import close_in_spark
+from highlevel.stage import Ticker
 
 if TYPE_CHECKING:
     from highlevel.spec import StageSpec
@@ -91,7 +93,8 @@ def run(ctx: StageContext, batch: Batch, outputs: FlowRecords, ready: tuple | No
 def ahead(ctx: StageContext, batch: Batch, outputs: FlowRecords) -> tuple | None:
     """What `run` would write for this batch, computed before it runs: (output table, open
     rows), or None when it is not one for this runner or Spark must combine the others."""
-    quiet = replace(ctx, tick=lambda *_: None)      # the stage's timings are its batch's
+    # its own timings: the stage's ticker times the batch running meanwhile
+    quiet = replace(ctx, tick=Ticker(time.perf_counter))
     split = _split(quiet, batch, outputs, keep=True) if _usable(batch) else None
     if split is None or split[1] is _SPARK:
         return None
@@ -122,7 +125,8 @@ def _split(ctx: StageContext, batch: Batch, outputs: FlowRecords,
     spec, prev, punctuation = ctx.spec, batch.prev, batch.punctuation
     before = prev.punctuation
     assert punctuation is not None
-    rows = outputs.read([(f.path, f.rows) for f in batch.files if f.rows], None, keep,
+    rows = outputs.read([(f.path, f.rows) for f in batch.files
+                         if f.rows and f.path is not None], None, keep,
                         columns=[*outputs.columns, FINAL])
     ctx.tick("read")
     ends = ctx.window.pane_end(np.asarray(rows.column("window")))

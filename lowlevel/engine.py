@@ -91,12 +91,12 @@ class Partials:
         if not chunks:
             return Partials(np.zeros(0, np.int64), np.zeros((0, nkeys), np.uint64),
                             layout.empty_banks(0), np.zeros(0, np.uint8))
-        finals = [c.final for c in chunks]
+        finals = [c.final for c in chunks if c.final is not None]
         return Partials(np.concatenate([c.window for c in chunks]),
                         np.concatenate([c.keys for c in chunks]),
                         tuple(np.concatenate([c.banks[b] for c in chunks]) for b in range(4)),
                         np.concatenate([c.cause for c in chunks]),
-                        None if any(f is None for f in finals) else np.concatenate(finals))
+                        np.concatenate(finals) if len(finals) == len(chunks) else None)
 
 
 class HashAggregator:
@@ -153,6 +153,7 @@ class HashAggregator:
         self.in_punct: int | None = None
         self.out_punct: int | None = None
         self.rows_out = 0     # rows drained (the rows still held are `held`)
+        self.final_rows = 0   # of them, final (`lowlevel.finality`)
         #: rows kept in `out` across appends before they are drained (module docstring)
         self.hold_rows = min(int(hold_rows), DRAIN_ROWS)
         self.held = 0
@@ -197,7 +198,10 @@ class HashAggregator:
         ci = cols.view(np.int64)
         banks = (ci[b["i"]:b["i"] + w["i"]].T, cols[b["u"]:b["u"] + w["u"]].T,
                  cols.view(np.float64)[b["f"]:b["f"] + w["f"]].T, oh[:n_out].copy())
-        final = None if self.finality is None else self.finality.flags(ci[0], cols[1:1 + nk])
+        final = None
+        if self.finality is not None:
+            final = self.finality.flags(ci[0], cols[1:1 + nk])
+            self.final_rows += int(np.count_nonzero(final))
         return Partials(ci[0], cols[1:1 + nk].T, banks, cause[:n_out].copy(), final)
 
     # --- the pipeline steps ------------------------------------------------------------------
@@ -366,6 +370,7 @@ class HashAggregator:
             "rows_out": rows_out,
             "evictions": causes["rows_evict"],
             "flushed": rows_out - causes["rows_evict"],
+            "final_rows": self.final_rows,
             "forced_full_flushes": int(c[C_FORCED]),
             "windows": int(c[C_WINDOWS]),
             "resident": int(c[C_RESIDENT]),

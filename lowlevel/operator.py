@@ -609,8 +609,9 @@ class LowLevelOperator:
     @property
     def counters(self) -> dict[str, int]:
         """packets_in, packets_protocol, packets_where, malformed, zero_divisors, late (dropped),
-        late_corrected, late_rows_out, rows_out, evictions, flushed, forced_full_flushes,
-        windows, resident and rows per cause (the main table's; `rows_out` counts both)."""
+        late_corrected, late_rows_out, rows_out, evictions, flushed, final_rows,
+        forced_full_flushes, windows, resident and rows per cause (the main table's;
+        `rows_out` counts both)."""
         out = dict(self._counts)
         if self.engine is not None:
             e = self.engine.counters

@@ -185,6 +185,48 @@ def test_query_file_with_avg_and_tiny_table(capture, batches, spark_session, tmp
     assert float(m[3]) == pytest.approx(partials / rows, abs=0.006)
 
 
+PAIRS_QUERY = """
+DEFINE { query_name pairs; expected_groups 4000; }
+SELECT tb, srcIP, destIP, count(*) AS packets, sum(len) AS bytes
+FROM main.IPV4
+GROUP BY time/20 AS tb, srcIP, destIP
+"""
+
+
+def test_final_rows_written_without_a_combine(capture, batches, spark_session, tmp_path,
+                                              capsys, monkeypatch, caplog):
+    """A table that fits its groups: the run's summary says most partial rows are final,
+    and the rows written (final ones straight through, the rest combined) are the
+    reference's and those of the run with every row combined (OOPSCOPE_DRIVER_ROWS=0)."""
+    import logging
+
+    from queries.planner import plan_text
+    from tests.oracles.reference import evaluate_file
+
+    gsql = tmp_path / "pairs.gsql"
+    gsql.write_text(PAIRS_QUERY)
+    outs = {}
+    for direct in (True, False):
+        monkeypatch.setenv("OOPSCOPE_DRIVER_ROWS", "1" if direct else "0")
+        out = outs[direct] = tmp_path / f"pairs-{direct}.csv"
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG, logger="highlevel.finalrows"):
+            code, _, err = run_cli(["run", str(gsql), "--link", f"main={capture}",
+                                    "--output", f"pairs={out}"], capsys)
+        assert code == 0, err
+        took = any("final rows written directly" in r.getMessage() for r in caplog.records)
+        assert took == direct, caplog.text
+        m = re.search(r"query pairs: (\d+) rows .* partial rows per result row, (\d+)% of "
+                      r"them final", err)
+        assert m, err
+        assert int(m[2]) > 80
+    plan = plan_text(PAIRS_QUERY, ["main"])
+    want = evaluate_file(plan, batches)["pairs"]
+    assert len(want) > 1000
+    assert_same_rows(outs[True], want, plan.query("pairs"))
+    pd.testing.assert_frame_equal(pd.read_csv(outs[True]), pd.read_csv(outs[False]))
+
+
 TWO_QUERIES = """
 DEFINE { query_name tcp_flows; }
 SELECT tb, srcIP, destIP, srcPort, destPort, COUNT(*) AS packets, SUM(ip_len) AS bytes,

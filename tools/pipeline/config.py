@@ -135,6 +135,7 @@ class QuerySummary:
     evictions: int = 0
     flushed: int = 0
     forced_full_flushes: int = 0
+    final_rows: int = 0             # partial rows marked final (`lowlevel.finality`)
     late_packets: int = 0           # dropped (late 'drop')
     late_partial_rows: int = 0
     late_corrected: int = 0         # late 'correct': late packets aggregated apart ...
@@ -212,6 +213,8 @@ class RunSummary:
                          + (f"; table {q.slots:,} slots ({q.resizes} resizes), "
                             f"{q.partials_per_row:.2f} partial rows per result row"
                             if q.slots else "")
+                         + (f", {q.final_rows / q.partial_rows:.0%} of them final"
+                            if q.final_rows and q.partial_rows else "")
                          + (f", {q.late_corrected} late packets corrected in "
                             f"{q.correction_rows} correction rows"
                             if q.late_corrected or q.correction_rows else "")

@@ -167,6 +167,7 @@ class LowLevel:
                 q.evictions += c.get("evictions", 0)
                 q.flushed += c.get("flushed", 0)
                 q.forced_full_flushes += c.get("forced_full_flushes", 0)
+                q.final_rows += c.get("final_rows", 0)
                 q.late_packets += c.get("late", 0)
                 q.late_corrected += c.get("late_corrected", 0)
                 q.zero_divisor_packets += c.get("zero_divisors", 0)
