@@ -33,7 +33,7 @@ from common.spool import FINAL
 from highlevel import smallbatch
 from highlevel.batchcontext import Batch, StageContext
 from highlevel.flowrecords import FlowRecords, read_open
-from highlevel.microbatch import close_in_spark
+from highlevel.microbatch import close_in_spark, commit_open
 from highlevel.stage import Ticker
 
 if TYPE_CHECKING:
@@ -78,13 +78,7 @@ def run(ctx: StageContext, batch: Batch, outputs: FlowRecords, ready: tuple | No
         if done.num_rows:
             state.closed_rows += ctx.emit(done, batch.batch_id, punctuation)
     state.punctuation = punctuation
-    state.open_dir = None
-    if still_open is not None and still_open.num_rows:
-        state.open_dir = batch.open_dir
-        FlowRecords.write_open(still_open, ctx.store.path(state.open_dir))
-        ctx.tick("write state")
-    ctx.commit(state)
-    ctx.tick("commit")
+    commit_open(ctx, batch, still_open)
     log.debug("query %s: batch %d timings %s (final rows written directly%s)", spec.query,
               batch.batch_id, ctx.tick.laps, ", computed ahead" if ready is not None else "")
     return True

@@ -140,6 +140,19 @@ def close_in_spark(ctx: StageContext, batch: Batch, parts: DataFrame | None,
             combined.unpersist()
 
 
+def commit_open(ctx: StageContext, batch: Batch, still_open: pa.Table | None) -> None:
+    """A driver-side batch's end: the rows left open written as its open state (none: no
+    state) and the batch committed."""
+    state = batch.state
+    state.open_dir = None
+    if still_open is not None and still_open.num_rows:
+        state.open_dir = batch.open_dir
+        FlowRecords.write_open(still_open, ctx.store.path(state.open_dir))
+        ctx.tick("write state")
+    ctx.commit(state)
+    ctx.tick("commit")
+
+
 def _write_corrections(ctx: StageContext, batch: Batch, corrections: pa.Table | None) -> None:
     """Write correction rows in a batch that closes no window."""
     if corrections is not None and corrections.num_rows:

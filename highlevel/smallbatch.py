@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 
 from common.spool import register_column
 from highlevel.batchcontext import Batch, StageContext
-from highlevel.flowrecords import FlowRecords
+from highlevel.microbatch import commit_open
 from queries.plan import ip_words
 
 if TYPE_CHECKING:
@@ -195,13 +195,7 @@ def run(ctx: StageContext, batch: Batch) -> bool:
                 state.closed_rows += ctx.emit(result, batch_id, punctuation)
     if batch.advanced:
         state.punctuation = punctuation
-    state.open_dir = None
-    if still_open is not None and still_open.num_rows:
-        state.open_dir = batch.open_dir
-        FlowRecords.write_open(still_open, ctx.store.path(state.open_dir))
-        ctx.tick("write state")
-    ctx.commit(state)
-    ctx.tick("commit")
+    commit_open(ctx, batch, still_open)
     log.debug("query %s: batch %d timings %s (small, on the driver)", spec.query, batch_id,
               ctx.tick.laps)
     return True
