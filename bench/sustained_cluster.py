@@ -174,8 +174,8 @@ def cluster_run(pps: int, groups: int, minutes: float, workdir: Path,
             undo.callback(end)
             return proc
 
-        collector = start("collect", cli("-vv" if debug else "-v", "collect", str(query), "--spool", str(spool),
-                                         "--links", "l0,l1", "--output",
+        collector = start("collect", cli("-vv" if debug else "-v", "collect", str(query),
+                                         "--spool", str(spool), "--links", "l0,l1", "--output",
                                          f"pairs={out}", "--checkpoint", str(run / "ck")))
         waited = _wait_quiet(collector, timeout=180, least=15)
         log.info("collector up (%.0f s); agents at %d packets/s each", waited, pps)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from common.spool import FINAL, FINAL_ROWS_KEY, SpoolWriter
 from lowlevel.aggregates import AggSpec, StateLayout
@@ -71,7 +72,5 @@ def test_the_spool_counts_final_rows(tmp_path):
     """The operator's Arrow rows carry the flags; the spool file's footer counts them."""
     table = pa.table({"window": [1, 1, 2], "k": [1, 2, 3], FINAL: [True, False, True]})
     path = SpoolWriter(tmp_path, "q", "main", fsync=False).write(table, 30)
-    import pyarrow.parquet as pq
-
     meta = pq.read_schema(path).metadata
     assert meta[FINAL_ROWS_KEY] == b"2"
