@@ -75,6 +75,14 @@ REASONS = ("truncated_header", "bad_version", "bad_set_length", "truncated_templ
 #: data sets held for a template not seen yet, at most
 MAX_PENDING = 1024
 _V5_HEADER, _V5_RECORD, _V9_HEADER, _IPFIX_HEADER = 24, 48, 20, 16
+_DTYPES = dict(FLOW_COLUMNS)
+#: the slots (beyond its own, `_SLOT_OF`) a column is made from
+_NEEDS = {"sampling": (fk.S_SAMPLING,),
+          "ipversion": (fk.S_IPVERSION, fk.S_SRC_HI, fk.S_SRC_LO)}
+for _addr in ("srcIP", "destIP", "next_hop"):
+    # an address's halves are decoded together (`decode_sets`)
+    _NEEDS[_addr + "_hi"] = _NEEDS[_addr + "_lo"] = (_SLOT_OF[_addr + "_hi"],
+                                                     _SLOT_OF[_addr + "_lo"])
 _MAPPED = 0x0000_FFFF_0000_0000
 
 
@@ -257,6 +265,25 @@ class FlowDecoder:
         self._pair_rows: list[tuple[int, int]] = []
         self._tk: tuple | None = None
         self._tk_revision = -1
+        self.project(None)
+
+    def project(self, columns) -> None:
+        """Produce only `columns` (of FLOW_COLUMNS' names; None: every one) from now on: a
+        field no query reads is skipped by its length rather than decoded, and its column
+        neither built nor handed on (a collector's query reads a few of the 27)."""
+        want = {name for name, _ in FLOW_COLUMNS} if columns is None else set(columns)
+        self._produce = tuple(name for name, _ in FLOW_COLUMNS if name in want)
+        slots = sorted({s for name in self._produce
+                        for s in _NEEDS.get(name, (_SLOT_OF[name],) if name in _SLOT_OF
+                                            else ())})
+        self._slot_row = np.full(fk.N_SLOTS, -1, np.int64)
+        self._slot_row[slots] = np.arange(len(slots))
+        self._rows = max(1, len(slots))
+
+    @property
+    def produces(self) -> tuple[str, ...]:
+        """The columns a call returns (`project`)."""
+        return self._produce
 
     @property
     def pending(self) -> int:
@@ -277,9 +304,10 @@ class FlowDecoder:
         lens = np.fromiter(map(len, payloads), np.int64, n)
         return self.decode_joined(b"".join(payloads), lens, exporters, arrivals)
 
-    def decode_joined(self, blob: bytes, lens: np.ndarray, exporters,
+    def decode_joined(self, blob, lens: np.ndarray, exporters,
                       arrivals) -> dict[str, np.ndarray]:
-        """`decode` of datagrams given end to end in `blob`, of lengths `lens`."""
+        """`decode` of datagrams given end to end in `blob` (bytes, or a uint8 array), of
+        lengths `lens`."""
         n = len(lens)
         buf = np.frombuffer(blob, np.uint8)
         d_start = np.zeros(n, np.int64)
@@ -322,9 +350,10 @@ class FlowDecoder:
         """Read datagram i in Python (`_datagram`), its sets in its place; the next one."""
         exporter = self._names[codes[i]]
         before = len(sets.start)
+        data = blob[d_start[i]:d_start[i] + lens[i]]
         try:
-            self._datagram(blob[d_start[i]:d_start[i] + lens[i]], exporter, int(arr[i]),
-                           sets, ctx)
+            self._datagram(data if isinstance(data, bytes) else data.tobytes(), exporter,
+                           int(arr[i]), sets, ctx)
         except (struct.error, IndexError, ValueError):     # a cut we did not foresee
             self.stats.note(exporter, "truncated_header")
         order += [i] * (len(sets.start) - before)
@@ -401,6 +430,13 @@ class FlowDecoder:
         for wide in (False, True):
             dec = FlowDecoder(wide=wide)
             dec.decode([head + tmpl + data, plain], ["192.0.2.1"] * 2, [0, 1])
+        # a collector's datagrams come as a view of its buffer (a writable array: a type of
+        # its own to the kernels), each part of its columns (`project`) as a run reads them
+        dec = FlowDecoder(wide=True)
+        dec.project(("first", "arrival"))
+        blob = np.frombuffer(head + tmpl + data + plain, np.uint8).copy()
+        lens = np.array([len(head + tmpl + data), len(plain)], np.int64)
+        dec.decode_joined(blob, lens, ["192.0.2.1"] * 2, [0, 1])
 
     def drop_pending(self) -> int:
         """Count the held data sets as `no_template` (the input ended); how many."""
@@ -712,11 +748,12 @@ class FlowDecoder:
         fixed = np.where(tc.f_len == fk.VARLEN, 1, tc.f_len).sum(axis=1)[row] \
             if n_sets else np.zeros(0, np.int64)
         cap = int(((end - start) // np.maximum(fixed, 1)).sum()) if n_sets else 0
-        out = np.zeros((fk.N_SLOTS, cap), np.uint64)
+        out = np.zeros((self._rows, cap), np.uint64)
         out_set = np.zeros(cap, np.int64)
         status = np.zeros(n_sets, np.int8)
         m = fk.decode_sets(buf, start, end, row, unix_ms, uptime, tc.f_count, tc.f_slot,
-                           tc.f_kind, tc.f_len, out, out_set, status) if n_sets else 0
+                           tc.f_kind, tc.f_len, self._slot_row, out, out_set,
+                           status) if n_sets else 0
         for s in np.flatnonzero(status == fk.ST_TRUNCATED_RECORD):
             self.stats.note(self._names[c_exp[dgram[s]]], "truncated_record")
         out, rec_set = out[:, :m], out_set[:m]
@@ -727,34 +764,43 @@ class FlowDecoder:
 
     def _columns(self, out, d, set_sampling, c_exp, c_dom, c_export, c_arrival,
                  c_ver) -> dict[str, np.ndarray]:
-        """The NETFLOW columns of the decoded records (`out`), each of context `d`."""
-        pairs = np.array(self._pair_rows or [(0, 0)], np.uint64)
-        code = c_exp[d]
+        """The NETFLOW columns produced (`project`) of the decoded records (`out`, a row per
+        slot read: `_slot_row`), each of context `d`."""
+        want = self._produce
+        row = self._slot_row
         cols: dict[str, np.ndarray] = {}
-        wide = self.wide
-        for name, dtype in FLOW_COLUMNS:
+        for name in want:
             slot = _SLOT_OF.get(name)
             if slot is not None:
                 # wide: the kernel's own 64-bit row, no copy
-                cols[name] = out[slot] if wide else out[slot].astype(dtype)
-        cols["first"] = out[fk.S_FIRST].view(np.int64).copy()
-        cols["last"] = out[fk.S_LAST].view(np.int64).copy()
-        cols["exporter_hi"] = pairs[code, 0]
-        cols["exporter_lo"] = pairs[code, 1]
-        cols["domain"] = c_dom[d].astype(np.uint32)
-        cols["export"] = c_export[d]
-        cols["arrival"] = c_arrival[d]
-        cols["version"] = c_ver[d].astype(np.uint8)
-        sampling = out[fk.S_SAMPLING]
-        cols["sampling"] = np.where(sampling != 0, sampling, set_sampling).astype(np.uint32)
-        v4 = (out[fk.S_SRC_HI] == 0) & ((out[fk.S_SRC_LO] >> np.uint64(32)) == 0xFFFF)
-        ipv = out[fk.S_IPVERSION].astype(np.uint8)
-        cols["ipversion"] = np.where(ipv != 0, ipv, np.where(v4, 4, 6)).astype(np.uint8)
-        if wide:
+                cols[name] = out[row[slot]] if self.wide else out[row[slot]].astype(_DTYPES[name])
+        for name, slot in (("first", fk.S_FIRST), ("last", fk.S_LAST)):
+            if name in want:
+                cols[name] = out[row[slot]].view(np.int64).copy()
+        if "exporter_hi" in want or "exporter_lo" in want:
+            pairs = np.array(self._pair_rows or [(0, 0)], np.uint64)
+            code = c_exp[d]
+            cols["exporter_hi"] = pairs[code, 0]
+            cols["exporter_lo"] = pairs[code, 1]
+        derived = {"domain": lambda: c_dom[d].astype(np.uint32),
+                   "export": lambda: c_export[d], "arrival": lambda: c_arrival[d],
+                   "version": lambda: c_ver[d].astype(np.uint8)}
+        for name, make in derived.items():
+            if name in want:
+                cols[name] = make()
+        if "sampling" in want:
+            sampling = out[row[fk.S_SAMPLING]]
+            cols["sampling"] = np.where(sampling != 0, sampling, set_sampling).astype(np.uint32)
+        if "ipversion" in want:
+            src_hi, src_lo = out[row[fk.S_SRC_HI]], out[row[fk.S_SRC_LO]]
+            v4 = (src_hi == 0) & ((src_lo >> np.uint64(32)) == 0xFFFF)
+            ipv = out[row[fk.S_IPVERSION]].astype(np.uint8)
+            cols["ipversion"] = np.where(ipv != 0, ipv, np.where(v4, 4, 6)).astype(np.uint8)
+        if self.wide:
             return {name: cols[name] if cols[name].dtype.itemsize == 8 or
                     cols[name].dtype.kind == "i" else cols[name].astype(np.uint64)
-                    for name, _ in FLOW_COLUMNS}
-        return {name: cols[name] for name, _ in FLOW_COLUMNS}
+                    for name in want}
+        return {name: cols[name] for name in want}
 
     def _pair(self, exporter: str) -> tuple[int, int]:
         p = self._pairs.get(exporter)

@@ -57,27 +57,141 @@ def _be(buf, p, n):
     return v
 
 
+@ngjit_inline
+def _uptime_ns(up, unix_ms, uptime_ms):
+    """A flow time of `up` ms of uptime, epoch ns, by the header's clock (`unix_ms` at
+    uptime `uptime_ms`)."""
+    # the uptime counter wraps every 49.7 days: a flow time "after" the header's uptime by
+    # more than half the range is from before the wrap
+    d = uptime_ms - up
+    if d < -(1 << 31):
+        d += 1 << 32
+    elif d > (1 << 31):
+        d -= 1 << 32
+    return np.uint64((unix_ms - d) * 1_000_000)
+
+
+@ngjit_inline
+def _put(buf, q, ln, kind, r, r2, n, out, unix_ms, uptime_ms):
+    """Field bytes buf[q:q+ln] of `kind` into out[r, n] (an address's low half into row
+    `r2`); a length the kind does not take writes nothing."""
+    if kind == K_UINT and ln <= 8:
+        out[r, n] = _be(buf, q, ln)
+    elif kind == K_NONZERO and ln <= 8:
+        v = _be(buf, q, ln)
+        if v != 0:
+            out[r, n] = v
+    elif kind == K_ADDR4 and ln == 4:
+        out[r, n] = 0
+        out[r2, n] = _MAPPED | _be(buf, q, 4)
+    elif kind == K_ADDR6 and ln == 16:
+        out[r, n] = _be(buf, q, 8)
+        out[r2, n] = _be(buf, q + 8, 8)
+    elif kind == K_UPTIME_MS and ln == 4:
+        out[r, n] = _uptime_ns(np.int64(_be(buf, q, 4)), unix_ms, uptime_ms)
+    elif kind == K_EPOCH_S and ln == 4:
+        out[r, n] = _be(buf, q, 4) * np.uint64(1_000_000_000)
+    elif kind == K_EPOCH_MS and ln == 8:
+        out[r, n] = _be(buf, q, 8) * np.uint64(1_000_000)
+    elif kind == K_NTP and ln == 8:
+        sec = np.int64(_be(buf, q, 4)) - _NTP_EPOCH_OFFSET_S
+        frac = np.int64(_be(buf, q + 4, 4))
+        out[r, n] = np.uint64(sec * 1_000_000_000 + ((frac * 1_000_000_000) >> 32))
+
+
 @ngjit
 def decode_sets(buf, set_start, set_end, set_tmpl, set_unix_ms, set_uptime_ms,
-                f_count, f_slot, f_kind, f_len, out, out_set, status):
+                f_count, f_slot, f_kind, f_len, slot_row, out, out_set, status):
     """Decode the records of every data set `i` (buf[set_start[i]:set_end[i]], template row
-    `set_tmpl[i]` of the f_* arrays) into the columns of `out` (N_SLOTS rows), each record's
-    set index into `out_set`. Times are epoch ns; uptime fields use the set's datagram clock
-    (`set_unix_ms` at uptime `set_uptime_ms`). A record cut by the set's end stops the set
-    (`status` ST_TRUNCATED_RECORD unless the rest is padding: fewer bytes than a record's
-    fixed part or all zero). Returns the number of records written."""
+    `set_tmpl[i]` of the f_* arrays) into the columns of `out`, each record's set index into
+    `out_set`. Slot s (S_*) goes to row `slot_row[s]` of `out`, or nowhere when that is -1
+    (a column no query reads: its field is skipped by length, as an unknown one is; the two
+    halves of an address have rows both or neither). Times are epoch ns; uptime fields use
+    the set's datagram clock (`set_unix_ms` at uptime `set_uptime_ms`). A record cut by the
+    set's end stops the set (`status` ST_TRUNCATED_RECORD unless the rest is padding: fewer
+    bytes than a record's fixed part or all zero). Returns the number of records written.
+
+    A template of fixed-length fields (most) is read by its plan: the offset, length, kind
+    and rows of only the fields read, made once per run of sets of that template, so a
+    record costs the fields a query reads, not all its template's."""
     n = 0
     cap = out.shape[1]
+    width = f_slot.shape[1]
+    p_off = np.empty(width, np.int64)
+    p_len = np.empty(width, np.int64)
+    p_kind = np.empty(width, np.int64)
+    p_row = np.empty(width, np.int64)
+    p_row2 = np.empty(width, np.int64)
+    planned = -1             # the template the plan is of
+    n_plan = 0
+    fixed = 0
+    varlen = False
     for s in range(len(set_start)):
         t = set_tmpl[s]
         nf = f_count[t]
         p = set_start[s]
         end = set_end[s]
         status[s] = ST_OK
-        fixed = 0
-        for k in range(nf):
-            if f_len[t, k] != VARLEN:
-                fixed += f_len[t, k]
+        if t != planned:
+            planned = t
+            fixed = 0
+            varlen = False
+            n_plan = 0
+            for k in range(nf):
+                ln = np.int64(f_len[t, k])
+                if ln == VARLEN:
+                    varlen = True
+                    continue
+                slot = f_slot[t, k]
+                if slot_row[slot] >= 0 and f_kind[t, k] != K_SKIP:
+                    p_off[n_plan] = fixed
+                    p_len[n_plan] = ln
+                    p_kind[n_plan] = f_kind[t, k]
+                    p_row[n_plan] = slot_row[slot]
+                    p_row2[n_plan] = slot_row[slot + 1] if slot + 1 < len(slot_row) else -1
+                    n_plan += 1
+                fixed += ln
+        if not varlen:
+            if fixed <= 0:
+                continue                   # a record of no bytes (refused with its template)
+            # whole records; a rest shorter than a record is padding
+            count = (end - p) // fixed
+            if count > cap - n:
+                count = cap - n
+                status[s] = ST_FULL
+            um = set_unix_ms[s]
+            upm = set_uptime_ms[s]
+            # a field at a time over the set's records: its kind and length are the same in
+            # each, so the inner loop is a tight one
+            for j in range(n_plan):
+                q = p + p_off[j]
+                ln = p_len[j]
+                kind = p_kind[j]
+                r = p_row[j]
+                r2 = p_row2[j]
+                if kind == K_UINT and ln == 4:
+                    for i in range(count):
+                        out[r, n + i] = _be(buf, q + i * fixed, 4)
+                elif kind == K_UINT and ln == 2:
+                    for i in range(count):
+                        out[r, n + i] = _be(buf, q + i * fixed, 2)
+                elif kind == K_UINT and ln == 1:
+                    for i in range(count):
+                        out[r, n + i] = np.uint64(buf[q + i * fixed])
+                elif kind == K_ADDR4 and ln == 4:
+                    for i in range(count):
+                        out[r, n + i] = 0
+                        out[r2, n + i] = _MAPPED | _be(buf, q + i * fixed, 4)
+                elif kind == K_UPTIME_MS and ln == 4:
+                    for i in range(count):
+                        out[r, n + i] = _uptime_ns(np.int64(_be(buf, q + i * fixed, 4)), um,
+                                                   upm)
+                else:
+                    for i in range(count):
+                        _put(buf, q + i * fixed, ln, kind, r, r2, n + i, out, um, upm)
+            out_set[n:n + count] = s
+            n += count
+            continue
         while p < end:
             if end - p < max(fixed, 1):
                 break                      # padding
@@ -105,36 +219,10 @@ def decode_sets(buf, set_start, set_end, set_tmpl, set_unix_ms, set_uptime_ms,
                     break
                 kind = f_kind[t, k]
                 slot = f_slot[t, k]
-                if kind == K_UINT and ln <= 8:
-                    out[slot, n] = _be(buf, q, ln)
-                elif kind == K_NONZERO and ln <= 8:
-                    v = _be(buf, q, ln)
-                    if v != 0:
-                        out[slot, n] = v
-                elif kind == K_ADDR4 and ln == 4:
-                    out[slot, n] = 0
-                    out[slot + 1, n] = _MAPPED | _be(buf, q, 4)
-                elif kind == K_ADDR6 and ln == 16:
-                    out[slot, n] = _be(buf, q, 8)
-                    out[slot + 1, n] = _be(buf, q + 8, 8)
-                elif kind == K_UPTIME_MS and ln == 4:
-                    up = np.int64(_be(buf, q, 4))
-                    # the uptime counter wraps every 49.7 days: a flow time "after" the
-                    # header's uptime by more than half the range is from before the wrap
-                    d = set_uptime_ms[s] - up
-                    if d < -(1 << 31):
-                        d += 1 << 32
-                    elif d > (1 << 31):
-                        d -= 1 << 32
-                    out[slot, n] = np.uint64((set_unix_ms[s] - d) * 1_000_000)
-                elif kind == K_EPOCH_S and ln == 4:
-                    out[slot, n] = _be(buf, q, 4) * np.uint64(1_000_000_000)
-                elif kind == K_EPOCH_MS and ln == 8:
-                    out[slot, n] = _be(buf, q, 8) * np.uint64(1_000_000)
-                elif kind == K_NTP and ln == 8:
-                    sec = np.int64(_be(buf, q, 4)) - _NTP_EPOCH_OFFSET_S
-                    frac = np.int64(_be(buf, q + 4, 4))
-                    out[slot, n] = np.uint64(sec * 1_000_000_000 + ((frac * 1_000_000_000) >> 32))
+                r = slot_row[slot]
+                if r >= 0 and kind != K_SKIP:
+                    r2 = slot_row[slot + 1] if slot + 1 < len(slot_row) else -1
+                    _put(buf, q, ln, kind, r, r2, n, out, set_unix_ms[s], set_uptime_ms[s])
                 q += ln
             if not ok:
                 # a cut record: padding when the rest is zeros, else truncated

@@ -190,8 +190,9 @@ class FlowMeld:
         return self.given
 
 
-def _no_records() -> dict[str, np.ndarray]:
-    return {name: np.zeros(0, dtype) for name, dtype in FLOW_COLUMNS}
+def _no_records(names) -> dict[str, np.ndarray]:
+    """No record, in the columns `names` (of FLOW_COLUMNS)."""
+    return {name: np.zeros(0, dtype) for name, dtype in FLOW_COLUMNS if name in names}
 
 
 def collector_address(source: str) -> tuple[str, int] | None:
@@ -225,7 +226,7 @@ class FlowReader:
                  idle_timeout_ns: int | None = None, lull_slack_ns: int = 10**9,
                  exporter_timeouts_ns: Mapping[str, int] | None = None,
                  decoder: FlowDecoder | None = None, stop=None, state_path=None,
-                 clocks: tuple[str, ...] = (), **_options):
+                 clocks: tuple[str, ...] = (), columns=None, **_options):
         self.path = str(path)
         self.link = link if link is not None else Path(path).stem
         self.format = fmt
@@ -249,6 +250,11 @@ class FlowReader:
                                   exporter_timeouts_ns)
                       for c in dict.fromkeys((self.clock, *clocks))}
         self.meld = self.melds[self.clock]
+        #: the record-batch columns read by the link's queries (None: all of them): the
+        #: decoder makes those and what the punctuation and the batches' own columns need
+        self._columns = None if columns is None else frozenset(columns)
+        if self._columns is not None:
+            self.decoder.project({"first", "arrival", *self.melds, *self._columns})
         self._stop = stop
         self._closed = False
         address = collector_address(self.path)
@@ -358,7 +364,7 @@ class FlowReader:
                 given = self._given()
                 p = self._advance(time.time_ns())
                 if self.idle_batches or p != given:
-                    yield self._batch(_no_records(), p)
+                    yield self._batch(_no_records(self.decoder.produces), p)
                 continue
             yield from self._joined(blob, lengths, exporters, arrivals)
         while not self._closed:
@@ -405,11 +411,12 @@ class FlowReader:
         # `arrival` (ns, capture time or ours): what a replay paces and interleaves links by
         out = {"timestamp": cols[self.clock], "arrival": cols["arrival"],
                "len": np.zeros(m, np.uint32),
-               "layers": np.zeros(m, np.uint16), "reason": np.zeros(m, np.uint8),
-               "time_s": (cols["first"] // 10**9).astype(np.uint64)}
+               "layers": np.zeros(m, np.uint16), "reason": np.zeros(m, np.uint8)}
+        if self._columns is None or "time_s" in self._columns:
+            out["time_s"] = (cols["first"] // 10**9).astype(np.uint64)
         for f in self.format.fields:
             for c in field_columns(f):
-                if c not in out:
+                if c not in out and c in cols:
                     v = cols[c]
                     # a no-op for the decoder's wide columns (`FlowDecoder.wide`); first and
                     # last are shared with the lanes, which stamp their records with them

@@ -3,7 +3,7 @@ replayed by capture time), or a UDP socket (a collector), each datagram with its
 address and its arrival time, ready for `capture.flowdecode.FlowDecoder.decode`.
 
 Datagrams, not records, are the unit here. The collector takes them in batches (recvmmsg,
-`capture.udpbatch`) and hands each batch on joined into one bytes object with its lengths,
+`capture.udpbatch`) and hands them on joined end to end in one buffer with their lengths,
 which the decoder walks as is: at a million records a second (~40,000 datagrams) even a
 Python step per datagram costs more than the records' decoding.
 """
@@ -32,6 +32,12 @@ SLOTS = 1024
 #: a datagram longer than this is cut (and counted malformed): NetFlow/IPFIX exporters keep
 #: theirs within a path MTU (jumbo frames included)
 _SLOT_SIZE = 16384
+#: the collector's thread joins its batches one after the other into buffers of this many
+#: bytes, so that the batches queued are handed on as one view, not copied again
+STAGE_BYTES = 16 << 20
+#: after a receive of fewer datagrams than this, the thread sleeps COALESCE_S before the next
+COALESCE_BELOW = 256
+COALESCE_S = 0.001
 #: the socket's drops are read from /proc at most this often (status, metrics, progress)
 DROPS_EVERY_S = 0.25
 #: the column of /proc/net/udp{,6} holding a socket's drops, and of its inode
@@ -137,6 +143,7 @@ class UdpCollector:
 
     def _drain(self) -> None:
         rx, queue = self._rx, self._queue
+        stage, used = np.empty(STAGE_BYTES, np.uint8), 0
         while not self._closing:
             try:
                 n = rx.receive(0.1)
@@ -151,11 +158,21 @@ class UdpCollector:
                 n = max(room, 0)
                 if not n:
                     continue
-            blob, lengths = rx.joined(n)
+            lengths = rx.kept_lengths(n)
+            size = int(lengths.sum())
+            if used + size > len(stage):
+                # a new buffer: the old one lives on in the views queued from it
+                stage, used = np.empty(max(STAGE_BYTES, size), np.uint8), 0
+            rx.join_into(n, lengths, stage[used:used + size])
             exporters = self._exporters(n)
             self._queued += n
-            queue.append((blob, lengths, exporters, arrival))
+            queue.append((stage, used, used + size, lengths, exporters, arrival))
+            used += size
             self._ready.set()
+            if n < COALESCE_BELOW:
+                # a short batch: the exporters send slower than we take, so let a few more
+                # datagrams gather than wake for each handful (CPU for the sender side)
+                time.sleep(COALESCE_S)
 
     def _exporters(self, n: int) -> list:
         """The senders' addresses as text, one per datagram (few exporters: a cache)."""
@@ -186,30 +203,38 @@ class UdpCollector:
         """The datagrams that came (waiting up to `timeout_s` for the first), at most
         `max_datagrams` (a whole batch of the thread's may pass it), one bytes object each."""
         blob, lengths, exporters, arrivals = self.receive_joined(timeout_s, max_datagrams)
+        blob = blob.tobytes()
         ends = np.cumsum(lengths).tolist()
         return Datagrams([blob[a:b] for a, b in zip([0, *ends[:-1]], ends)], exporters,
                          arrivals)
 
     def receive_joined(self, timeout_s: float, max_datagrams: int = 4096) -> tuple:
         """`receive` as (the datagrams end to end, their lengths, exporters, arrival ns): for
-        `FlowDecoder.decode_joined`, no Python object per datagram."""
+        `FlowDecoder.decode_joined`, no Python object per datagram. The datagrams are a view
+        of the thread's buffer when they lie in one (most often), else a copy."""
         if not self._queue:
             self._ready.wait(timeout_s)
         self._ready.clear()
         queue = self._queue
-        blobs, lengths, exporters, arrivals = [], [], [], []
+        parts: list[list] = []          # [buffer, start, end] of each run of bytes taken
+        lengths, exporters, arrivals = [], [], []
         taken = 0
         while queue and taken < max_datagrams:
-            blob, lens, exps, arrival = queue.popleft()
+            stage, a, b, lens, exps, arrival = queue.popleft()
             self._queued -= len(lens)
             taken += len(lens)
-            blobs.append(blob)
+            if parts and parts[-1][0] is stage and parts[-1][2] == a:
+                parts[-1][2] = b                # the next bytes of the same buffer
+            else:
+                parts.append([stage, a, b])
             lengths.append(lens)
             exporters += exps
             arrivals += [arrival] * len(lens)
         if queue:
             self._ready.set()
-        return (b"".join(blobs) if len(blobs) != 1 else blobs[0],
+        views = [stage[a:b] for stage, a, b in parts]
+        return (views[0] if len(views) == 1 else
+                np.concatenate(views) if views else np.zeros(0, np.uint8),
                 np.concatenate(lengths) if lengths else np.zeros(0, np.int64), exporters,
                 arrivals)
 

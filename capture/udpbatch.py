@@ -215,13 +215,14 @@ class UdpBatchReceiver:
             a[4:8] = np.frombuffer(socket.inet_aton(addr[0]), np.uint8)
         a[2], a[3] = addr[1] >> 8, addr[1] & 0xFF
 
-    def joined(self, n: int) -> tuple[bytes, np.ndarray]:
-        """Datagrams 0..n-1 of the last receive end to end (cut to their slot), and their
-        lengths as kept: one copy, no Python object per datagram."""
-        kept = np.minimum(self.lengths[:n], self.slot_size)
-        out = np.empty(int(kept.sum()), np.uint8)
+    def kept_lengths(self, n: int) -> np.ndarray:
+        """The lengths of datagrams 0..n-1 of the last receive as kept (cut to the slot)."""
+        return np.minimum(self.lengths[:n], self.slot_size)
+
+    def join_into(self, n: int, kept: np.ndarray, out: np.ndarray) -> None:
+        """Datagrams 0..n-1 of the last receive end to end (cut to their slot, `kept`) into
+        `out` (of kept.sum() bytes): one copy, no Python object per datagram."""
         compact(self.buffer, kept, n, out)
-        return out.tobytes(), kept
 
     def datagram(self, i: int) -> bytes:
         """Datagram i of the last receive (cut to the slot when it was longer)."""

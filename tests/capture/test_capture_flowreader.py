@@ -168,3 +168,18 @@ def test_the_operators_timeout_of_an_exporter_goes_first(v9):
     assert mapped._timeouts(dec, "192.0.2.1", 0) == (60 * S, 60 * S)
     # without the operator's value for .1 it is taken at its own word too
     assert FlowMeld(3600 * S)._timeouts(dec, "192.0.2.1", 0) == (120 * S, 120 * S)
+
+
+def test_a_reader_decodes_only_the_columns_read(v9, tmp_path):
+    """Given the columns its queries read (a run's link), the reader's batches carry those
+    and the batch's own, equal to a full reader's; the fields no query reads are not made."""
+    full = list(_reader(v9, tmp_path))
+    cols = ("timestamp", "len", "layers", "reason", "srcIP_hi", "srcIP_lo", "bytes")
+    some = list(_reader(v9, tmp_path, columns=cols))
+    assert [len(b) for b in some] == [len(b) for b in full]
+    for a, b in zip(some, full):
+        assert set(a.columns) == {*cols, "arrival", "first"}       # and its clock
+        for c in a.columns:
+            assert np.array_equal(a[c], b[c]), c
+        assert a.punctuation == b.punctuation
+    assert "destPort" in full[0].columns and "time_s" in full[0].columns

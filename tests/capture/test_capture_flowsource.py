@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import time
 
+import numpy as np
 import pytest
 
 from capture.flowsource import UdpCollector, socket_drops
@@ -90,3 +91,33 @@ def test_collector_accounts_for_every_datagram():
     finally:
         col.close()
     assert received + col.dropped + col.kernel_drops == sent
+
+
+def test_batches_handed_on_in_order_across_buffers(monkeypatch):
+    """The thread joins its batches into buffers of STAGE_BYTES (here a few datagrams'
+    worth): taken together, batches of one buffer come as one view of it and those of
+    several as one copy; either way every datagram comes once, in order, with its length
+    and sender."""
+    import capture.flowsource as fs
+
+    monkeypatch.setattr(fs, "STAGE_BYTES", 5000)
+    col = UdpCollector("127.0.0.1", 0)
+    sent = [bytes([i % 251]) * (100 + 37 * (i % 40)) for i in range(300)]
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for i, d in enumerate(sent):
+                s.sendto(d, col.address)
+                if i % 7 == 0:
+                    time.sleep(0.002)            # several batches of the thread's
+        got: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while len(got) < len(sent) and time.monotonic() < deadline:
+            blob, lengths, exporters, arrivals = col.receive_joined(0.2, max_datagrams=50)
+            assert len(lengths) == len(exporters) == len(arrivals) <= 50 + fs.SLOTS
+            assert len(blob) == int(lengths.sum())
+            assert set(exporters) <= {"127.0.0.1"}
+            ends = np.cumsum(lengths).tolist()
+            got += [bytes(blob[a:b]) for a, b in zip([0, *ends[:-1]], ends)]
+    finally:
+        col.close()
+    assert got == sent

@@ -6,12 +6,14 @@ lost in between, and mutated datagrams behind known templates."""
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from capture.flowdecode import FlowDecoder
+from capture.flowdecode import FLOW_COLUMNS, FlowDecoder
 from capture.flowsource import read_datagrams
 from tests.capture.test_capture_flowdecode import CAPTURE, mutate, softflowd_datagrams
 
@@ -101,3 +103,110 @@ def test_mutated_datagrams_behind_known_templates(softflowd, data):
     mutated = [mutate(data, x, 4) for x in d[3:12]]
     feed = d[:3] + mutated
     assert_same(feed, ["192.0.2.7"] * len(feed), per_call=len(feed))
+
+
+#: the NETFLOW columns, and the sets of them a run's queries may read
+COLUMNS = [name for name, _ in FLOW_COLUMNS]
+
+
+def projected(datagrams: list[bytes], exporters: list[str], columns, per_call: int = 50):
+    """The columns of a decoder made to produce only `columns` (`FlowDecoder.project`), with
+    its counts."""
+    dec = FlowDecoder(max_pending=16)
+    dec.project(columns)
+    calls = [dec.decode(datagrams[a:a + per_call], exporters[a:a + per_call],
+                        list(range(a, min(a + per_call, len(datagrams)))))
+             for a in range(0, len(datagrams), per_call)]
+    assert all(tuple(c) == dec.produces for c in calls)
+    return dec, {k: np.concatenate([c[k] for c in calls]) for k in dec.produces}
+
+
+def assert_projection_same(datagrams: list[bytes], exporters: list[str], columns,
+                           per_call: int = 50) -> None:
+    """A projected decode makes exactly the named columns, each equal to the full decode's,
+    with the same counts (a field skipped is still walked over by its length)."""
+    (full, cols), _ = both(datagrams, exporters, per_call)
+    dec, got = projected(datagrams, exporters, columns, per_call)
+    assert set(got) == set(columns)
+    for k in columns:
+        assert got[k].dtype == cols[k].dtype and np.array_equal(got[k], cols[k]), k
+    assert dec.stats.reasons == full.stats.reasons
+    assert dec.stats.records == full.stats.records and dec.pending == full.pending
+
+
+@pytest.mark.parametrize("version", [9, 10])
+def test_projected_columns_equal_the_full_decode(softflowd, version):
+    """softflowd's IPv4 and IPv6 flows (an address read by halves), a query's few columns,
+    each column alone, and none but the clock."""
+    d = softflowd[version]
+    exporters = ["192.0.2.7"] * len(d)
+    for columns in (["first", "srcIP_hi", "srcIP_lo", "bytes"], ["ipversion", "sampling"],
+                    ["last", "destIP_lo", "destIP_hi", "next_hop_hi", "next_hop_lo",
+                     "exporter_hi", "exporter_lo", "arrival", "export", "version", "domain"],
+                    ["first"], *([c] for c in COLUMNS)):
+        if columns[0].endswith("_hi") or columns[0].endswith("_lo"):
+            columns = [columns[0][:-3] + "_hi", columns[0][:-3] + "_lo"]
+        assert_projection_same(d, exporters, columns)
+
+
+def _ipfix(body: bytes, seq: int) -> bytes:
+    return struct.pack(">HHIII", 10, 16 + len(body), 1_700_000_000, seq, 0) + body
+
+
+def ipfix_varlen_pair(n: int = 20) -> list[bytes]:
+    """IPFIX datagrams: templates 256 and 257, the same n records in a data set of each.
+    256 has a variable-length interfaceName (IE 82: lengths 0 to 300, the long ones in
+    three bytes), 257 the same field 6 bytes long (padded). Both are skipped by length."""
+    fields = [(8, 4), (1, 8), (82, 65535), (7, 2), (150, 4), (2, 4), (4, 1)]
+    t256 = struct.pack(">HH", 256, len(fields)) + b"".join(struct.pack(">HH", *f)
+                                                          for f in fields)
+    fixed = [(ie, 6 if ln == 65535 else ln) for ie, ln in fields]
+    t257 = struct.pack(">HH", 257, len(fixed)) + b"".join(struct.pack(">HH", *f)
+                                                         for f in fixed)
+    tmpl = t256 + t257
+    tset = struct.pack(">HH", 2, 4 + len(tmpl)) + tmpl
+    var, fix = b"", b""
+    for i in range(n):
+        name = b"x" * (300 if i % 7 == 3 else i % 5)
+        head = struct.pack(">IQ", 0x0A000000 + i, 1000 + i)
+        tail = struct.pack(">HIIB", 1024 + i, 1_700_000_000 - 60 + i, 70_000 + i, 6 + i % 2)
+        size = bytes([len(name)]) if len(name) < 255 else b"\xff" + struct.pack(">H", len(name))
+        var += head + size + name + tail
+        fix += head + name[:6].ljust(6, b"\0") + tail
+    return [_ipfix(tset, 0), _ipfix(struct.pack(">HH", 256, 4 + len(var)) + var, 0),
+            _ipfix(struct.pack(">HH", 257, 4 + len(fix)) + fix, n)]
+
+
+def test_variable_length_fields_read_as_fixed_ones():
+    """The same records under a template with a variable-length field (read record by
+    record) and one with that field fixed (read by the template's plan): the same columns,
+    in full and projected."""
+    d = ipfix_varlen_pair()
+    dec = FlowDecoder()
+    cols = dec.decode(d, ["192.0.2.7"] * 3, [0, 0, 0])
+    assert dec.stats.records == 40 and not dec.stats.reasons
+    for k, v in cols.items():
+        assert np.array_equal(v[:20], v[20:]), k
+    assert cols["srcPort"][:3].tolist() == [1024, 1025, 1026]
+    assert cols["packets"][:3].tolist() == [70_000, 70_001, 70_002]
+    assert cols["protocol"][:3].tolist() == [6, 7, 6]
+    assert cols["bytes"][:3].tolist() == [1000, 1001, 1002]
+    assert (cols["first"][:3] // 10**9).tolist() == [1_700_000_000 - 60 + i for i in range(3)]
+    assert_projection_same(d, ["192.0.2.7"] * 3, ["first", "bytes", "srcPort"])
+    assert_projection_same(d, ["192.0.2.7"] * 3, ["srcIP_hi", "srcIP_lo"], per_call=1)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_projected_mutated_datagrams(softflowd, data):
+    """Mutated data datagrams behind known templates, a random choice of columns: the same
+    records, columns and counts as the full decode."""
+    version = data.draw(st.sampled_from([9, 10]))
+    d = softflowd[version]
+    feed = d[:3] + [mutate(data, x, 4) for x in d[3:12]]
+    columns = data.draw(st.lists(st.sampled_from(["first", "last", "bytes", "packets",
+                                                  "srcPort", "protocol", "ipversion",
+                                                  "sampling", "arrival"]),
+                                 min_size=1, unique=True))
+    assert_projection_same(feed, ["192.0.2.7"] * len(feed), columns, per_call=len(feed))
