@@ -65,12 +65,14 @@ def payload_spans(buf, out, start, stop, begin, size):
 @ngjit
 def copy_spans(buf, begin, size, offsets, data):
     """The spans' bytes end to end into `data`, `offsets` [n + 1] marking each row's."""
-    p = 0
+    # unsigned indices: no negative-index check per byte, so the copy is vectorised
+    p = np.uint64(0)
     offsets[0] = 0
     for j in range(len(begin)):
-        n = size[j]
+        n = np.uint64(size[j])
+        b = np.uint64(begin[j])
         for k in range(n):
-            data[p + k] = buf[begin[j] + k]
+            data[p + k] = buf[b + k]
         p += n
         offsets[j + 1] = p
 
