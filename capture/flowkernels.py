@@ -169,23 +169,28 @@ def decode_sets(buf, set_start, set_end, set_tmpl, set_unix_ms, set_uptime_ms,
                 kind = p_kind[j]
                 r = p_row[j]
                 r2 = p_row2[j]
+                # unsigned indices in the tight loops (no negative-index check per access)
+                uq = np.uint64(q)
+                uf = np.uint64(fixed)
+                un = np.uint64(n)
+                col = out[r]
                 if kind == K_UINT and ln == 4:
-                    for i in range(count):
-                        out[r, n + i] = _be(buf, q + i * fixed, 4)
+                    for i in range(np.uint64(count)):
+                        col[un + i] = _be(buf, uq + i * uf, 4)
                 elif kind == K_UINT and ln == 2:
-                    for i in range(count):
-                        out[r, n + i] = _be(buf, q + i * fixed, 2)
+                    for i in range(np.uint64(count)):
+                        col[un + i] = _be(buf, uq + i * uf, 2)
                 elif kind == K_UINT and ln == 1:
-                    for i in range(count):
-                        out[r, n + i] = np.uint64(buf[q + i * fixed])
+                    for i in range(np.uint64(count)):
+                        col[un + i] = np.uint64(buf[uq + i * uf])
                 elif kind == K_ADDR4 and ln == 4:
-                    for i in range(count):
-                        out[r, n + i] = 0
-                        out[r2, n + i] = _MAPPED | _be(buf, q + i * fixed, 4)
+                    low = out[r2]
+                    for i in range(np.uint64(count)):
+                        col[un + i] = 0
+                        low[un + i] = _MAPPED | _be(buf, uq + i * uf, 4)
                 elif kind == K_UPTIME_MS and ln == 4:
-                    for i in range(count):
-                        out[r, n + i] = _uptime_ns(np.int64(_be(buf, q + i * fixed, 4)), um,
-                                                   upm)
+                    for i in range(np.uint64(count)):
+                        col[un + i] = _uptime_ns(np.int64(_be(buf, uq + i * uf, 4)), um, upm)
                 else:
                     for i in range(count):
                         _put(buf, q + i * fixed, ln, kind, r, r2, n + i, out, um, upm)
