@@ -69,6 +69,18 @@ def udp_port_bound(port: int) -> bool:
     return False
 
 
+def udp_receive_queue(port: int) -> int:
+    """Bytes waiting in the receive queue of the loopback UDP socket bound to `port`
+    (/proc/net/udp; 0 when none is bound)."""
+    key = f"0100007F:{port:04X}"
+    with open("/proc/net/udp") as f:
+        for line in f:
+            cols = line.split()
+            if len(cols) > 4 and cols[1] == key:
+                return int(cols[4].split(":")[1], 16)
+    return 0
+
+
 @contextmanager
 def nfcapd(flowdir: Path):
     """A real nfcapd on a free loopback port, stopped (and drained) at the end. The port is
@@ -87,7 +99,12 @@ def nfcapd(flowdir: Path):
         proc.communicate()
     try:
         yield port
-        time.sleep(0.3)                        # let nfcapd drain its socket
+        # nfcapd stops reading at SIGTERM: what its socket holds then is lost. A fixed wait
+        # lost datagrams on a loaded machine (CI at load 6): wait for its queue to empty
+        deadline = time.monotonic() + 30
+        while udp_receive_queue(port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.1)                        # the last datagram taken is written out
     finally:
         proc.send_signal(signal.SIGTERM)
         log, _ = proc.communicate(timeout=30)
