@@ -154,8 +154,9 @@ def decode_sets(buf, set_start, set_end, set_tmpl, set_unix_ms, set_uptime_ms,
         if not varlen:
             if fixed <= 0:
                 continue                   # a record of no bytes (refused with its template)
-            # whole records; a rest shorter than a record is padding
-            count = (end - p) // fixed
+            # whole records; a rest shorter than a record is padding (and never a negative
+            # count: the unsigned loops below would take it for a huge one)
+            count = max(0, (end - p) // fixed)
             if count > cap - n:
                 count = cap - n
                 status[s] = ST_FULL
