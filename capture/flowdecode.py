@@ -8,8 +8,10 @@ columns out (one row per flow record), whatever mix of versions and exporters.
 The version is read per datagram (5, 9 or 10 = IPFIX). The datagrams of a call are joined
 into one buffer and walked by a Numba kernel (`capture.flowkernels.walk_datagrams`: headers,
 data sets of known templates, sequence numbers) as long as they are plain v9 / IPFIX data
-datagrams; one that needs more (templates, options, v5, an unknown template, anything
-malformed) is read here in Python in its place, and the walk goes on after it. The data
+datagrams, stepping over the template and options sets an exporter resends unchanged
+(`capture.flowknown`); one that needs more (a new or changed template or option, v5, an
+unknown template, anything malformed) is read here in Python in its place, and the walk
+goes on after it. The data
 records of all data sets of a call are then decoded by one kernel call
 (`capture.flowkernels.decode_sets`) with each set's template as arrays, so no Python runs
 per record, nor per plain datagram. Templates and options live in a
@@ -37,6 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from capture import flowkernels as fk
+from capture.flowknown import KnownSets
 from capture.flowtemplates import (
     OPT_ACTIVE_TIMEOUT,
     OPT_IDLE_TIMEOUT,
@@ -48,6 +51,11 @@ from capture.flowtemplates import (
 )
 
 log = logging.getLogger(__name__)
+
+#: the options read from options data, by element
+_OPTION_NAMES = {**{ie: "sampling" for ie in OPT_SAMPLING},
+                 OPT_ACTIVE_TIMEOUT: "active_timeout_s", OPT_IDLE_TIMEOUT: "idle_timeout_s",
+                 OPT_SYSTEM_INIT_MS: "system_init_ms"}
 
 #: the NETFLOW columns the decoder fills, in order, with their dtypes
 FLOW_COLUMNS: tuple[tuple[str, type], ...] = (
@@ -227,6 +235,16 @@ class _Seq:
         return sq
 
 
+def sample_datagrams() -> tuple[bytes, bytes]:
+    """Two made-up v9 datagrams of one exporter: a template (srcIP, packets, bytes) with a
+    record of it, then a record alone (what warms the kernels, `FlowDecoder.warm`)."""
+    tmpl = struct.pack(">HHHHHHHH", 0, 20, 256, 3, 8, 4, 2, 4) + struct.pack(">HH", 1, 4)
+    data = struct.pack(">HHIII", 256, 16, 0x0A000001, 5, 700)
+    head = struct.pack(">HHIIII", 9, 2, 1000, 1_700_000_000, 0, 0)
+    plain = struct.pack(">HHIIII", 9, 1, 1000, 1_700_000_000, 1, 0) + data
+    return head + tmpl + data, plain
+
+
 class FlowDecoder:
     """Decodes datagrams into NETFLOW columns; owns the templates, the held data sets, the
     sequence expectations and the statistics of one input (module docstring)."""
@@ -243,12 +261,8 @@ class FlowDecoder:
         self.stats = FlowStats()
         self.max_pending = max_pending
         self._held: deque[_Held] = deque()
-        #: per (exporter, domain, version, options), the template set last learned whole
-        #: and the cache's revision after it: exporters resend the same set every few
-        #: datagrams (softflowd: 1 in 16; a router: every few seconds), and reading it again
-        #: in Python would change nothing
-        self._known_sets: dict[tuple, tuple[bytes, int]] = {}
-        self._learned_whole = False
+        #: the template and options sets read whole, that exporters resend unchanged
+        self._known = KnownSets(self.templates)
         self._next_seq: dict[tuple[str, int, int], int] = {}
         self._pairs: dict[str, tuple[int, int]] = {}
         #: each (exporter, domain)'s latest export time (ns, its clock): its punctuation
@@ -333,7 +347,8 @@ class FlowDecoder:
                 i = self._read_one(blob, d_start, lens, codes, arr, i, sets, ctx, order)
                 continue
             sq = self._kernel_sequences()
-            args = (buf, d_start, lens, codes, i, *tk, *sq.arrays, w.ctx_dom, w.ctx_export_s,
+            args = (buf, d_start, lens, codes, i, *tk,
+                    *self._known.arrays(), *sq.arrays, w.ctx_dom, w.ctx_export_s,
                     w.ctx_ver, w.s_start, w.s_end, w.s_row, w.s_unix_ms, w.s_uptime, w.s_dgram,
                     w.s_sampling, w.n_sets)
             i = fk.walk_datagrams(*args)
@@ -423,19 +438,16 @@ class FlowDecoder:
         """Compile (or load from Numba's cache) the decoder's kernels by decoding a datagram
         of each kind of call: a collector does this before it binds its socket, as a compile
         under load takes seconds, during which the socket's buffer would overflow."""
-        tmpl = struct.pack(">HHHHHHHH", 0, 20, 256, 3, 8, 4, 2, 4) + struct.pack(">HH", 1, 4)
-        data = struct.pack(">HHIII", 256, 16, 0x0A000001, 5, 700)
-        head = struct.pack(">HHIIII", 9, 2, 1000, 1_700_000_000, 0, 0)
-        plain = struct.pack(">HHIIII", 9, 1, 1000, 1_700_000_000, 1, 0) + data
+        first, plain = sample_datagrams()
         for wide in (False, True):
             dec = FlowDecoder(wide=wide)
-            dec.decode([head + tmpl + data, plain], ["192.0.2.1"] * 2, [0, 1])
+            dec.decode([first, plain], ["192.0.2.1"] * 2, [0, 1])
         # a collector's datagrams come as a view of its buffer (a writable array: a type of
         # its own to the kernels), each part of its columns (`project`) as a run reads them
         dec = FlowDecoder(wide=True)
         dec.project(("first", "arrival"))
-        blob = np.frombuffer(head + tmpl + data + plain, np.uint8).copy()
-        lens = np.array([len(head + tmpl + data), len(plain)], np.int64)
+        blob = np.frombuffer(first + plain, np.uint8).copy()
+        lens = np.array([len(first), len(plain)], np.int64)
         dec.decode_joined(blob, lens, ["192.0.2.1"] * 2, [0, 1])
 
     def drop_pending(self) -> int:
@@ -542,30 +554,28 @@ class FlowDecoder:
                 return
             body = data[pos + 4:pos + length]
             pos += length
-            if set_id == tmpl_ids:
-                self._templates(body, version, exporter, domain, False)
-            elif set_id == opt_ids:
-                self._templates(body, version, exporter, domain, True)
+            if set_id == tmpl_ids or set_id == opt_ids:
+                self._templates(body, set_id, version, exporter, domain, set_id == opt_ids)
             elif set_id >= 256:
                 self._data_set(body, set_id, version, exporter, domain, unix_ms, uptime,
                                sets, ctx)
 
-    def _templates(self, body: bytes, version: int, exporter: str, domain: int,
+    def _templates(self, body: bytes, set_id: int, version: int, exporter: str, domain: int,
                    options: bool) -> None:
         """Learn the templates of a (options) template set; IPFIX withdrawals too."""
-        key = (exporter, domain, version, options)
-        if self._known_sets.get(key) == (body, self.templates.revision):
-            return                  # learned whole already, and nothing changed since
-        self._learn_set(body, version, exporter, domain, options)
+        code = self._code(exporter)
+        if self._known.known(code, domain, set_id, body):
+            return                  # learned whole already, and the cache still holds it
+        defines = self._learn_set(body, version, exporter, domain, options)
         # a set with a fault is read again each time (its fault counted each time)
-        if self._learned_whole:
-            if len(self._known_sets) > 4096:      # bounded against spoofed exporters
-                self._known_sets.clear()
-            self._known_sets[key] = (body, self.templates.revision)
+        if defines is not None:
+            self._known.note_templates(code, exporter, domain, set_id, body, defines)
 
     def _learn_set(self, body: bytes, version: int, exporter: str, domain: int,
-                   options: bool) -> None:
-        self._learned_whole = False
+                   options: bool) -> list | None:
+        """The set's templates learned (withdrawals too: `KnownSets.note_templates`), or None
+        when a fault stopped it (counted)."""
+        defines: list = []
         p, end = 0, len(body)
         while end - p >= 4:
             tid, count = struct.unpack_from(">HH", body, p)
@@ -574,56 +584,58 @@ class FlowDecoder:
             if options and version == 9:       # scope length and option length, in bytes
                 if end - p < 2:
                     self.stats.note(exporter, "truncated_template")
-                    return
+                    return None
                 tid, scope_len, opt_len = struct.unpack_from(">HHH", body, p - 4)
                 p += 2
                 if scope_len % 4 or opt_len % 4:
                     self.stats.note(exporter, "bad_template")
-                    return
+                    return None
                 scope, count = scope_len // 4, (scope_len + opt_len) // 4
             elif options:                      # IPFIX: field count, scope field count
                 if end - p < 2:
                     self.stats.note(exporter, "truncated_template")
-                    return
+                    return None
                 (scope,) = struct.unpack_from(">H", body, p)
                 p += 2
             if tid < 256:
                 if tid == 0 and count == 0 and end - p < 4:
-                    return                     # padding
+                    return defines             # padding
                 self.stats.note(exporter, "bad_template")
-                return
+                return None
             if count == 0:
                 if version == 10:              # a withdrawal
                     self.templates.withdraw(exporter, domain, tid)
+                    defines.append((tid, None))
                     continue
                 self.stats.note(exporter, "bad_template")
-                return
+                return None
             fields = []
             for _ in range(count):
                 if end - p < 4:
                     self.stats.note(exporter, "truncated_template")
-                    return
+                    return None
                 ie, ln = struct.unpack_from(">HH", body, p)
                 p += 4
                 pen = 0
                 if version == 10 and ie & 0x8000:
                     if end - p < 4:
                         self.stats.note(exporter, "truncated_template")
-                        return
+                        return None
                     (pen,) = struct.unpack_from(">I", body, p)
                     p += 4
                     ie &= 0x7FFF
                 if ln == 0 or (ln == 65535 and version == 9):
                     self.stats.note(exporter, "bad_template")
-                    return
+                    return None
                 fields.append((ie, ln, pen))
             t = Template(tuple(fields), options, scope)
             if not options and t.fixed_length == 0 and all(ln != 65535 for _, ln, _ in fields):
                 self.stats.note(exporter, "bad_template")
-                return
+                return None
             self.templates.learn(exporter, domain, tid, t)
             self._release(exporter, domain, tid)
-        self._learned_whole = True
+            defines.append((tid, t))
+        return defines
 
     def _data_set(self, body, set_id, version, exporter, domain, unix_ms, uptime, sets,
                   ctx) -> None:
@@ -638,7 +650,12 @@ class FlowDecoder:
             return
         t, row = found
         if t.options:
-            records = self._options_data(body, t, exporter, domain)
+            records, noted = self._options_data(body, t, exporter, domain)
+            if t.fixed_length and all(ln != fk.VARLEN for _, ln, _ in t.fields):
+                # read whole (what is left is padding): the walk steps over a copy while
+                # the options are still these
+                self._known.note_options(self._code(exporter), exporter, domain, set_id, body,
+                                         t, noted, records)
             if version == 10:
                 self._ipfix_records += records
             return
@@ -652,38 +669,37 @@ class FlowDecoder:
         sampling = min(self.templates.option(exporter, domain, "sampling") or 0, 0xFFFF_FFFF)
         sets.add(body, row, unix_ms, uptime, len(ctx) - 1, sampling)
 
-    def _options_data(self, body: bytes, t: Template, exporter: str, domain: int) -> int:
-        """Read the options records we use (few, rare: Python is fine here); how many."""
+    def _options_data(self, body: bytes, t: Template, exporter: str,
+                      domain: int) -> tuple[int, dict[str, int]]:
+        """Read the options records we use (few, rare: Python is fine here); how many, and
+        the options they left."""
         p, end = 0, len(body)
         fixed = t.fixed_length
         records = 0
+        noted: dict[str, int] = {}
         while end - p >= max(fixed, 1):
             records += 1
             for ie, ln, pen in t.fields:
                 if ln == 65535:
                     if p >= end:
-                        return records - 1
+                        return records - 1, noted
                     ln = body[p]
                     p += 1
                     if ln == 255:
                         if end - p < 2:
-                            return records - 1
+                            return records - 1, noted
                         ln = (body[p] << 8) | body[p + 1]
                         p += 2
                 if p + ln > end:
-                    return records - 1
+                    return records - 1, noted
                 if not pen and ln <= 8:
                     v = int.from_bytes(body[p:p + ln], "big")
-                    if ie in OPT_SAMPLING and v:
-                        self.templates.note_option(exporter, domain, "sampling", v)
-                    elif ie == OPT_ACTIVE_TIMEOUT and v:
-                        self.templates.note_option(exporter, domain, "active_timeout_s", v)
-                    elif ie == OPT_IDLE_TIMEOUT and v:
-                        self.templates.note_option(exporter, domain, "idle_timeout_s", v)
-                    elif ie == OPT_SYSTEM_INIT_MS and v:
-                        self.templates.note_option(exporter, domain, "system_init_ms", v)
+                    name = _OPTION_NAMES.get(ie)
+                    if name is not None and v:
+                        self.templates.note_option(exporter, domain, name, v)
+                        noted[name] = v
                 p += ln
-        return records
+        return records, noted
 
     def _release(self, exporter: str, domain: int, tid: int) -> None:
         """Move the held data sets of a template just learned back into the input (they are

@@ -272,22 +272,39 @@ def _find_template(tk_exp, tk_dom, tk_tid, n_tk, exp, dom, tid):
     return -1
 
 
+@ngjit_inline
+def _find_known(buf, body, blen, exp, dom, sid, kn_exp, kn_dom, kn_sid, kn_off, kn_len,
+                kn_blob):
+    """The known set (`capture.flowknown`) byte-equal to buf[body:body + blen], or -1."""
+    for k in range(len(kn_exp)):
+        if kn_sid[k] == sid and kn_len[k] == blen and kn_dom[k] == dom and kn_exp[k] == exp:
+            o = kn_off[k]
+            for j in range(blen):
+                if buf[body + j] != kn_blob[o + j]:
+                    return -1
+            return k
+    return -1
+
+
 @ngjit
 def walk_datagrams(buf, d_start, d_len, d_exp, first,
                    tk_exp, tk_dom, tk_tid, tk_row, tk_fixed, tk_init, tk_sampling,
+                   kn_exp, kn_dom, kn_sid, kn_off, kn_len, kn_rec, kn_blob,
                    sq_exp, sq_dom, sq_ver, sq_last, sq_step, sq_gaps, n_sq,
                    ctx_dom, ctx_export_s, ctx_ver,
                    s_start, s_end, s_row, s_unix_ms, s_uptime, s_dgram, s_sampling, n_sets):
     """Walk datagrams `first`, `first + 1`, ... (buf[d_start[i]:d_start[i] + d_len[i]], sent
     by exporter code d_exp[i]) while they are plain v9 / IPFIX datagrams of data sets whose
     template is known (`tk_*`, a row per (exporter, domain, template id): kernel row, fixed
-    length, IPFIX boot time ms or -1, sampling interval): each datagram's domain, export
+    length, IPFIX boot time ms or -1, sampling interval), stepping over the template, options
+    template and options data sets known unchanged (`kn_*`, `capture.flowknown`): each
+    datagram's domain, export
     seconds and version go to `ctx_*[i]`, its data sets to the `s_*` arrays (from
     `n_sets[0]`, which is advanced; set bounds index `buf`), its sequence number is checked
     against `sq_*` (a row per (exporter, domain, version): the last sequence and its step,
     gaps counted; rows added from `n_sq[0]`, -1 = no room). Stops at the first datagram that
-    needs more (another version, a template or options set, an unknown template, options
-    data, anything malformed) and returns its index (len(d_start): all walked); the caller
+    needs more (another version, a template, options template or options data set not
+    known, an unknown template, anything malformed) and returns its index (len(d_start): all walked); the caller
     reads that one its own way and calls again after it."""
     n_tk = len(tk_exp)
     cap_sq = len(sq_exp)
@@ -323,13 +340,25 @@ def walk_datagrams(buf, d_start, d_len, d_exp, first,
         while pos + 4 <= end:
             set_id = _be16(buf, pos)
             slen = _be16(buf, pos + 2)
-            if slen < 4 or pos + slen > end or set_id < 256:
+            if slen < 4 or pos + slen > end:
                 slow = True
                 break
-            k = _find_template(tk_exp, tk_dom, tk_tid, n_tk, exp, dom, set_id)
-            if k < 0 or tk_row[k] < 0:
-                slow = True                 # held for its template, or options data
-                break
+            k = -1
+            if set_id >= 256:
+                k = _find_template(tk_exp, tk_dom, tk_tid, n_tk, exp, dom, set_id)
+                if k < 0:
+                    slow = True             # held for its template
+                    break
+            if set_id < 256 or tk_row[k] < 0:
+                # a (options) template set, or options data: on only when known unchanged
+                j = _find_known(buf, pos + 4, slen - 4, exp, dom, set_id, kn_exp, kn_dom,
+                                kn_sid, kn_off, kn_len, kn_blob)
+                if j < 0:
+                    slow = True
+                    break
+                records += kn_rec[j]
+                pos += slen
+                continue
             body = pos + 4
             blen = slen - 4
             m = n_sets[0]

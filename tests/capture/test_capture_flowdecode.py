@@ -311,7 +311,7 @@ def _template_set(*fields: tuple[int, int]) -> bytes:
 
 def test_a_template_set_sent_again_decodes_as_the_first():
     """Exporters resend their template sets every few datagrams; the decoder skips one equal
-    to the set it learned last (`FlowDecoder._known_sets`), so a redefinition, a return to
+    to the set it learned last (`capture.flowknown`), so a redefinition, a return to
     the first definition and a faulty set (counted each time) must still be read."""
     packets_first = _template_set((8, 4), (2, 4), (1, 4))     # srcIP, packets, bytes
     bytes_first = _template_set((8, 4), (1, 4), (2, 4))      # srcIP, bytes, packets

@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 
 from capture.flowdecode import FLOW_COLUMNS, FlowDecoder
 from capture.flowsource import read_datagrams
-from tests.capture.test_capture_flowdecode import CAPTURE, mutate, softflowd_datagrams
+from tests.capture.test_capture_flowdecode import (
+    CAPTURE,
+    _template_set,
+    _v9,
+    mutate,
+    softflowd_datagrams,
+)
 
 
 def both(datagrams: list[bytes], exporters: list[str], per_call: int = 50):
@@ -210,3 +216,67 @@ def test_projected_mutated_datagrams(softflowd, data):
                                                   "sampling", "arrival"]),
                                  min_size=1, unique=True))
     assert_projection_same(feed, ["192.0.2.7"] * len(feed), columns, per_call=len(feed))
+
+
+def _read_in_python(dec: FlowDecoder) -> list[int]:
+    """The datagrams (index in their call) the walk of `dec` leaves to the Python reader."""
+    read: list[int] = []
+    walk_stops_at = dec._read_one
+
+    def counted(blob, d_start, lens, codes, arr, i, *rest):
+        read.append(int(i))
+        return walk_stops_at(blob, d_start, lens, codes, arr, i, *rest)
+
+    dec._read_one = counted         # type: ignore[method-assign]
+    return read
+
+
+@pytest.mark.parametrize("version", [9, 10])
+def test_refreshed_templates_and_options_stay_on_the_walk(pcaps_dir, tmp_path, version):
+    """oopscope's exporter resends its template set (v9: its options template and sampling
+    record too) every 2 messages: past the first two, the walk steps over the byte-equal
+    copies instead of leaving their datagrams to Python, and decodes as Python does."""
+    from tests.capture.test_capture_flowdecode import _flow_table, _skype_flows
+    from tools.netflow.exporter import Exporter
+
+    pcap = tmp_path / "dg.pcap"
+    ex = Exporter(None, version, pcap=str(pcap), template_every_messages=2)
+    try:
+        ex.export(_flow_table(_skype_flows(pcaps_dir)))
+    finally:
+        ex.close()
+    d = read_datagrams(pcap).payloads
+    refreshes = sum(1 for x in d if x[20 if version == 9 else 16:][:2] in
+                    (b"\0\0", b"\0\2"))
+    assert refreshes >= 4
+    dec = FlowDecoder()
+    read = _read_in_python(dec)
+    cols = dec.decode(d, ["10.0.0.1"] * len(d), list(range(len(d))))
+    assert len(read) <= 2 and len(cols["first"]) == dec.stats.records > 100
+    assert_same(d, ["10.0.0.1"] * len(d), per_call=len(d))
+    assert_same(d, ["10.0.0.1"] * len(d), per_call=5)
+
+
+def test_a_refresh_that_changes_an_option_is_read():
+    """v9 datagrams each with a data set: the template, options template and a sampling
+    record (interval 10) are sent, sent again unchanged (stepped over by the walk), then
+    with interval 20 (read), then again: every record has the interval of the latest record
+    before it, walked or read in Python."""
+    tmpl = _template_set((8, 4), (2, 4), (1, 4))
+    opt_t = struct.pack(">HH", 1, 4 + 14) + struct.pack(">HHHHHHH", 258, 4, 4, 1, 4, 34, 4)
+
+    def sampling(interval: int) -> bytes:
+        return struct.pack(">HHII", 258, 12, 1, interval)
+
+    data = struct.pack(">HHIII", 256, 16, 0x0A000001, 5, 700)
+    plan = [(tmpl, opt_t, sampling(10), data), (data,), (tmpl, opt_t, sampling(10), data),
+            (data,), (tmpl, opt_t, sampling(20), data), (data,),
+            (tmpl, opt_t, sampling(20), data), (data,)]
+    datagrams = [_v9(i, *sets) for i, sets in enumerate(plan)]
+    dec = FlowDecoder()
+    read = _read_in_python(dec)
+    cols = dec.decode(datagrams, ["192.0.2.1"] * len(plan), list(range(len(plan))))
+    assert cols["sampling"].tolist() == [10, 10, 10, 10, 20, 20, 20, 20]
+    assert 2 not in read and 4 in read and read[0] == 0
+    assert_same(datagrams, ["192.0.2.1"] * len(plan), per_call=len(plan))
+    assert_same(datagrams, ["192.0.2.1"] * len(plan), per_call=3)
