@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from capture.batch import RecordBatch
-from capture.flowdecode import FLOW_COLUMNS, FlowDecoder, FlowStats
+from capture.flowdecode import FLOW_COLUMNS, FlowDecoder, FlowStats, sample_datagrams
 from capture.flowsource import Datagrams, UdpCollector, read_datagrams
 from capture.recordsource import RecordError, field_columns
 from capture.schema import RecordFormat
@@ -404,6 +404,16 @@ class FlowReader:
     def _advance(self, now: int | None) -> dict[str, int | None]:
         """Each clock's punctuation at `now` (see `FlowMeld.punctuation`), given."""
         return {c: m.advance(m.punctuation(self.decoder, now)) for c, m in self.melds.items()}
+
+    def sample_batch(self) -> RecordBatch:
+        """A batch of two made-up records (one would make matrices of a layout of their
+        own to the kernels), of the columns and types this reader hands on (its own state
+        untouched): what warms the link's operators before its first datagram
+        (`lowlevel.operator.LowLevelOperator.warm`)."""
+        dec = FlowDecoder(wide=True)
+        dec.project(self.decoder.produces)
+        return self._batch(dec.decode(list(sample_datagrams()), ["192.0.2.1"] * 2, [0, 1]),
+                           self._given())
 
     def _batch(self, cols: dict[str, np.ndarray],
                punctuations: dict[str, int | None]) -> RecordBatch:

@@ -118,6 +118,13 @@ def divides(expr) -> bool:
         isinstance(n, E.Binary) and n.op in ("/", "%") for n in expr.walk())
 
 
+def calls_user_function(expr) -> bool:
+    """Whether `expr` (None, or an expression tree) calls a user-defined function."""
+    return expr is not None and hasattr(expr, "walk") and any(
+        isinstance(n, E.Func) and getattr(n, "external", None) is not None
+        for n in expr.walk())
+
+
 def evaluate_predicate(expr: E.Expr | None, batch, params: Mapping[str, Any] | None = None) -> np.ndarray:
     """WHERE over a batch as a bool mask (a number counts as true when non-zero; None: all)."""
     if expr is None:

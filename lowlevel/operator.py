@@ -118,6 +118,7 @@ class LowLevelOperator:
         # aggregate plan holds its rows in the engine's output buffer (`engine.py`), the
         # others in `_held`.
         self.hold_rows = int(hold_rows)
+        self._punctuation_flush = punctuation_flush
         # punctuation_flush: a pane's entries leave as soon as punctuation closes it
         # (`lowlevel.engine.HashAggregator`), for latency over a smoothed flush
         self._held: list[Partials] = []
@@ -390,6 +391,29 @@ class LowLevelOperator:
         return order.ranks_of(v.codes)
 
     # --- the pipeline steps ------------------------------------------------------------------
+    def warm(self, sample: PacketBatch) -> bool:
+        """Load (or compile) the kernels this operator runs, for batches of `sample`'s
+        column types (a link's made-up batch), by running a twin of it over `sample` to its
+        finish: a live link's first batch then costs what the next ones do, where it paid
+        ~0.05 s of kernel loads while its input queued. This operator is left untouched; a
+        plan that calls user functions (they would see the made-up rows) or a custom
+        `evaluate` is not warmed. Whether it was."""
+        from lowlevel.evaluate import calls_user_function
+
+        plan = self.plan
+        exprs = [plan.predicate, *(k.expr for k in (*plan.keys, *plan.projections)),
+                 *(s.arg for s in plan.subaggs)]
+        if self._evaluate_fn is not None or any(s.udaf for s in plan.subaggs) or \
+                any(calls_user_function(e) for e in exprs) or not len(sample):
+            return False
+        twin = LowLevelOperator(plan, hold_rows=self.hold_rows,
+                                punctuation_flush=self._punctuation_flush)
+        twin.process(sample)
+        if twin.engine is not None and plan.window is not None:
+            twin.punctuate(int(sample["timestamp"].max()) + 2 * plan.window.pane_ns)
+        twin.finish()
+        return True
+
     def process(self, batch: PacketBatch) -> list[pa.RecordBatch]:
         """Fold a packet batch in; returns the partial rows that left the table meanwhile."""
         if not self._divides:

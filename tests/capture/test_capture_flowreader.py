@@ -183,3 +183,51 @@ def test_a_reader_decodes_only_the_columns_read(v9, tmp_path):
             assert np.array_equal(a[c], b[c]), c
         assert a.punctuation == b.punctuation
     assert "destPort" in full[0].columns and "time_s" in full[0].columns
+
+
+_WARM_QUERY = ("SELECT tb, srcIP, sum(bytes) AS b, count(*) AS n FROM r1.NETFLOW "
+               "WHERE {where} GROUP BY first/60000000000 AS tb, srcIP")
+
+
+def _rows(op, batches) -> list:
+    import pyarrow as pa
+
+    out = []
+    for b in batches:
+        out += op.process(b)
+        if b.punctuation is not None:
+            out += op.punctuate(b.punctuation)[0]
+    out += op.finish()[0]
+    return sorted(pa.Table.from_batches([r for r in out if r.num_rows]).to_pylist(),
+                  key=lambda r: sorted(r.items()))
+
+
+def test_a_sample_batch_warms_the_operators_it_leaves_as_they_were(v9, tmp_path):
+    """A reader's made-up batch (a collector's operators are warmed with it before the
+    first datagram) has the columns and types of its real batches; the operator warmed
+    with it then gives the rows and counts of one that was not. A plan calling a user
+    function is not warmed: the function would see the made-up records."""
+    from lowlevel.operator import LowLevelOperator
+    from queries.planner import plan_text
+    from queries.udf import FunctionLibrary
+
+    plan = plan_text(_WARM_QUERY.format(where="bytes > 100"), ["r1"]).queries[0].low[0]
+    warmed, plain = LowLevelOperator(plan), LowLevelOperator(plan)
+    reader = _reader(v9, tmp_path, columns=warmed.read_columns)
+    sample = reader.sample_batch()
+    assert len(sample) == 2 and sample.punctuation is None and reader.punctuation is None
+    batches = list(reader)
+    assert set(sample.columns) == set(batches[0].columns)
+    assert all(sample[c].dtype == batches[0][c].dtype for c in sample.columns)
+    assert warmed.warm(sample)
+    assert warmed.counters == plain.counters
+    rows = _rows(warmed, batches)
+    assert len(rows) > 10 and rows == _rows(plain, batches)
+    assert warmed.counters == plain.counters
+
+    (tmp_path / "f.def").write_text("uint FUN [LFTA_LEGAL] halved(uint);\n")
+    (tmp_path / "f.py").write_text("def halved(x):\n    return x // 2\n")
+    library = FunctionLibrary.load((str(tmp_path / "f.def"),), str(tmp_path / "f.py"))
+    udf = plan_text(_WARM_QUERY.format(where="halved(bytes) > 50"), ["r1"],
+                    functions=library).queries[0].low[0]
+    assert not LowLevelOperator(udf).warm(sample)

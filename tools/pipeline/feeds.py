@@ -274,6 +274,14 @@ class LinkFeeds:
             names.update(cols)
         return tuple(sorted(names))
 
+    def warm(self, sample) -> None:
+        """Load the kernels of this link's operators for batches like `sample` (a stream's
+        made-up batch, before its first input: `LowLevelOperator.warm`)."""
+        started = time.perf_counter()
+        warmed = sum(f.op.warm(sample) for f in self.feeds)
+        log.debug("link %s: %d of %d operators warmed in %.3f s", self.name, warmed,
+                  len(self.feeds), time.perf_counter() - started)
+
     def process(self, batch) -> None:
         n = len(batch)
         if n == 0:

@@ -386,6 +386,9 @@ def open_sources(config: RunConfig, feeds: dict, stop=None, skip: dict | None = 
                                    flow_state=_flow_state(config, name))
             if links[name].flow:
                 feeds[name].timer.source = links[name].source_punctuation
+                if links[name].reader.stream:
+                    # a collector's datagrams queue while its first batch loads the kernels
+                    feeds[name].warm(links[name].reader.sample_batch())
     except BaseException:
         for link in links.values():
             link.close()
