@@ -13,6 +13,7 @@ case); an unusable value is logged once and its default used.
 | OOPSCOPE_SPARK_WARMUP | on | the appliance and a collector run a stage through their fresh Spark before the first window |
 | OOPSCOPE_EXECUTOR_CHECK_TIMEOUT | 120 | seconds a cluster's executors have to import oopscope at start (0: no check) |
 | OOPSCOPE_JVM_NICE | 0 | niceness of the driver JVM in a full-speed replay (0-19) |
+| OOPSCOPE_LIVE_JVM_NICE | 5 | niceness of the driver JVM of a run or server with a live link (an interface, a NETFLOW collector socket) |
 | OOPSCOPE_BACKGROUND_NICE | 10 | niceness of the stages' batch thread while the low level reads |
 | OOPSCOPE_SPECIALIZE | on | per-query flow-table kernels with their updates written out |
 | OOPSCOPE_DRIVER_ROWS | on | flow-record batches close on the driver, without a Spark job, and a single link's final rows skip the combine |
@@ -118,6 +119,10 @@ def executor_check_timeout() -> float:
 
 def jvm_nice() -> int:
     return _niceness("OOPSCOPE_JVM_NICE", 0)
+
+
+def live_jvm_nice() -> int:
+    return _niceness("OOPSCOPE_LIVE_JVM_NICE", 5)
 
 
 def background_nice() -> int:

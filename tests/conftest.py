@@ -69,6 +69,24 @@ def udp_port_bound(port: int) -> bool:
     return False
 
 
+def niceness(pid: int) -> int:
+    """The niceness of process (or thread) `pid`."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+def java_children(pid: int) -> list[int]:
+    """The JVMs process `pid` started (its driver JVM)."""
+    out = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+        except OSError:
+            continue
+        if "(java)" in stat and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            out.append(int(p))
+    return out
+
+
 def udp_receive_queue(port: int) -> int:
     """Bytes waiting in the receive queue of the loopback UDP socket bound to `port`
     (/proc/net/udp; 0 when none is bound)."""

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from tests.capture.test_capture_flowdecode import KEY, nfdump_records, softflowd_datagrams
-from tests.conftest import free_udp_port, udp_port_bound
+from tests.conftest import free_udp_port, java_children, niceness, udp_port_bound
 from tests.tools.serving import Server, cli_here, metric_samples, read_output, wait_for
 
 QUERY = """
@@ -66,6 +66,10 @@ def test_served_collector_of_softflowd_equals_nfdump(pcaps_dir, tmp_path):
                     state, tmp_path / "serve.log", port)
     try:
         server.wait_spark()
+        # a collector's socket is a live link: the driver JVM below the low level's priority
+        assert server.proc is not None
+        jvms = java_children(server.proc.pid)
+        assert len(jvms) == 1 and niceness(jvms[0]) == 5 and niceness(server.proc.pid) == 0
         reply = cli_here(server, "submit", str(query))
         assert "runs on r1" in reply.stdout
         # the NETFLOW link read as packets, a packet link read as NETFLOW: one line each
@@ -210,6 +214,10 @@ def test_served_file_of_datagrams_replayed_by_capture_time(pcaps_dir, tmp_path):
     started = time.monotonic()
     try:
         reply = cli_here(server, "submit", str(query))
+        # a file of datagrams is no live link: the driver JVM at the usual priority
+        assert server.proc is not None
+        server.wait_spark()
+        assert [niceness(j) for j in java_children(server.proc.pid)] == [0]
         (info,) = server.client.queries()
         if "counts the records from the first one read" in reply.stdout:
             counted = records

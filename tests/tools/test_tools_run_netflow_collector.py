@@ -20,7 +20,7 @@ import pytest
 from capture.flowdecode import FlowDecoder
 from capture.flowsource import read_datagrams
 from tests.capture.test_capture_flowdecode import _flow_table, _skype_flows, decoded
-from tests.conftest import free_udp_port, udp_port_bound
+from tests.conftest import free_udp_port, java_children, niceness, udp_port_bound
 
 REPO = Path(__file__).resolve().parents[2]
 #: windows of 10 s on flow end; the exporter's datagrams come in order of flow end, their
@@ -109,7 +109,9 @@ def stop(proc: subprocess.Popen, log: Path) -> str:
 def test_windows_close_while_the_exporter_is_silent(datagrams, tmp_path):
     """Every datagram sent, then silence: every window is written while the run still runs,
     the last one included (its end lies past the last export time minus the idle lag: only
-    the punctuation going on by the wall clock closes it), and equal to the records' sums."""
+    the punctuation going on by the wall clock closes it), and equal to the records' sums.
+    The socket is a live link: the driver JVM runs at the live niceness, below the low
+    level's."""
     want = expected(datagrams)
     out = tmp_path / "q.csv"
     port = free_udp_port()
@@ -120,6 +122,8 @@ def test_windows_close_while_the_exporter_is_silent(datagrams, tmp_path):
         wait_for(lambda: len(written(out)) >= len(want), proc, tmp_path / "err")
         written_by = time.time()
         assert proc.poll() is None
+        jvms = java_children(proc.pid)
+        assert len(jvms) == 1 and niceness(jvms[0]) == 5 and niceness(proc.pid) == 0
         err = stop(proc, tmp_path / "err")
     finally:
         if proc.poll() is None:

@@ -39,7 +39,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import settings
 from common.errors import OopscopeError
 from common.units import NS_PER_S as NS
 from tools.errors import RunConfigError, UnsupportedQueryError
@@ -55,7 +54,7 @@ from tools.pipeline.outputset import RunOutputs
 from tools.pipeline.resume import Resume
 from tools.pipeline.schedule import BoundedStages, StreamingStages
 from tools.pipeline.sources import FanoutSources, LocalSources, LowLevel, check_sources
-from tools.pipeline.threads import SessionStarter, StopRequest
+from tools.pipeline.threads import SessionStarter, StopRequest, driver_nice
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +130,8 @@ class Run:
         # over in seconds to minutes: a JVM that starts quickly pays; a paced or live run
         # lasts, and its steady state wants the optimising compiler
         self.starter = SessionStarter(config.master, quick_jvm=not config.streaming,
-                                      nice=0 if config.streaming else settings.jvm_nice())
+                                      nice=driver_nice(config.live or config.collects,
+                                                       config.streaming))
         self.starter.start()
         log.debug("Spark session start asked %.2f s into the run",
                   time.perf_counter() - self.started)

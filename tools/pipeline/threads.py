@@ -20,9 +20,23 @@ log = logging.getLogger(__name__)
 #: a lower priority (niceness BACKGROUND_NICE). The driver JVM keeps niceness 0 (JVM_NICE):
 #: niced, the stages of a large run fall behind and are left with more to do at the end, so
 #: the run ends later. Once the low
-#: level is done, nothing else competes and priorities do not matter. Paced and live runs
-#: keep normal priorities. OOPSCOPE_JVM_NICE and OOPSCOPE_BACKGROUND_NICE set other values
-#: (`common.settings`).
+#: level is done, nothing else competes and priorities do not matter. Paced runs keep normal
+#: priorities. A live link (an interface, a NETFLOW collector's socket) is the other way
+#: round: what its low level does not read in time is lost at the socket, while the high
+#: level's input waits in the spool. A router's cache purge arrives as a burst, and the JVM
+#: combining the windows the burst closes took up to 0.8 of the 2 cores' CPU-seconds during
+#: it: the driver JVM of a run or server with a live link runs at niceness LIVE_JVM_NICE
+#: (weight 335 against 1024: it still has every idle cycle and a quarter of a contended
+#: core). OOPSCOPE_JVM_NICE, OOPSCOPE_LIVE_JVM_NICE and OOPSCOPE_BACKGROUND_NICE set other
+#: values (`common.settings`).
+
+
+def driver_nice(live: bool, streaming: bool) -> int:
+    """The niceness of a local driver JVM (the comment above): of a run or server with a
+    live link, of a paced run, of a full-speed replay."""
+    if live:
+        return settings.live_jvm_nice()
+    return 0 if streaming else settings.jvm_nice()
 
 
 class SessionStarter(threading.Thread):

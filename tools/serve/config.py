@@ -61,6 +61,14 @@ class ServeConfig:
         return DataFiles.under(self.data_dirs)
 
     @property
+    def live(self) -> bool:
+        """Whether a link is live (an interface, or a NETFLOW collector's socket)."""
+        from capture.flowreader import collector_address
+
+        return bool(self.interfaces) or any(collector_address(path) is not None
+                                            for _, path in self.netflow)
+
+    @property
     def link_names(self) -> list[str]:
         return [n for n, _ in self.links] + [n for n, _ in self.interfaces] + \
             [n for n, _, _ in self.records] + [n for n, _ in self.netflow]

@@ -78,12 +78,13 @@ class Submissions:
     # --- Spark ---------------------------------------------------------------------------------
     def start_spark(self) -> None:
         """Start the Spark session in the background (stages start when it is up)."""
-        from tools.pipeline.threads import SessionStarter
+        from tools.pipeline.threads import SessionStarter, driver_nice
 
         self._spark_asked = time.monotonic()
         log.info("starting Spark (%s): queries are captured meanwhile, their windows are "
                  "written once it is up", self.config.master or "local[*]")
-        self._starter = SessionStarter(self.config.master, quick_jvm=False, nice=0)
+        self._starter = SessionStarter(self.config.master, quick_jvm=False,
+                                       nice=driver_nice(self.config.live, True))
         self._starter.start()
 
     def spark_state(self) -> dict:
