@@ -332,6 +332,43 @@ def read_spool(root: str | os.PathLike, query: str, schema: pa.Schema | None = N
     return pa.concat_tables(tables, promote_options="permissive")
 
 
+def prune_applied(root: str | os.PathLike, query: str,
+                  applied: dict[str, int]) -> tuple[int, int]:
+    """Remove the spool files of `query` that a stage has read and committed: per link, those
+    of sequence below `applied[link]` (the next it applies), but the newest of them and the
+    newest carrying a punctuation, which `last_punctuations` (a resumed run, a restarted
+    server or agent) and a restarted writer's sequence read. A served query's spool would
+    otherwise grow for as long as it runs (a 10-s window of 260K groups: ~8 MB of Parquet).
+    Returns the files and the data rows removed."""
+    by_link: dict[str, list[tuple[int, Path]]] = {}
+    for link, seq, path in list_spool(root, query):
+        if seq < applied.get(link, 0):
+            by_link.setdefault(link, []).append((seq, path))
+    files = rows = 0
+    for items in by_link.values():
+        items.sort()
+        metas = {}
+        for seq, path in reversed(items):
+            metas[seq] = pq.read_schema(path).metadata or {}
+            if metas[seq].get(b"oopscope.punct", b""):
+                break
+        # the newest, and the newest punctuated (the last one read above)
+        keep = {items[-1][0], min(metas)}
+        for seq, path in items:
+            if seq in keep:
+                continue
+            if seq not in metas:
+                metas[seq] = pq.read_schema(path).metadata or {}
+            cached_rows(path)                  # its rows kept in memory, if any, go too
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            files += 1
+            rows += int(metas[seq].get(b"oopscope.rows", b"0") or 0)
+    return files, rows
+
+
 def last_punctuations(root: str | os.PathLike, query: str) -> dict[str, tuple[int, int | None]]:
     """Per link of a query's spool: (its last file's sequence number, the last punctuation
     its files carry, None when none carries one), from the footers (no data is read). A run

@@ -102,10 +102,16 @@ class StageGraph:
         """The settings of a graph that runs for good (the appliance, a collector), where a
         window's latency counts: its stages look for spool files every `CONTINUOUS_TRIGGER`,
         close small batches on the driver (`highlevel.smallbatch`) and keep their open
-        state there (`Stage.open_on_driver`). Makes the stages (Spark must be bound)."""
+        state there (`Stage.open_on_driver`), and remove the spool files they have applied
+        (`Stage.prune_applied`: a spool read by one stage). Makes the stages (Spark must be
+        bound)."""
+        from collections import Counter
+
+        readers = Counter(stage.spec.query for _, stage in self.stages)
         for _, stage in self.stages:
             stage.open_on_driver = stage.small_on_driver = True
             stage.trigger = CONTINUOUS_TRIGGER
+            stage.prune_applied = readers[stage.spec.query] == 1
 
     def bind(self, spark) -> None:
         """Use this Spark session (started elsewhere, e.g. while the low level ran)."""

@@ -86,6 +86,13 @@ class Stage:
     #: own temporary spool: the files are never read again, and removing them as the run
     #: goes costs less than removing the whole spool at its end)
     prune_spool = False
+    #: after each commit, remove the spool files it applied but each link's newest and newest
+    #: punctuated (`common.spool.prune_applied`): a stage that runs for good (the appliance,
+    #: a collector) whose spool would otherwise grow for as long as it runs; counted in
+    #: `pruned_files` and `pruned_rows`
+    prune_applied = False
+    pruned_files = 0
+    pruned_rows = 0
     #: the kind reads its micro-batch several times: the frame is persisted for the batch. An
     #: aggregation reads a spool micro-batch twice (markers, then rows), each time only the
     #: columns it needs (Parquet column pruning): cheaper than caching every column of it. A
@@ -270,6 +277,16 @@ class Stage:
         self.store.commit(state, self._end_batch)
         self.state = state
         self.store.collect_garbage(state)
+        if self.prune_applied and state.next_seq:
+            from common.spool import prune_applied
+
+            try:
+                files, rows = prune_applied(self.spool, self.spec.query, state.next_seq)
+            except OSError as exc:        # the spool is the operator's: say so, go on
+                log.warning("query %s: spool files not removed: %s", self.spec.query, exc)
+            else:
+                self.pruned_files += files
+                self.pruned_rows += rows
 
     def _end_batch(self, state: StageState) -> None:
         for sink in self.sinks:

@@ -6,7 +6,9 @@ never on seconds, so that a busy machine cannot fail it:
   replay carried in it per (srcIP, destIP): the server logs where each pass of the file lies
   in wall-clock time, so the packets of every window are known from the file;
 - each window is written before the link's punctuation passes three more window ends: a high
-  level that fell behind and never caught up would break it within the minute.
+  level that fell behind and never caught up would break it within the minute;
+- the query's spool does not grow: the files its stage applied are removed as it goes, but
+  the link's last ones (a restart reads them).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.spool import parse_spool_name
 from tests.tools.serving import Server, read_output
 
 pytestmark = pytest.mark.slow
@@ -95,8 +98,13 @@ def test_a_minute_of_load_keeps_every_window_whole_in_order_and_close_behind(tmp
                             and (w, p) not in overdue]
             time.sleep(0.5)
         log = server.log()
+        # a file per window at least was written; those applied are gone but the last
+        spooled = [p for p in (tmp_path / "state").rglob("*.parquet")
+                   if p.parent.name == "partials" and parse_spool_name(p.name)]
+        applied = max(parse_spool_name(p.name)[1] for p in spooled)
     finally:
         server.stop()
+    assert applied >= WINDOWS and len(spooled) <= 5, sorted(p.name for p in spooled)
     assert len(written) >= WINDOWS, f"{written}\n{log[-3000:]}"
     assert written == list(range(first, first + len(written)))      # in order, no gap
     assert not overdue, f"windows not written {BEHIND} windows after their end: {overdue}"

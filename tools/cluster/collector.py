@@ -179,6 +179,11 @@ def _collect(config, run_config, plan, links, fanout, checkpoint: Path, stop, st
         q.zero_divisor_rows = graph.zero_divisor_rows(name)
     beats = read_heartbeats(spool)
     _add_tables(queries, low, graph.query_of, spool, beats)
+    for name, q in queries.items():
+        stage = graph.stage_of.get(name)
+        if stage is not None:            # the files its stage applied and removed
+            q.partial_rows += stage.pruned_rows
+            q.spool_files += stage.pruned_files
     summary = RunSummary(links={}, queries=queries, ended=ended)
     add_link_totals(summary.links, beats, wanted=set(links))
     for name in sorted(set(liveness.silent)):
