@@ -180,10 +180,10 @@ def _collect(config, run_config, plan, links, fanout, checkpoint: Path, stop, st
     beats = read_heartbeats(spool)
     _add_tables(queries, low, graph.query_of, spool, beats)
     for name, q in queries.items():
-        stage = graph.stage_of.get(name)
-        if stage is not None:            # the files its stage applied and removed
-            q.partial_rows += stage.pruned_rows
-            q.spool_files += stage.pruned_files
+        reader = graph.stage_of.get(name)
+        if reader is not None:           # the files its stage applied and removed
+            q.partial_rows += reader.pruned_rows
+            q.spool_files += reader.pruned_files
     summary = RunSummary(links={}, queries=queries, ended=ended)
     add_link_totals(summary.links, beats, wanted=set(links))
     for name in sorted(set(liveness.silent)):
