@@ -115,17 +115,23 @@ def test_softflowd_decoded_as_nfdump_reads_it(pcaps_dir, tmp_path, version):
     assert (cols["first"] <= cols["last"]).all() and (cols["last"] <= cols["export"] + 10**9).all()
 
 
-@pytest.mark.parametrize("version", [5, 9, 10], ids=lambda v: f"v{v}")
-def test_own_exporter_decoded_as_nfdump_reads_it(pcaps_dir, tmp_path, version):
+def own_exporter_datagrams(pcaps_dir, tmp_path, version: int, template_every: int = 8):
+    """skype.pcap's flows as oopscope's exporter sends them (templates every
+    `template_every` messages), read back from the capture it writes."""
     from tools.netflow.exporter import Exporter
 
     pcap = tmp_path / "dg.pcap"
-    ex = Exporter(None, version, pcap=str(pcap), template_every_messages=8)
+    ex = Exporter(None, version, pcap=str(pcap), template_every_messages=template_every)
     try:
         ex.export(_flow_table(_skype_flows(pcaps_dir)))
     finally:
         ex.close()
-    dg = read_datagrams(pcap)
+    return read_datagrams(pcap)
+
+
+@pytest.mark.parametrize("version", [5, 9, 10], ids=lambda v: f"v{v}")
+def test_own_exporter_decoded_as_nfdump_reads_it(pcaps_dir, tmp_path, version):
+    dg = own_exporter_datagrams(pcaps_dir, tmp_path, version)
     dec = FlowDecoder()
     cols = dec.decode(dg.payloads, dg.exporters, dg.arrivals)
     assert dec.stats.malformed == 0 and dec.stats.sequence_gaps == 0, dec.stats.describe()

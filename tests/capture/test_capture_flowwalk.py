@@ -20,6 +20,7 @@ from tests.capture.test_capture_flowdecode import (
     _template_set,
     _v9,
     mutate,
+    own_exporter_datagrams,
     softflowd_datagrams,
 )
 
@@ -82,16 +83,7 @@ def test_softflowd_output(softflowd, version):
 def test_own_exporter_with_losses(pcaps_dir, tmp_path, version):
     """oopscope's exporter (templates every 8 messages), with datagrams lost: the walk
     counts the same sequence gaps."""
-    from tests.capture.test_capture_flowdecode import _flow_table, _skype_flows
-    from tools.netflow.exporter import Exporter
-
-    pcap = tmp_path / "dg.pcap"
-    ex = Exporter(None, version, pcap=str(pcap), template_every_messages=8)
-    try:
-        ex.export(_flow_table(_skype_flows(pcaps_dir)))
-    finally:
-        ex.close()
-    d = read_datagrams(pcap).payloads
+    d = own_exporter_datagrams(pcaps_dir, tmp_path, version).payloads
     assert len(d) > 10
     lost = [x for i, x in enumerate(d) if i % 5 != 3]
     (a, _), _ = both(lost, ["10.0.0.1"] * len(lost))
@@ -236,16 +228,7 @@ def test_refreshed_templates_and_options_stay_on_the_walk(pcaps_dir, tmp_path, v
     """oopscope's exporter resends its template set (v9: its options template and sampling
     record too) every 2 messages: past the first two, the walk steps over the byte-equal
     copies instead of leaving their datagrams to Python, and decodes as Python does."""
-    from tests.capture.test_capture_flowdecode import _flow_table, _skype_flows
-    from tools.netflow.exporter import Exporter
-
-    pcap = tmp_path / "dg.pcap"
-    ex = Exporter(None, version, pcap=str(pcap), template_every_messages=2)
-    try:
-        ex.export(_flow_table(_skype_flows(pcaps_dir)))
-    finally:
-        ex.close()
-    d = read_datagrams(pcap).payloads
+    d = own_exporter_datagrams(pcaps_dir, tmp_path, version, template_every=2).payloads
     refreshes = sum(1 for x in d if x[20 if version == 9 else 16:][:2] in
                     (b"\0\0", b"\0\2"))
     assert refreshes >= 4
