@@ -304,8 +304,8 @@ def walk_datagrams(buf, d_start, d_len, d_exp, first,
     against `sq_*` (a row per (exporter, domain, version): the last sequence and its step,
     gaps counted; rows added from `n_sq[0]`, -1 = no room). Stops at the first datagram that
     needs more (another version, a template, options template or options data set not
-    known, an unknown template, anything malformed) and returns its index (len(d_start): all walked); the caller
-    reads that one its own way and calls again after it."""
+    known, an unknown template, anything malformed) and returns its index (len(d_start):
+    all walked); the caller reads that one its own way and calls again after it."""
     n_tk = len(tk_exp)
     cap_sq = len(sq_exp)
     for i in range(first, len(d_start)):

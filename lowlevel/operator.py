@@ -406,12 +406,17 @@ class LowLevelOperator:
         if self._evaluate_fn is not None or any(s.udaf for s in plan.subaggs) or \
                 any(calls_user_function(e) for e in exprs) or not len(sample):
             return False
-        twin = LowLevelOperator(plan, hold_rows=self.hold_rows,
-                                punctuation_flush=self._punctuation_flush)
-        twin.process(sample)
-        if twin.engine is not None and plan.window is not None:
-            twin.punctuate(int(sample["timestamp"].max()) + 2 * plan.window.pane_ns)
-        twin.finish()
+        try:
+            twin = LowLevelOperator(plan, hold_rows=self.hold_rows,
+                                    punctuation_flush=self._punctuation_flush)
+            twin.process(sample)
+            if twin.engine is not None and plan.window is not None:
+                twin.punctuate(int(sample["timestamp"].max()) + 2 * plan.window.pane_ns)
+            twin.finish()
+        except Exception as exc:  # noqa: BLE001 - a warm-up never stops a run: the first
+            # batch then loads the kernels itself, and says what is wrong with the plan
+            log.debug("query %s on link %s: not warmed (%s)", plan.query, plan.link, exc)
+            return False
         return True
 
     def process(self, batch: PacketBatch) -> list[pa.RecordBatch]:
