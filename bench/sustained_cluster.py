@@ -126,7 +126,8 @@ def _scan_output(path: Path, state: dict, sampled: Sampled) -> None:
 
 
 def _scan_spool(spool: Path, seen: set, partials: dict) -> None:
-    """Partial rows per window in the agents' new spool files."""
+    """Partial rows per window in the agents' new spool files (read while they are there:
+    the collector removes them once applied, `common.spool.prune_applied`)."""
     import pyarrow.parquet as pq
 
     for path in spool.glob("pairs/partials/*.parquet"):
@@ -205,6 +206,8 @@ def cluster_run(pps: int, groups: int, minutes: float, workdir: Path,
                     raise SystemExit(f"{name} exited with {proc.returncode}: see "
                                      f"{run / (name + '.log')}")
             _scan_output(out, scan, sampled)
+            # as they come: the collector removes each file once its batch has committed
+            _scan_spool(spool, seen, partials)
             now_tb = int(time.time() // WINDOW_S) - 1
             if now_tb != last_tb:
                 w = sampled.window(now_tb)
